@@ -1,0 +1,295 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// clientLoop reads the client's frames and passes them to the backend,
+// acting on the ones that touch proxy state. It returns when the client
+// socket is closed.
+func (c *clientConn) clientLoop() {
+	c.client.beforeRead = func() { c.backend.flush() }
+	for {
+		f, err := c.client.in.ReadFrame()
+		if err != nil {
+			c.clientReadFailed(err)
+			return
+		}
+		if err := c.fromClient(f); err != nil {
+			var fe *frames.Error
+			if errors.As(err, &fe) {
+				c.protocolError(fe)
+				c.drainClient()
+				return
+			}
+			c.teardown(ReasonClientGone, err.Error())
+			return
+		}
+	}
+}
+
+func (c *clientConn) clientReadFailed(err error) {
+	if c.tornDown.Load() {
+		return
+	}
+	var fe *frames.Error
+	if errors.As(err, &fe) {
+		c.protocolError(fe)
+		c.drainClient()
+		return
+	}
+	if c.closeInProgress() == closeByProxy {
+		// The client hung up instead of answering our close: it has heard it.
+		reason, detail := c.outcome()
+		c.teardown(reason, detail)
+		return
+	}
+	detail := "client closed the TCP connection without connection.close"
+	if !errors.Is(err, io.EOF) {
+		detail = fmt.Sprintf("client connection failed: %v", err)
+	}
+	c.teardown(ReasonClientGone, detail)
+}
+
+// drainClient discards the client's bytes after a framing error, where frame
+// boundaries can no longer be trusted, until the client hangs up or the close
+// timer ends the connection.
+func (c *clientConn) drainClient() {
+	c.client.conn.SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+	io.Copy(io.Discard, c.client.conn)
+	reason, detail := c.outcome()
+	c.teardown(reason, detail)
+}
+
+// fromClient handles one client frame. An error return is a *frames.Error
+// that closes the connection, or a write failure towards the client.
+func (c *clientConn) fromClient(f frames.Frame) error {
+	if st := c.closeInProgress(); st != closeNone {
+		return c.fromClientWhileClosing(st, f)
+	}
+	if f.Type == frames.FrameHeartbeat {
+		return nil
+	}
+	if f.Type != frames.FrameMethod {
+		if ch := c.channels.get(f.Channel); ch != nil && ch.closedByProxy.Load() {
+			return nil
+		}
+		c.toBackend(f)
+		return nil
+	}
+	classID, methodID, args, err := frames.ParseMethodID(f.Payload)
+	if err != nil {
+		return err
+	}
+	key := keyOf(classID, methodID)
+	if f.Channel == 0 {
+		if key == connectionClose {
+			var cl frames.ConnectionClose
+			detail := "client sent connection.close"
+			if cl.Decode(args) == nil && cl.ReplyCode != frames.ReplySuccess {
+				detail = fmt.Sprintf("client sent connection.close %d %s", cl.ReplyCode, cl.ReplyText)
+			}
+			c.beginClosing(closeByClient, ReasonClientClosed, detail)
+		}
+		c.toBackend(f)
+		return nil
+	}
+
+	ch := c.channels.get(f.Channel)
+	if ch == nil {
+		if key == channelOpen {
+			c.channels.open(f.Channel)
+		}
+		// Anything else on a channel that is not open: the backend answers
+		// it with the error a broker gives.
+		c.toBackend(f)
+		return nil
+	}
+	if ch.closedByProxy.Load() {
+		return c.fromClientOnClosedChannel(ch, key)
+	}
+
+	switch key {
+	case basicPublish:
+		if ch.confirming {
+			ch.mu.Lock()
+			ch.confirms.publish(0)
+			ch.mu.Unlock()
+		}
+	case basicAck:
+		if err := ch.clientAck.Decode(args); err != nil {
+			return err
+		}
+		return c.settle(ch, f, key, ch.clientAck.DeliveryTag, ch.clientAck.Multiple, false)
+	case basicNack:
+		if err := ch.clientNack.Decode(args); err != nil {
+			return err
+		}
+		return c.settle(ch, f, key, ch.clientNack.DeliveryTag, ch.clientNack.Multiple, ch.clientNack.Requeue)
+	case basicReject:
+		if err := ch.clientReject.Decode(args); err != nil {
+			return err
+		}
+		return c.settle(ch, f, key, ch.clientReject.DeliveryTag, false, ch.clientReject.Requeue)
+	case basicConsume:
+		if err := ch.clientConsume.Decode(args); err != nil {
+			return err
+		}
+		ch.mu.Lock()
+		if tag := ch.clientConsume.ConsumerTag; tag != "" {
+			ch.consumers[tag] = ch.clientConsume.NoAck
+		}
+		if !ch.clientConsume.NoWait {
+			ch.pendingConsumes = append(ch.pendingConsumes, ch.clientConsume.NoAck)
+		} else if ch.clientConsume.ConsumerTag == "" {
+			// The server picks a tag the client never learns; deliveries
+			// with a tag we do not know take this consumer's mode.
+			ch.unknownConsumerNoAck = ch.clientConsume.NoAck
+		}
+		ch.mu.Unlock()
+	case basicGet:
+		if err := ch.clientGet.Decode(args); err != nil {
+			return err
+		}
+		ch.mu.Lock()
+		ch.pendingGets = append(ch.pendingGets, ch.clientGet.NoAck)
+		ch.mu.Unlock()
+	case basicRecoverAsync:
+		ch.mu.Lock()
+		ch.tags.dropAll()
+		ch.mu.Unlock()
+	case confirmSelect:
+		ch.confirming = true
+	case txSelect:
+		ch.mu.Lock()
+		ch.transactional = true
+		ch.mu.Unlock()
+	case txCommit, txRollback:
+		ch.mu.Lock()
+		ch.txEnding = append(ch.txEnding, txEnd{rollback: key == txRollback, settled: ch.txSettled})
+		ch.txSettled = nil
+		ch.mu.Unlock()
+	case channelClose:
+		ch.closing.Store(true)
+	case channelCloseOk:
+		// The client confirms a close the backend started.
+		c.channels.remove(f.Channel, ch)
+	}
+	c.toBackend(f)
+	return nil
+}
+
+// settle passes a client's basic.ack, basic.nack or basic.reject to the
+// backend with the backend's delivery tags. With a single backend the tags
+// coincide and the frame passes as it came.
+func (c *clientConn) settle(ch *channelState, f frames.Frame, key methodKey, tag uint64, multiple, requeue bool) error {
+	ch.mu.Lock()
+	var settledInTx []tagEntry
+	if ch.transactional {
+		settledInTx = ch.txSettled
+	}
+	acks, settled, ok := ch.tags.settle(tag, multiple, ch.acks[:0], settledInTx)
+	ch.acks = acks
+	if ch.transactional {
+		ch.txSettled = settled
+	}
+	ch.mu.Unlock()
+	if !ok {
+		classID, methodID := uint16(key>>16), uint16(key)
+		c.closeChannelByProxy(ch, frames.PreconditionFailed,
+			fmt.Sprintf("PRECONDITION_FAILED - unknown delivery tag %d", tag), classID, methodID)
+		return nil
+	}
+	if len(acks) == 1 && acks[0].backendTag == tag && acks[0].multiple == multiple {
+		c.toBackend(f)
+		return nil
+	}
+	for _, a := range acks {
+		var m frames.Method
+		switch key {
+		case basicAck:
+			m = &frames.BasicAck{DeliveryTag: a.backendTag, Multiple: a.multiple}
+		case basicNack:
+			m = &frames.BasicNack{DeliveryTag: a.backendTag, Multiple: a.multiple, Requeue: requeue}
+		default:
+			m = &frames.BasicReject{DeliveryTag: a.backendTag, Requeue: requeue}
+		}
+		if err := c.backend.writeMethod(f.Channel, m); err != nil {
+			c.backendLost(err)
+			return nil
+		}
+	}
+	return nil
+}
+
+// closeChannelByProxy closes a channel for a reason the proxy found itself:
+// channel.close with the broker's code and text to the client, and a plain
+// channel.close to the backend, whose close-ok and any frames before it are
+// swallowed.
+func (c *clientConn) closeChannelByProxy(ch *channelState, code uint16, text string, classID, methodID uint16) {
+	if !ch.closedByProxy.CompareAndSwap(false, true) {
+		return
+	}
+	c.channels.expectCloseOk(ch.id)
+	c.backend.writeMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: "closed by amqp-mirror: " + text})
+	c.client.sendMethod(ch.id, &frames.ChannelClose{ReplyCode: code, ReplyText: text, ClassID: classID, MethodID: methodID})
+}
+
+// fromClientOnClosedChannel handles client frames on a channel the proxy is
+// closing: only the close handshake counts, the rest is discarded, as the
+// spec asks of a peer that sent channel.close.
+func (c *clientConn) fromClientOnClosedChannel(ch *channelState, key methodKey) error {
+	switch key {
+	case channelCloseOk:
+		c.channels.remove(ch.id, ch)
+	case channelClose: // both sides closed at once: answer, and it is closed
+		c.client.sendMethod(ch.id, &frames.ChannelCloseOk{})
+		c.channels.remove(ch.id, ch)
+	}
+	return nil
+}
+
+// fromClientWhileClosing handles client frames during a connection close.
+func (c *clientConn) fromClientWhileClosing(st closeState, f frames.Frame) error {
+	if f.Type != frames.FrameMethod || f.Channel != 0 {
+		return nil
+	}
+	classID, methodID, _, err := frames.ParseMethodID(f.Payload)
+	if err != nil {
+		return nil
+	}
+	key := keyOf(classID, methodID)
+	reason, detail := c.outcome()
+	switch {
+	case st == closeByBackend && key == connectionCloseOk:
+		// The backend's close handshake completes through the proxy.
+		c.backend.sendFrame(f.Type, 0, f.Payload)
+		c.markBackendClosed()
+		c.teardown(reason, detail)
+	case st == closeByProxy && key == connectionCloseOk:
+		c.teardown(reason, detail)
+	case (st == closeByProxy || st == closeByBackend) && key == connectionClose:
+		// The client closed at the same time: answer it and end.
+		c.client.sendMethod(0, &frames.ConnectionCloseOk{})
+		c.teardown(reason, detail)
+	}
+	return nil
+}
+
+func (c *clientConn) markBackendClosed() {
+	c.mu.Lock()
+	c.backendClosed = true
+	c.mu.Unlock()
+}
+
+// toBackend passes a frame to the backend as it came.
+func (c *clientConn) toBackend(f frames.Frame) {
+	if err := c.backend.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+		c.backendLost(err)
+	}
+}

@@ -1,0 +1,151 @@
+package proxy
+
+import "sort"
+
+// publisherConfirms tracks, on one channel in confirm mode, which of the
+// client's publishes the backends have confirmed. The client's sequence
+// numbers are the proxy's own. Each publish is sent to one or more backends,
+// each numbering it in its own sequence; a client publish is confirmed when
+// every backend it went to has acked it, and nacked when any has nacked it.
+// Today every publish goes to one backend; mirroring fans publishes out and
+// reuses this bookkeeping unchanged.
+type publisherConfirms struct {
+	lastClient uint64 // the client's last publish sequence number
+	// waiting holds every unconfirmed client publish, in sequence order.
+	waiting []pendingPublish
+	// backendSeqs maps each backend's sequence numbers back to the client's.
+	backendSeqs map[int]*backendSequence
+}
+
+type pendingPublish struct {
+	seq    uint64
+	copies uint8 // backends that have not answered yet
+	nacked bool
+}
+
+type backendSequence struct {
+	last    uint64 // the backend's last publish sequence number
+	pending []backendPublish
+}
+
+type backendPublish struct {
+	backendSeq, clientSeq uint64
+}
+
+// clientConfirm is one basic.ack or basic.nack to send to the client.
+type clientConfirm struct {
+	seq      uint64
+	multiple bool
+	nack     bool
+}
+
+// publish records a client publish sent to the given backends and returns
+// its client sequence number.
+func (p *publisherConfirms) publish(backends ...int) uint64 {
+	p.lastClient++
+	p.waiting = append(p.waiting, pendingPublish{seq: p.lastClient, copies: uint8(len(backends))})
+	if p.backendSeqs == nil {
+		p.backendSeqs = make(map[int]*backendSequence, 1)
+	}
+	for _, b := range backends {
+		bs := p.backendSeqs[b]
+		if bs == nil {
+			bs = &backendSequence{}
+			p.backendSeqs[b] = bs
+		}
+		bs.last++
+		bs.pending = append(bs.pending, backendPublish{backendSeq: bs.last, clientSeq: p.lastClient})
+	}
+	return p.lastClient
+}
+
+// confirm applies a backend's basic.ack or basic.nack and appends to out the
+// confirms the client should now receive, coalesced into one multiple ack
+// when they are the oldest outstanding publishes, as they are when a single
+// backend confirms in order.
+func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, nack bool, out []clientConfirm) []clientConfirm {
+	bs := p.backendSeqs[backend]
+	if bs == nil {
+		return out
+	}
+	n := 0 // how many of bs.pending this confirm covers
+	if multiple {
+		n = sort.Search(len(bs.pending), func(i int) bool { return bs.pending[i].backendSeq > backendSeq })
+	}
+	answered := 0
+	apply := func(clientSeq uint64) {
+		i := p.indexOf(clientSeq)
+		if i < 0 {
+			return
+		}
+		w := &p.waiting[i]
+		w.copies--
+		w.nacked = w.nacked || nack
+		if w.copies == 0 {
+			answered++
+		}
+	}
+	if multiple {
+		for _, bp := range bs.pending[:n] {
+			apply(bp.clientSeq)
+		}
+		bs.pending = append(bs.pending[:0], bs.pending[n:]...)
+	} else {
+		i := sort.Search(len(bs.pending), func(i int) bool { return bs.pending[i].backendSeq >= backendSeq })
+		if i == len(bs.pending) || bs.pending[i].backendSeq != backendSeq {
+			return out
+		}
+		apply(bs.pending[i].clientSeq)
+		bs.pending = append(bs.pending[:i], bs.pending[i+1:]...)
+	}
+	if answered == 0 {
+		return out
+	}
+	return p.collect(answered, out)
+}
+
+// collect moves the answered publishes to out and drops them from waiting.
+func (p *publisherConfirms) collect(answered int, out []clientConfirm) []clientConfirm {
+	// The answered publishes at the front with no nack among them become
+	// one multiple ack; everything else is answered one by one.
+	prefix := 0
+	for prefix < len(p.waiting) && p.waiting[prefix].copies == 0 && !p.waiting[prefix].nacked {
+		prefix++
+	}
+	switch {
+	case prefix == 1:
+		out = append(out, clientConfirm{seq: p.waiting[0].seq})
+	case prefix > 1:
+		out = append(out, clientConfirm{seq: p.waiting[prefix-1].seq, multiple: true})
+	}
+	if prefix == answered {
+		n := copy(p.waiting, p.waiting[prefix:])
+		p.waiting = p.waiting[:n]
+		return out
+	}
+	kept := p.waiting[:0]
+	for i := range p.waiting {
+		w := p.waiting[i]
+		switch {
+		case i < prefix:
+		case w.copies == 0:
+			out = append(out, clientConfirm{seq: w.seq, nack: w.nacked})
+		default:
+			kept = append(kept, w)
+		}
+	}
+	p.waiting = kept
+	return out
+}
+
+// indexOf finds the waiting publish with the client sequence number seq.
+func (p *publisherConfirms) indexOf(seq uint64) int {
+	i := sort.Search(len(p.waiting), func(i int) bool { return p.waiting[i].seq >= seq })
+	if i == len(p.waiting) || p.waiting[i].seq != seq {
+		return -1
+	}
+	return i
+}
+
+// unconfirmed is the number of client publishes still waiting for backends.
+func (p *publisherConfirms) unconfirmed() int { return len(p.waiting) }

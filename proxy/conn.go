@@ -1,0 +1,293 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// clientConn is one client connection and the backend connection that
+// serves it. Three goroutines run per connection: the client read loop
+// (client → backend, also the connection's main goroutine), the backend read
+// loop (backend → client) and the heartbeat loop. Each read loop writes to the
+// opposite socket; see socket for how writes are shared.
+//
+// Lock order: clientConn.mu, then channelState.mu, then socket.mu.
+type clientConn struct {
+	srv     *Server
+	id      uint64
+	log     *slog.Logger
+	client  *socket
+	backend *socket // nil until the handshake dialled it
+
+	channels *channelTable
+	// Negotiated at tune.
+	frameMax         uint32
+	clientHeartbeat  time.Duration
+	backendHeartbeat time.Duration
+	user, vhost      string
+	// startRelayed is set once the client has seen connection.start.
+	startRelayed bool
+
+	// closing is the connection-level close in progress (a closeState),
+	// and tornDown is set once teardown began. Both are read on every frame,
+	// so they are atomics; they change only under mu.
+	closing  atomic.Uint32
+	tornDown atomic.Bool
+
+	mu sync.Mutex // guards the fields below
+	// closeTimer tears the connection down if the peer never answers a close.
+	closeTimer *time.Timer
+	// reason and detail say why the connection ended (or is ending).
+	reason CloseReason
+	detail string
+	// opened is when the handshake finished; zero before.
+	opened time.Time
+	// backendClosed is set when the backend connection ended its close
+	// handshake, so teardown need not send connection.close to it.
+	backendClosed bool
+
+	done        chan struct{} // closed by teardown
+	backendDone chan struct{} // closed when the backend read loop returns
+}
+
+// closeState is the connection-level close handshake in progress.
+type closeState uint8
+
+const (
+	closeNone closeState = iota
+	// closeByClient: the client sent connection.close; waiting for the
+	// backend's close-ok to pass on.
+	closeByClient
+	// closeByBackend: the backend sent connection.close and it was passed to
+	// the client; the client's close-ok goes to the backend.
+	closeByBackend
+	// closeByProxy: the proxy sent connection.close to the client (backend
+	// lost, protocol error, shutdown); the client's close-ok ends it.
+	closeByProxy
+)
+
+func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
+	c := &clientConn{
+		srv:         srv,
+		id:          id,
+		client:      newSocket(conn),
+		done:        make(chan struct{}),
+		backendDone: make(chan struct{}),
+	}
+	c.log = srv.log.With("conn", id, "client", conn.RemoteAddr().String())
+	return c
+}
+
+// serve runs the connection to its end and returns why it ended.
+func (c *clientConn) serve() CloseReason {
+	start := time.Now()
+	if err := c.handshake(); err != nil {
+		c.teardown(ReasonHandshakeFailed, err.Error())
+		c.wait()
+		reason, detail := c.outcome()
+		c.log.Info("connection refused", "reason", reason.String(), "detail", detail,
+			"user", c.user, "vhost", c.vhost, "duration", time.Since(start).Round(time.Millisecond))
+		return reason
+	}
+	c.mu.Lock()
+	c.opened = time.Now()
+	c.mu.Unlock()
+	c.log = c.log.With("user", c.user, "vhost", c.vhost)
+	c.log.Info("connection opened", "backend", c.srv.opts.Backend.Name,
+		"frame_max", c.frameMax, "heartbeat", c.clientHeartbeat)
+
+	go c.backendLoop()
+	var heartbeats sync.WaitGroup
+	if c.clientHeartbeat > 0 || c.backendHeartbeat > 0 {
+		heartbeats.Add(1)
+		go func() {
+			defer heartbeats.Done()
+			c.heartbeatLoop()
+		}()
+	}
+	c.clientLoop()
+	c.wait()
+	heartbeats.Wait()
+
+	reason, detail := c.outcome()
+	c.log.Info("connection closed", "reason", reason.String(), "detail", detail,
+		"duration", time.Since(start).Round(time.Millisecond))
+	return reason
+}
+
+// wait blocks until both sockets are closed and the backend loop ended.
+func (c *clientConn) wait() {
+	<-c.done
+	if c.backend != nil {
+		<-c.backendDone
+	}
+}
+
+func (c *clientConn) outcome() (CloseReason, string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reason, c.detail
+}
+
+func (c *clientConn) closeInProgress() closeState { return closeState(c.closing.Load()) }
+
+// beginClosing moves from no close to st and reports whether it did: only
+// one connection-level close handshake runs at a time.
+func (c *clientConn) beginClosing(st closeState, reason CloseReason, detail string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tornDown.Load() || !c.closing.CompareAndSwap(uint32(closeNone), uint32(st)) {
+		return false
+	}
+	c.reason, c.detail = reason, detail
+	c.armCloseTimerLocked(reason, detail)
+	return true
+}
+
+// teardown ends the connection: it closes the client socket, says goodbye to
+// the backend with connection.close unless that handshake already happened,
+// and lets the backend loop finish reading the backend's close-ok (bounded by
+// CloseTimeout). It is idempotent; the first reason wins.
+func (c *clientConn) teardown(reason CloseReason, detail string) {
+	c.mu.Lock()
+	if c.tornDown.Load() {
+		c.mu.Unlock()
+		return
+	}
+	c.tornDown.Store(true)
+	if c.closing.Load() == uint32(closeNone) || c.reason == ReasonUnknown {
+		c.reason, c.detail = reason, detail
+	}
+	if c.closeTimer != nil {
+		c.closeTimer.Stop()
+	}
+	sayGoodbye := c.backend != nil && !c.backendClosed
+	c.mu.Unlock()
+
+	close(c.done)
+	c.client.conn.Close()
+	if c.backend == nil {
+		return
+	}
+	if !sayGoodbye {
+		c.backend.conn.Close()
+		return
+	}
+	// The backend loop keeps reading until the close-ok or the deadline.
+	c.backend.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+	text := "client connection closed"
+	if reason == ReasonShutdown {
+		text = "proxy shutting down"
+	}
+	if err := c.backend.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+		c.backend.conn.Close()
+	}
+}
+
+// closeClient starts a proxy-initiated connection close: connection.close to
+// the client, then teardown when the client answers or CloseTimeout passes.
+func (c *clientConn) closeClient(reason CloseReason, code uint16, text string, classID, methodID uint16) {
+	if !c.beginClosing(closeByProxy, reason, text) {
+		return
+	}
+	closeFrame := &frames.ConnectionClose{ReplyCode: code, ReplyText: text, ClassID: classID, MethodID: methodID}
+	if err := c.client.sendMethod(0, closeFrame); err != nil {
+		c.teardown(reason, text)
+	}
+}
+
+func (c *clientConn) armCloseTimerLocked(reason CloseReason, detail string) {
+	c.closeTimer = time.AfterFunc(c.srv.opts.CloseTimeout, func() {
+		c.teardown(reason, detail+" (no close-ok within "+c.srv.opts.CloseTimeout.String()+")")
+	})
+}
+
+// shutdown asks the client to close, as RabbitMQ does when it stops.
+func (c *clientConn) shutdown() {
+	if c.isOpen() {
+		c.closeClient(ReasonShutdown, frames.ConnectionForced,
+			"CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'", 0, 0)
+		return
+	}
+	c.teardown(ReasonShutdown, "shutdown during handshake")
+}
+
+// isOpen reports whether the handshake finished and the connection serves.
+func (c *clientConn) isOpen() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.opened.IsZero() && !c.tornDown.Load()
+}
+
+// backendLost closes the client connection with 320 CONNECTION_FORCED
+// because the backend connection failed.
+func (c *clientConn) backendLost(err error) {
+	if c.tornDown.Load() {
+		return
+	}
+	c.mu.Lock()
+	c.backendClosed = true // nothing to say goodbye to
+	c.mu.Unlock()
+	c.backend.conn.Close()
+	text := fmt.Sprintf("CONNECTION_FORCED - backend %s connection lost: %v", c.srv.opts.Backend.Name, err)
+	c.closeClient(ReasonBackendLost, frames.ConnectionForced, text, 0, 0)
+}
+
+// protocolError answers a client's framing or syntax error the way a broker
+// does: connection.close with the error's code, then the connection ends.
+func (c *clientConn) protocolError(fe *frames.Error) {
+	c.log.Warn("client protocol error", "code", fe.Code, "err", fe.Error())
+	c.closeClient(ReasonProtocolError, fe.Code, fe.ReplyText(), fe.ClassID, fe.MethodID)
+}
+
+// heartbeatLoop sends heartbeats on quiet legs and notices dead peers: a
+// peer that sent nothing for one and a half intervals is gone, so a dead
+// client or backend is noticed within two intervals.
+func (c *clientConn) heartbeatLoop() {
+	tick := minPositive(c.clientHeartbeat, c.backendHeartbeat) / 4
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case now := <-t.C:
+			if hb := c.clientHeartbeat; hb > 0 {
+				c.client.heartbeatIfIdle(now, hb/2)
+				if silent := c.client.silentFor(now); silent > hb*3/2 {
+					c.teardown(ReasonMissedHeartbeats, fmt.Sprintf("missed heartbeats from client, timeout: %s", hb))
+					return
+				}
+			}
+			if hb := c.backendHeartbeat; hb > 0 {
+				c.backend.heartbeatIfIdle(now, hb/2)
+				if silent := c.backend.silentFor(now); silent > hb*3/2 {
+					c.backendLost(fmt.Errorf("missed heartbeats, timeout: %s", hb))
+				}
+			}
+		}
+	}
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	switch {
+	case a <= 0:
+		return b
+	case b <= 0:
+		return a
+	default:
+		return min(a, b)
+	}
+}
+
+// isClosedConnErr reports errors that only mean the socket was closed.
+func isClosedConnErr(err error) bool {
+	return errors.Is(err, net.ErrClosed)
+}

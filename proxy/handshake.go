@@ -1,0 +1,464 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// handshake takes the client from its protocol header to connection.open-ok.
+// The backend does the authentication: the proxy relays connection.start
+// (the backend's own server properties and capabilities), the client's SASL
+// response and connection.open with the client's own credentials and vhost,
+// so each broker applies its own users and permissions. Tune is negotiated
+// by the proxy on both legs so that they agree on channel_max and frame_max;
+// heartbeats run on each leg independently.
+//
+// The whole handshake is bounded by HandshakeTimeout through socket deadlines.
+func (c *clientConn) handshake() error {
+	opts := &c.srv.opts
+	deadline := time.Now().Add(opts.HandshakeTimeout)
+	c.client.conn.SetDeadline(deadline)
+
+	if err := c.client.in.ReadProtocolHeader(); err != nil {
+		var fe *frames.Error
+		if errors.As(err, &fe) {
+			// As the spec says: answer with the header we speak, then close.
+			c.client.mu.Lock()
+			c.client.out.WriteProtocolHeader()
+			c.client.flushLocked()
+			c.client.mu.Unlock()
+		}
+		return fmt.Errorf("reading protocol header: %w", err)
+	}
+
+	backendConn, err := c.dialBackend(deadline)
+	if err != nil {
+		return c.refuseUnavailable(err)
+	}
+	c.mu.Lock()
+	c.backend = newSocket(backendConn)
+	tornDown := c.tornDown.Load()
+	c.mu.Unlock()
+	if tornDown { // shutdown raced with the dial
+		backendConn.Close()
+		return errors.New("proxy shutting down")
+	}
+	backendConn.SetDeadline(deadline)
+
+	c.backend.mu.Lock()
+	c.backend.out.WriteProtocolHeader()
+	err = c.backend.flushLocked()
+	c.backend.mu.Unlock()
+	if err != nil {
+		return c.refuseUnavailable(err)
+	}
+
+	// connection.start, relayed as the backend sent it.
+	f, err := c.expectBackend(10, 10)
+	if err != nil {
+		return c.refuseUnavailable(err)
+	}
+	if err := c.client.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+		return err
+	}
+	c.startRelayed = true
+
+	// SASL: start-ok, then any number of secure / secure-ok rounds.
+	f, err = c.expectClient(10, 11)
+	if err != nil {
+		return err
+	}
+	var startOk frames.ConnectionStartOk
+	if err := decodeArgs(f.Payload, &startOk); err != nil {
+		return c.clientSyntaxError(err)
+	}
+	c.user = saslUser(startOk.Mechanism, startOk.Response)
+	if err := c.backend.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+		return c.refuseUnavailable(err)
+	}
+	var tune frames.ConnectionTune
+	for {
+		f, err = c.readBackendHandshake()
+		if err != nil {
+			return c.refuseUnavailable(err)
+		}
+		classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
+		switch {
+		case classID == 10 && methodID == 20: // secure
+			if err := c.client.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+				return err
+			}
+			f, err = c.expectClient(10, 21)
+			if err != nil {
+				return err
+			}
+			if err := c.backend.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+				return c.refuseUnavailable(err)
+			}
+			continue
+		case classID == 10 && methodID == 30: // tune
+			if err := decodeArgs(f.Payload, &tune); err != nil {
+				return c.refuseUnavailable(err)
+			}
+		case classID == 10 && methodID == 50: // close: authentication refused
+			return c.relayBackendRefusal(f.Payload)
+		default:
+			return c.refuseUnavailable(fmt.Errorf("backend sent %s during the handshake", methodName(classID, methodID)))
+		}
+		break
+	}
+
+	offer := frames.ConnectionTune{
+		ChannelMax: capLimit16(tune.ChannelMax, opts.ChannelMax),
+		FrameMax:   capLimit32(tune.FrameMax, opts.FrameMax),
+		Heartbeat:  uint16(opts.Heartbeat / time.Second),
+	}
+	if err := c.client.sendMethod(0, &offer); err != nil {
+		return err
+	}
+	f, err = c.expectClient(10, 31)
+	if err != nil {
+		return err
+	}
+	var tuneOk frames.ConnectionTuneOk
+	if err := decodeArgs(f.Payload, &tuneOk); err != nil {
+		return c.clientSyntaxError(err)
+	}
+	if err := c.negotiate(offer, &tuneOk); err != nil {
+		return err
+	}
+	backendTuneOk := frames.ConnectionTuneOk{
+		ChannelMax: tuneOk.ChannelMax,
+		FrameMax:   tuneOk.FrameMax,
+		Heartbeat:  uint16(c.backendHeartbeat / time.Second),
+	}
+	if err := c.backend.sendMethod(0, &backendTuneOk); err != nil {
+		return c.refuseUnavailable(err)
+	}
+	c.client.in.SetMaxFrameSize(c.frameMax)
+	c.backend.in.SetMaxFrameSize(c.frameMax)
+	c.channels = newChannelTable(tuneOk.ChannelMax)
+
+	// connection.open: the backend checks the vhost and the user's access.
+	f, err = c.expectClient(10, 40)
+	if err != nil {
+		return err
+	}
+	var open frames.ConnectionOpen
+	if err := decodeArgs(f.Payload, &open); err != nil {
+		return c.clientSyntaxError(err)
+	}
+	c.vhost = open.VirtualHost
+	if err := c.backend.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+		return c.refuseUnavailable(err)
+	}
+	f, err = c.readBackendHandshake()
+	if err != nil {
+		return c.refuseUnavailable(err)
+	}
+	switch classID, methodID, _, _ := frames.ParseMethodID(f.Payload); {
+	case classID == 10 && methodID == 41: // open-ok
+	case classID == 10 && methodID == 50:
+		return c.relayBackendRefusal(f.Payload)
+	default:
+		return c.refuseUnavailable(fmt.Errorf("backend sent %s instead of connection.open-ok", methodName(classID, methodID)))
+	}
+	if err := c.client.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+		return err
+	}
+	c.client.conn.SetDeadline(time.Time{})
+	c.backend.conn.SetDeadline(time.Time{})
+	return nil
+}
+
+// negotiate checks the client's tune-ok against the offer, as RabbitMQ
+// does, and fixes the limits both legs use.
+func (c *clientConn) negotiate(offer frames.ConnectionTune, tuneOk *frames.ConnectionTuneOk) error {
+	if tuneOk.ChannelMax == 0 {
+		tuneOk.ChannelMax = offer.ChannelMax
+	}
+	if tuneOk.FrameMax == 0 {
+		tuneOk.FrameMax = offer.FrameMax
+	}
+	var problem string
+	switch {
+	case offer.FrameMax != 0 && tuneOk.FrameMax > offer.FrameMax:
+		problem = fmt.Sprintf("NOT_ALLOWED - frame_max=%d > %d max size", tuneOk.FrameMax, offer.FrameMax)
+	case tuneOk.FrameMax < frames.FrameMinSize:
+		problem = fmt.Sprintf("NOT_ALLOWED - frame_max=%d < %d min size", tuneOk.FrameMax, frames.FrameMinSize)
+	case offer.ChannelMax != 0 && tuneOk.ChannelMax > offer.ChannelMax:
+		problem = fmt.Sprintf("NOT_ALLOWED - channel_max=%d > %d max", tuneOk.ChannelMax, offer.ChannelMax)
+	}
+	if problem != "" {
+		c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.NotAllowed, ReplyText: problem, ClassID: 10, MethodID: 31})
+		return errors.New(problem)
+	}
+	c.frameMax = tuneOk.FrameMax
+	c.clientHeartbeat = time.Duration(tuneOk.Heartbeat) * time.Second
+	// The backend leg keeps heartbeats even when the client turned them
+	// off: the proxy must notice a dead backend on its own.
+	c.backendHeartbeat = c.clientHeartbeat
+	if c.backendHeartbeat == 0 {
+		c.backendHeartbeat = c.srv.opts.Heartbeat
+	}
+	if c.backendHeartbeat == 0 {
+		c.backendHeartbeat = 60 * time.Second
+	}
+	return nil
+}
+
+func (c *clientConn) dialBackend(deadline time.Time) (net.Conn, error) {
+	b := c.srv.opts.Backend
+	ctx, cancel := context.WithDeadline(context.Background(), minTime(deadline, time.Now().Add(c.srv.opts.DialTimeout)))
+	defer cancel()
+	go func() { // a shutdown during the dial cancels it
+		select {
+		case <-c.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", b.Addr)
+	if err != nil {
+		return nil, err
+	}
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		tcp.SetNoDelay(true)
+	}
+	if b.TLS == nil {
+		return conn, nil
+	}
+	tlsConn := tls.Client(conn, b.TLS)
+	if err := tlsConn.HandshakeContext(ctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("TLS handshake: %w", err)
+	}
+	return tlsConn, nil
+}
+
+// refuseUnavailable tells the client the backend could not serve it. Before
+// the client has seen connection.start there is no AMQP way to say so, so the
+// proxy sends its own start, waits for start-ok and then closes with 320
+// CONNECTION_FORCED and a text that names the backend and the cause.
+func (c *clientConn) refuseUnavailable(cause error) error {
+	err := fmt.Errorf("backend %s unavailable: %w", c.srv.opts.Backend.Name, cause)
+	c.mu.Lock()
+	c.reason, c.detail = ReasonBackendUnavailable, err.Error()
+	if c.backend != nil {
+		c.backendClosed = true
+		c.backend.conn.Close()
+	}
+	c.mu.Unlock()
+	if c.client.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout)) != nil {
+		return err
+	}
+	if !c.startRelayed {
+		start := &frames.ConnectionStart{
+			VersionMajor: 0, VersionMinor: 9,
+			ServerProperties: frames.Table{{Key: "product", Value: "amqp-mirror"}},
+			Mechanisms:       "PLAIN AMQPLAIN",
+			Locales:          "en_US",
+		}
+		if c.client.sendMethod(0, start) != nil {
+			return err
+		}
+		if _, rerr := c.expectClient(10, 11); rerr != nil {
+			return err
+		}
+	}
+	c.client.sendMethod(0, &frames.ConnectionClose{
+		ReplyCode: frames.ConnectionForced,
+		ReplyText: "CONNECTION_FORCED - " + err.Error(),
+	})
+	c.awaitClientCloseOk()
+	return err
+}
+
+// relayBackendRefusal passes the backend's connection.close (bad
+// credentials, unknown vhost, no access) to the client and ends the handshake.
+func (c *clientConn) relayBackendRefusal(payload []byte) error {
+	var cl frames.ConnectionClose
+	if err := decodeArgs(payload, &cl); err != nil {
+		return c.refuseUnavailable(err)
+	}
+	c.mu.Lock()
+	c.backendClosed = true
+	c.mu.Unlock()
+	c.backend.sendMethod(0, &frames.ConnectionCloseOk{})
+	c.client.sendFrame(frames.FrameMethod, 0, payload)
+	c.awaitClientCloseOk()
+	return fmt.Errorf("backend refused the connection: %d %s", cl.ReplyCode, cl.ReplyText)
+}
+
+// awaitClientCloseOk reads until the client's close-ok, an error or the
+// socket deadline.
+func (c *clientConn) awaitClientCloseOk() {
+	for {
+		f, err := c.client.in.ReadFrame()
+		if err != nil {
+			return
+		}
+		if f.Type == frames.FrameMethod && f.Channel == 0 {
+			if classID, methodID, _, _ := frames.ParseMethodID(f.Payload); classID == 10 && methodID == 51 {
+				return
+			}
+		}
+	}
+}
+
+// expectClient reads the next client frame during the handshake and requires
+// the given connection method. Anything else is answered like RabbitMQ does.
+func (c *clientConn) expectClient(classID, methodID uint16) (frames.Frame, error) {
+	for {
+		f, err := c.client.in.ReadFrame()
+		if err != nil {
+			var fe *frames.Error
+			if errors.As(err, &fe) {
+				c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: fe.Code, ReplyText: fe.ReplyText()})
+			}
+			return f, fmt.Errorf("waiting for %s: %w", methodName(classID, methodID), err)
+		}
+		if f.Type == frames.FrameHeartbeat {
+			continue
+		}
+		gotClass, gotMethod, _, perr := frames.ParseMethodID(f.Payload)
+		if f.Type != frames.FrameMethod || perr != nil || f.Channel != 0 || gotClass != classID || gotMethod != methodID {
+			got := frameDescription(f)
+			text := fmt.Sprintf("COMMAND_INVALID - expected %s, got %s", methodName(classID, methodID), got)
+			c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.CommandInvalid, ReplyText: text, ClassID: gotClass, MethodID: gotMethod})
+			return f, errors.New(text)
+		}
+		return f, nil
+	}
+}
+
+// expectBackend reads the next backend frame during the handshake and
+// requires the given connection method.
+func (c *clientConn) expectBackend(classID, methodID uint16) (frames.Frame, error) {
+	f, err := c.readBackendHandshake()
+	if err != nil {
+		return f, err
+	}
+	gotClass, gotMethod, _, _ := frames.ParseMethodID(f.Payload)
+	if gotClass != classID || gotMethod != methodID {
+		return f, fmt.Errorf("expected %s, got %s", methodName(classID, methodID), frameDescription(f))
+	}
+	return f, nil
+}
+
+// readBackendHandshake reads the backend's next method frame on channel 0.
+func (c *clientConn) readBackendHandshake() (frames.Frame, error) {
+	for {
+		f, err := c.backend.in.ReadFrame()
+		if err != nil {
+			return f, err
+		}
+		if f.Type == frames.FrameHeartbeat {
+			continue
+		}
+		if f.Type != frames.FrameMethod || f.Channel != 0 {
+			return f, fmt.Errorf("unexpected %s during the handshake", frameDescription(f))
+		}
+		return f, nil
+	}
+}
+
+// clientSyntaxError closes the client connection for an undecodable
+// handshake method.
+func (c *clientConn) clientSyntaxError(err error) error {
+	code, text := uint16(frames.SyntaxError), "SYNTAX_ERROR - "+err.Error()
+	var fe *frames.Error
+	if errors.As(err, &fe) {
+		code, text = fe.Code, fe.ReplyText()
+	}
+	c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: code, ReplyText: text})
+	return err
+}
+
+// saslUser extracts the user name from a SASL response, for logs only. The
+// password is never kept or logged.
+func saslUser(mechanism, response string) string {
+	switch mechanism {
+	case "PLAIN": // authzid NUL authcid NUL passwd
+		parts := bytes.SplitN([]byte(response), []byte{0}, 3)
+		if len(parts) == 3 {
+			return string(parts[1])
+		}
+	case "AMQPLAIN": // a field table without its length prefix
+		buf := make([]byte, 4+len(response))
+		binary.BigEndian.PutUint32(buf, uint32(len(response)))
+		copy(buf[4:], response)
+		if t, _, err := frames.DecodeTable(buf); err == nil {
+			if v, ok := t.Get("LOGIN"); ok {
+				if s, ok := v.(string); ok {
+					return s
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func decodeArgs(payload []byte, m frames.Method) error {
+	_, _, args, err := frames.ParseMethodID(payload)
+	if err != nil {
+		return err
+	}
+	return m.Decode(args)
+}
+
+func methodName(classID, methodID uint16) string {
+	if m, err := frames.NewMethod(classID, methodID); err == nil {
+		return m.Name()
+	}
+	return fmt.Sprintf("method %d.%d", classID, methodID)
+}
+
+func frameDescription(f frames.Frame) string {
+	switch f.Type {
+	case frames.FrameMethod:
+		classID, methodID, _, err := frames.ParseMethodID(f.Payload)
+		if err != nil {
+			return "a malformed method frame"
+		}
+		return fmt.Sprintf("%s on channel %d", methodName(classID, methodID), f.Channel)
+	case frames.FrameHeader:
+		return fmt.Sprintf("a content header frame on channel %d", f.Channel)
+	case frames.FrameBody:
+		return fmt.Sprintf("a content body frame on channel %d", f.Channel)
+	case frames.FrameHeartbeat:
+		return "a heartbeat frame"
+	}
+	return fmt.Sprintf("a frame of type %d", f.Type)
+}
+
+// capLimit16 combines the backend's limit with the proxy's: 0 means none.
+func capLimit16(backend, proxy uint16) uint16 {
+	if backend == 0 || (proxy != 0 && proxy < backend) {
+		return proxy
+	}
+	return backend
+}
+
+func capLimit32(backend, proxy uint32) uint32 {
+	if backend == 0 || (proxy != 0 && proxy < backend) {
+		return proxy
+	}
+	return backend
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,232 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("proxy: server closed")
+
+// Backend is a broker the proxy connects clients to.
+type Backend struct {
+	Name string
+	// Addr is host:port of the broker's AMQP listener.
+	Addr string
+	// TLS, when set, makes backend connections AMQPS.
+	TLS *tls.Config
+}
+
+// Options configure a Server. Every field is taken as given; DefaultOptions
+// has RabbitMQ's defaults.
+type Options struct {
+	Backend Backend
+	Logger  *slog.Logger
+	// HandshakeTimeout bounds the time from accept to connection.open-ok.
+	HandshakeTimeout time.Duration
+	// DialTimeout bounds opening a backend connection.
+	DialTimeout time.Duration
+	// Heartbeat is the interval the proxy proposes to clients; 0 proposes none.
+	Heartbeat time.Duration
+	// FrameMax and ChannelMax cap what the proxy offers clients; the
+	// backend's own limits cap them further.
+	FrameMax   uint32
+	ChannelMax uint16
+	// CloseTimeout bounds the wait for a peer's close-ok.
+	CloseTimeout time.Duration
+}
+
+// DefaultOptions returns RabbitMQ's defaults for everything but the backend.
+func DefaultOptions(backend Backend) Options {
+	return Options{
+		Backend:          backend,
+		Logger:           slog.Default(),
+		HandshakeTimeout: 10 * time.Second,
+		DialTimeout:      5 * time.Second,
+		Heartbeat:        60 * time.Second,
+		FrameMax:         131072,
+		ChannelMax:       2047,
+		CloseTimeout:     5 * time.Second,
+	}
+}
+
+func (o Options) validate() error {
+	var errs []error
+	if o.Backend.Addr == "" {
+		errs = append(errs, errors.New("backend address is empty"))
+	}
+	if o.FrameMax != 0 && o.FrameMax < 4096 {
+		errs = append(errs, fmt.Errorf("frame_max %d is below the protocol minimum 4096", o.FrameMax))
+	}
+	if o.HandshakeTimeout <= 0 || o.DialTimeout <= 0 || o.CloseTimeout <= 0 {
+		errs = append(errs, errors.New("handshake, dial and close timeouts must be positive"))
+	}
+	if o.Heartbeat < 0 {
+		errs = append(errs, errors.New("heartbeat must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Server is the client-facing AMQP 0-9-1 server.
+type Server struct {
+	opts Options
+	log  *slog.Logger
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*clientConn]struct{}
+	closed    bool
+	connWG    sync.WaitGroup
+
+	nextConnID atomic.Uint64
+	stats      Stats
+}
+
+// Stats are the server's counters, safe to read at any time.
+type Stats struct {
+	ConnectionsOpened atomic.Uint64
+	ConnectionsOpen   atomic.Int64
+	// ClosedByReason counts ended connections by CloseReason.
+	ClosedByReason [len(reasonNames)]atomic.Uint64
+}
+
+// New returns a Server that serves clients with opts.
+func New(opts Options) (*Server, error) {
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("proxy options: %w", err)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Server{
+		opts:      opts,
+		log:       opts.Logger,
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*clientConn]struct{}),
+	}, nil
+}
+
+// Stats returns the server's live counters.
+func (s *Server) Stats() *Stats { return &s.stats }
+
+// Serve accepts client connections on ln until Shutdown or Close, and returns
+// ErrServerClosed then. For AMQPS, pass a tls.Listener.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+	}()
+
+	var backoff time.Duration
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if s.isClosed() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("accept failed; retrying", "err", err, "backoff", backoff)
+				time.Sleep(backoff)
+				continue
+			}
+			return fmt.Errorf("accept on %s: %w", ln.Addr(), err)
+		}
+		backoff = 0
+		s.startConn(conn)
+	}
+}
+
+func (s *Server) startConn(conn net.Conn) {
+	c := newClientConn(s, s.nextConnID.Add(1), conn)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		conn.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.connWG.Add(1)
+	s.mu.Unlock()
+	s.stats.ConnectionsOpened.Add(1)
+	s.stats.ConnectionsOpen.Add(1)
+	go func() {
+		defer s.connWG.Done()
+		reason := c.serve()
+		s.stats.ClosedByReason[reason].Add(1)
+		s.stats.ConnectionsOpen.Add(-1)
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// beginClose stops accepting and returns the connections still open.
+func (s *Server) beginClose() []*clientConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	conns := make([]*clientConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	return conns
+}
+
+// Shutdown stops accepting, asks every client to close with 320
+// CONNECTION_FORCED (as RabbitMQ does when it stops), and waits until they
+// have closed or ctx is done; then it closes what is left.
+func (s *Server) Shutdown(ctx context.Context) error {
+	for _, c := range s.beginClose() {
+		c.shutdown()
+	}
+	done := make(chan struct{})
+	go func() {
+		s.connWG.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.Close()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Close closes every listener and connection at once and waits for their
+// goroutines to end.
+func (s *Server) Close() error {
+	for _, c := range s.beginClose() {
+		c.teardown(ReasonShutdown, "server closed")
+	}
+	s.connWG.Wait()
+	return nil
+}

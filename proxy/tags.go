@@ -1,0 +1,173 @@
+package proxy
+
+import "sort"
+
+// deliveryTags maps the delivery tags a client sees on one channel to the
+// backend and backend tag of each delivery. The client's tags are the proxy's
+// own: once mirroring merges deliveries from several backends onto one client
+// channel, or moves a consumer to another backend on failover, backend tags no
+// longer form one sequence, and a stale tag must never settle a new message.
+//
+// Deliveries arrive in increasing proxy tag order, so pending is sorted by
+// proxy tag and searched by bisection; settled entries are marked, and
+// swept out when they make up most of the slice. Memory is bounded by the
+// client's unacknowledged window (its prefetch).
+type deliveryTags struct {
+	next    uint64 // last proxy tag handed out
+	pending []tagEntry
+	live    int // entries in pending that are not settled
+}
+
+type tagEntry struct {
+	proxyTag   uint64
+	backendTag uint64
+	backend    int // index of the backend link the delivery came from
+	settled    bool
+}
+
+// backendAck is one acknowledgement to send to a backend: settle
+// backendTag, and with multiple every earlier unsettled tag on that backend.
+type backendAck struct {
+	backend    int
+	backendTag uint64
+	multiple   bool
+}
+
+// deliver assigns the proxy tag for a delivery. Deliveries that need no
+// acknowledgement (no-ack consumers and gets) get a tag but no entry.
+func (d *deliveryTags) deliver(backend int, backendTag uint64, needsAck bool) uint64 {
+	d.next++
+	if needsAck {
+		d.pending = append(d.pending, tagEntry{proxyTag: d.next, backendTag: backendTag, backend: backend})
+		d.live++
+	}
+	return d.next
+}
+
+// settle resolves a client's ack, nack or reject of proxyTag (with multiple:
+// of every unsettled tag up to it; tag 0 with multiple means all). It returns
+// the backend acknowledgements to send, appended to out, the entries it
+// settled (for transactions that may roll back), and false when the tag is
+// not an outstanding delivery: RabbitMQ answers that with
+// PRECONDITION_FAILED - unknown delivery tag.
+func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, settled []tagEntry) ([]backendAck, []tagEntry, bool) {
+	if multiple && proxyTag == 0 {
+		proxyTag = d.next
+		if d.live == 0 {
+			return out, settled, true
+		}
+	} else {
+		i := d.find(proxyTag)
+		if i < 0 {
+			return out, settled, false
+		}
+		if !multiple {
+			e := &d.pending[i]
+			e.settled = true
+			d.live--
+			settled = append(settled, *e)
+			d.compact()
+			return append(out, backendAck{backend: e.backend, backendTag: e.backendTag}), settled, true
+		}
+	}
+	// Multiple: per backend, the highest backend tag among the settled
+	// entries. Within one backend, proxy tags and backend tags rise together,
+	// so "every unsettled proxy tag <= N from backend b" is exactly "every
+	// unsettled backend tag <= M on b", which one multiple ack expresses.
+	first := len(out)
+	for i := range d.pending {
+		e := &d.pending[i]
+		if e.proxyTag > proxyTag {
+			break
+		}
+		if e.settled {
+			continue
+		}
+		e.settled = true
+		d.live--
+		settled = append(settled, *e)
+		found := false
+		for j := first; j < len(out); j++ {
+			if out[j].backend == e.backend {
+				out[j].backendTag = e.backendTag
+				found = true
+				break
+			}
+		}
+		if !found {
+			out = append(out, backendAck{backend: e.backend, backendTag: e.backendTag, multiple: true})
+		}
+	}
+	d.compact()
+	return out, settled, true
+}
+
+// restore makes settled entries outstanding again: a rolled-back transaction
+// leaves its acks unapplied at the broker.
+func (d *deliveryTags) restore(entries []tagEntry) {
+	if len(entries) == 0 {
+		return
+	}
+	for _, e := range entries {
+		if i := d.find(e.proxyTag); i >= 0 {
+			continue // still present and live: nothing to restore
+		}
+		if i := d.index(e.proxyTag); i >= 0 {
+			d.pending[i].settled = false
+			d.live++
+			continue
+		}
+		e.settled = false
+		d.pending = append(d.pending, e)
+		d.live++
+	}
+	sort.Slice(d.pending, func(i, j int) bool { return d.pending[i].proxyTag < d.pending[j].proxyTag })
+}
+
+// dropAll forgets every outstanding delivery: after basic.recover the
+// broker redelivers them with new tags, and the old tags are void.
+func (d *deliveryTags) dropAll() {
+	d.pending = d.pending[:0]
+	d.live = 0
+}
+
+// outstanding is the number of deliveries awaiting the client's ack.
+func (d *deliveryTags) outstanding() int { return d.live }
+
+// find returns the index of the unsettled entry for proxyTag, or -1.
+func (d *deliveryTags) find(proxyTag uint64) int {
+	i := d.index(proxyTag)
+	if i < 0 || d.pending[i].settled {
+		return -1
+	}
+	return i
+}
+
+// index returns the index of the entry for proxyTag, settled or not, or -1.
+func (d *deliveryTags) index(proxyTag uint64) int {
+	i := sort.Search(len(d.pending), func(i int) bool { return d.pending[i].proxyTag >= proxyTag })
+	if i == len(d.pending) || d.pending[i].proxyTag != proxyTag {
+		return -1
+	}
+	return i
+}
+
+// compact removes settled entries once they are the bulk of the slice,
+// moving the live ones down in place so that the backing array is reused
+// and the steady state allocates nothing.
+func (d *deliveryTags) compact() {
+	if d.live == 0 {
+		d.pending = d.pending[:0]
+		return
+	}
+	if len(d.pending) < 32 || d.live > len(d.pending)/2 {
+		return
+	}
+	kept := d.pending[:0]
+	for _, e := range d.pending {
+		if !e.settled {
+			kept = append(kept, e)
+		}
+	}
+	d.pending = kept
+}
