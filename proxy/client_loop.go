@@ -189,15 +189,8 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 // coincide and the frame passes as it came.
 func (c *clientConn) settle(ch *channelState, f frames.Frame, key methodKey, tag uint64, multiple, requeue bool) error {
 	ch.mu.Lock()
-	var settledInTx []tagEntry
-	if ch.transactional {
-		settledInTx = ch.txSettled
-	}
-	acks, settled, ok := ch.tags.settle(tag, multiple, ch.acks[:0], settledInTx)
-	ch.acks = acks
-	if ch.transactional {
-		ch.txSettled = settled
-	}
+	acks, settled, ok := ch.tags.settle(tag, multiple, ch.acks[:0], ch.transactional, ch.txSettled)
+	ch.acks, ch.txSettled = acks, settled
 	ch.mu.Unlock()
 	if !ok {
 		classID, methodID := uint16(key>>16), uint16(key)

@@ -49,6 +49,9 @@ type clientConn struct {
 	detail string
 	// opened is when the handshake finished; zero before.
 	opened time.Time
+	// backendLoopRunning is set once the backend read loop started: from
+	// then on it owns closing the backend socket.
+	backendLoopRunning bool
 	// backendClosed is set when the backend connection ended its close
 	// handshake, so teardown need not send connection.close to it.
 	backendClosed bool
@@ -98,6 +101,7 @@ func (c *clientConn) serve() CloseReason {
 	}
 	c.mu.Lock()
 	c.opened = time.Now()
+	c.backendLoopRunning = true
 	c.mu.Unlock()
 	c.log = c.log.With("user", c.user, "vhost", c.vhost)
 	c.log.Info("connection opened", "backend", c.srv.opts.Backend.Name,
@@ -125,7 +129,10 @@ func (c *clientConn) serve() CloseReason {
 // wait blocks until both sockets are closed and the backend loop ended.
 func (c *clientConn) wait() {
 	<-c.done
-	if c.backend != nil {
+	c.mu.Lock()
+	loopRunning := c.backendLoopRunning
+	c.mu.Unlock()
+	if loopRunning {
 		<-c.backendDone
 	}
 }
@@ -168,7 +175,9 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	if c.closeTimer != nil {
 		c.closeTimer.Stop()
 	}
-	sayGoodbye := c.backend != nil && !c.backendClosed
+	// Only the backend loop can read the backend's close-ok; before it
+	// runs (a failed handshake) the socket is simply closed.
+	sayGoodbye := c.backend != nil && !c.backendClosed && c.backendLoopRunning
 	c.mu.Unlock()
 
 	close(c.done)

@@ -46,11 +46,11 @@ func (d *deliveryTags) deliver(backend int, backendTag uint64, needsAck bool) ui
 
 // settle resolves a client's ack, nack or reject of proxyTag (with multiple:
 // of every unsettled tag up to it; tag 0 with multiple means all). It returns
-// the backend acknowledgements to send, appended to out, the entries it
-// settled (for transactions that may roll back), and false when the tag is
-// not an outstanding delivery: RabbitMQ answers that with
-// PRECONDITION_FAILED - unknown delivery tag.
-func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, settled []tagEntry) ([]backendAck, []tagEntry, bool) {
+// the backend acknowledgements to send, appended to out; with keep set, the
+// entries it settled appended to settled (a transaction that rolls back
+// restores them); and false when the tag is not an outstanding delivery:
+// RabbitMQ answers that with PRECONDITION_FAILED - unknown delivery tag.
+func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, keep bool, settled []tagEntry) ([]backendAck, []tagEntry, bool) {
 	if multiple && proxyTag == 0 {
 		proxyTag = d.next
 		if d.live == 0 {
@@ -65,7 +65,9 @@ func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, 
 			e := &d.pending[i]
 			e.settled = true
 			d.live--
-			settled = append(settled, *e)
+			if keep {
+				settled = append(settled, *e)
+			}
 			d.compact()
 			return append(out, backendAck{backend: e.backend, backendTag: e.backendTag}), settled, true
 		}
@@ -85,7 +87,9 @@ func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, 
 		}
 		e.settled = true
 		d.live--
-		settled = append(settled, *e)
+		if keep {
+			settled = append(settled, *e)
+		}
 		found := false
 		for j := first; j < len(out); j++ {
 			if out[j].backend == e.backend {

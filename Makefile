@@ -1,0 +1,35 @@
+# The README's two commands are ./scripts/demo.sh and ./scripts/test.sh;
+# these targets are the same entry points for people who type make.
+GO ?= go
+FUZZTIME ?= 60s
+
+.PHONY: build test demo bench fuzz generate vet
+
+build:
+	$(GO) build -o amqp-mirror .
+
+test:
+	./scripts/test.sh
+
+demo:
+	./scripts/demo.sh
+
+# The end-to-end benchmark (direct vs through the proxy, same broker, one run),
+# then the codec and bookkeeping micro-benchmarks.
+bench:
+	$(GO) run ./integration/bench
+	$(GO) test -run '^$$' -bench . -benchmem ./frames/ ./proxy/
+
+# Every fuzz target for FUZZTIME each (go test -fuzz takes one target at a time).
+fuzz:
+	for target in FuzzReadFrame FuzzDecodeMethod FuzzDecodeTable FuzzContentHeader; do \
+		$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) ./frames/ || exit 1; \
+	done
+	$(GO) test -run '^$$' -fuzz '^FuzzProxyClientBytes$$' -fuzztime $(FUZZTIME) ./integration/
+
+generate:
+	$(GO) generate ./...
+
+vet:
+	$(GO) vet ./...
+	test -z "$$(gofmt -l .)"

@@ -1,0 +1,418 @@
+// Command amqp-mirror is an AMQP 0-9-1 proxy that brings RabbitMQ's classic
+// mirrored queues to plain, unclustered brokers.
+//
+//	amqp-mirror serve --config amqp-mirror.yaml   run the proxy
+//	amqp-mirror ctl   --config amqp-mirror.yaml list_policies
+//	amqp-mirror demo                              local brokers + proxy
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/integration/harness"
+	"github.com/amqp-mirror/amqp-mirror/proxy"
+	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
+)
+
+const usage = `amqp-mirror: an AMQP 0-9-1 proxy that adds RabbitMQ-style classic mirrored
+queues to plain, unclustered brokers.
+
+Usage:
+  amqp-mirror serve [--config FILE] [flags]    run the proxy
+  amqp-mirror ctl [--config FILE] COMMAND ...  administer a running proxy (like rabbitmqctl)
+  amqp-mirror demo [flags]                     start local RabbitMQ nodes and the proxy
+  amqp-mirror help [COMMAND]                   show help
+
+Run "amqp-mirror COMMAND --help" for the flags of a command.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return runServe(args[1:], stdout, stderr)
+	case "ctl":
+		return runCtl(args[1:], stdout, stderr)
+	case "demo":
+		return runDemo(args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		if len(args) > 1 {
+			return run([]string{args[1], "--help"}, stdout, stderr)
+		}
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "amqp-mirror: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}
+
+// newFlagSet returns a flag set whose --help prints the command's usage.
+func newFlagSet(name, summary string, stdout io.Writer) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.SetOutput(stdout)
+	fs.Usage = func() {
+		fmt.Fprintf(stdout, "%s\n\nFlags:\n%s", summary, fs.FlagUsages())
+	}
+	return fs
+}
+
+// parseFlags parses args and reports an exit code when the command should
+// not go on (help was asked for, or the flags were wrong).
+func parseFlags(fs *pflag.FlagSet, args []string, stderr io.Writer) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0, false
+		}
+		fmt.Fprintf(stderr, "amqp-mirror %s: %v\n", fs.Name(), err)
+		return 2, false
+	}
+	return 0, true
+}
+
+func runServe(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("serve", `Usage: amqp-mirror serve [--config FILE] [flags]
+
+Runs the proxy: clients connect to listen.amqp (and listen.amqps with TLS) and
+are served by the backend brokers of the config file. Every config key can
+also be set by a flag named after its key path, or by an environment
+variable AMQP_MIRROR_<KEY> (dots as underscores); flags win over the
+environment, which wins over the file.
+
+Signals: SIGTERM and SIGINT shut down gracefully (clients get connection.close
+320, up to shutdown_timeout); SIGHUP reloads the policies from the file.`, stdout)
+	configPath := fs.String("config", "", "the YAML config file (see the README for every key)")
+	config.RegisterFlags(fs)
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	cfg, err := config.Load(*configPath, fs)
+	if err != nil {
+		fmt.Fprintf(stderr, "amqp-mirror serve: %v\n", err)
+		return 1
+	}
+	level := new(slog.LevelVar)
+	level.Set(cfg.Log.SlogLevel())
+	logger := newLogger(cfg.Log, level, stderr)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := serve(ctx, cfg, fs, level, logger, nil); err != nil {
+		logger.Error("amqp-mirror stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(l config.Log, level *slog.LevelVar, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if l.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// serve runs the proxy until ctx ends, then shuts down gracefully. ready,
+// when set, receives the AMQP listener's address once it accepts.
+func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level *slog.LevelVar, logger *slog.Logger, ready func(amqpAddr string)) error {
+	store, err := config.OpenPolicyStore(cfg.StateDir, cfg.Policies, cfg.OperatorPolicies)
+	if err != nil {
+		return err
+	}
+	backend, err := proxyBackend(cfg)
+	if err != nil {
+		return err
+	}
+	srv, err := proxy.New(proxy.Options{
+		Backend:          backend,
+		Logger:           logger,
+		HandshakeTimeout: cfg.HandshakeTimeout,
+		DialTimeout:      5 * time.Second,
+		Heartbeat:        cfg.Heartbeat,
+		FrameMax:         uint32(cfg.FrameMax),
+		ChannelMax:       uint16(cfg.ChannelMax),
+		CloseTimeout:     5 * time.Second,
+	})
+	if err != nil {
+		return err
+	}
+
+	var listeners []net.Listener
+	closeListeners := func() {
+		for _, ln := range listeners {
+			ln.Close()
+		}
+	}
+	ln, err := net.Listen("tcp", cfg.Listen.AMQP)
+	if err != nil {
+		return fmt.Errorf("listen.amqp: %w", err)
+	}
+	listeners = append(listeners, ln)
+	if cfg.Listen.TLS.Cert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.Listen.TLS.Cert, cfg.Listen.TLS.Key)
+		if err != nil {
+			closeListeners()
+			return fmt.Errorf("listen.tls: %w", err)
+		}
+		tlsLn, err := tls.Listen("tcp", cfg.Listen.AMQPS, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		if err != nil {
+			closeListeners()
+			return fmt.Errorf("listen.amqps: %w", err)
+		}
+		listeners = append(listeners, tlsLn)
+	}
+
+	serveCtx, cancelServe := context.WithCancel(context.Background())
+	defer cancelServe()
+	errs := make(chan error, len(listeners)+1)
+	running := 0
+	if cfg.Listen.Admin != "" {
+		token, err := config.EnsureAdminToken(cfg)
+		if err != nil {
+			closeListeners()
+			return err
+		}
+		adminLn, err := net.Listen("tcp", cfg.Listen.Admin)
+		if err != nil {
+			closeListeners()
+			return fmt.Errorf("listen.admin: %w", err)
+		}
+		adminSrv := admin.NewServer(store, token, logger)
+		srv.RegisterMetrics(adminSrv.Registry())
+		running++
+		go func() { errs <- adminSrv.Serve(serveCtx, adminLn) }()
+		logger.Info("admin API listening", "addr", adminLn.Addr().String())
+	}
+
+	watcher := config.NewWatcher(cfg, flags, store, logger, level)
+	if cfg.Path != "" {
+		if err := watcher.Start(serveCtx); err != nil {
+			logger.Warn("not watching the config file for changes", "err", err)
+		}
+	}
+	defer watcher.Close()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	for _, l := range listeners {
+		running++
+		go func(l net.Listener) { errs <- srv.Serve(l) }(l)
+		logger.Info("AMQP listening", "addr", l.Addr().String(), "backend", backend.Name, "backend_addr", backend.Addr)
+	}
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+
+	var failure error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-hup:
+			logger.Info("SIGHUP: reloading the config file", "path", cfg.Path)
+			if err := watcher.Reload(); err != nil {
+				logger.Error("reload refused; the running configuration stays", "err", err)
+			}
+		case err := <-errs:
+			running--
+			if err != nil && !errors.Is(err, proxy.ErrServerClosed) {
+				failure = err
+				break loop
+			}
+		}
+	}
+
+	logger.Info("shutting down", "timeout", cfg.ShutdownTimeout, "connections", srv.Stats().ConnectionsOpen.Load())
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		logger.Warn("shutdown timed out; remaining connections closed", "err", err)
+	}
+	cancelServe()
+	for ; running > 0; running-- {
+		<-errs
+	}
+	logger.Info("stopped")
+	return failure
+}
+
+// proxyBackend is the backend client connections go to: the node this proxy
+// sits beside, or the first backend.
+func proxyBackend(cfg *config.Config) (proxy.Backend, error) {
+	b := cfg.Backends[0]
+	for _, candidate := range cfg.Backends {
+		if candidate.Name == cfg.Node {
+			b = candidate
+		}
+	}
+	u, err := url.Parse(b.URL)
+	if err != nil {
+		return proxy.Backend{}, fmt.Errorf("backend %s: %w", b.Name, err)
+	}
+	backend := proxy.Backend{Name: b.Name, Addr: u.Host}
+	port := "5672"
+	if u.Scheme == "amqps" {
+		port = "5671"
+		backend.TLS = &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
+	}
+	if u.Port() == "" {
+		backend.Addr = net.JoinHostPort(u.Hostname(), port)
+	}
+	return backend, nil
+}
+
+func runCtl(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("ctl", `Usage: amqp-mirror ctl [--config FILE | --admin URL --token TOKEN] COMMAND [ARGS]
+
+Administers a running proxy through its admin API, like rabbitmqctl.
+With --config, the admin address (listen.admin) and the credential
+(admin_token, or the token generated into state_dir) come from the file.
+Run "amqp-mirror ctl help" for the commands.`, stdout)
+	fs.SetInterspersed(false)
+	configPath := fs.String("config", "", "the proxy's YAML config file: finds the admin address and credential")
+	adminURL := fs.String("admin", "", "the admin API's base URL or host:port (default: listen.admin of --config, else 127.0.0.1:15680)")
+	token := fs.String("token", "", "the admin credential (default: from --config, else $AMQP_MIRROR_ADMIN_TOKEN)")
+	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the admin API")
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	client := &admin.Client{BaseURL: *adminURL, Token: *token}
+	if *configPath != "" {
+		cfg, err := config.Load(*configPath, nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "amqp-mirror ctl: %v\n", err)
+			return admin.ExitUsage
+		}
+		if client.BaseURL == "" {
+			client.BaseURL = cfg.Listen.Admin
+		}
+		if client.Token == "" {
+			if client.Token, err = config.LoadAdminToken(cfg); err != nil {
+				fmt.Fprintf(stderr, "amqp-mirror ctl: %v\n", err)
+				return admin.ExitNoPerm
+			}
+		}
+	}
+	if client.BaseURL == "" {
+		client.BaseURL = "127.0.0.1:15680"
+	}
+	if !strings.Contains(client.BaseURL, "://") {
+		client.BaseURL = "http://" + client.BaseURL
+	}
+	if client.Token == "" {
+		client.Token = os.Getenv("AMQP_MIRROR_ADMIN_TOKEN")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	return admin.RunCtl(ctx, fs.Args(), client, stdout, stderr)
+}
+
+func runDemo(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("demo", `Usage: amqp-mirror demo [flags]
+
+Starts local, independent RabbitMQ nodes (needs rabbitmq-server installed and
+root, see scripts/install-deps.sh) and amqp-mirror in front of them, prints
+how to connect, and runs until Ctrl-C; then stops everything it started.`, stdout)
+	nodes := fs.Int("nodes", 3, "how many RabbitMQ nodes to start")
+	listen := fs.String("listen", "127.0.0.1:5672", "the proxy's AMQP address")
+	adminAddr := fs.String("admin", "127.0.0.1:15680", "the proxy's admin API address")
+	dir := fs.String("dir", "", "where the nodes and the proxy keep their data (default: a temporary directory)")
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := demo(ctx, *nodes, *listen, *adminAddr, *dir, logger, stdout); err != nil {
+		logger.Error("demo failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func demo(ctx context.Context, nodes int, listen, adminAddr, dir string, logger *slog.Logger, stdout io.Writer) error {
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "amqp-mirror-demo-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		dir = tmp
+	}
+	fmt.Fprintf(stdout, "Starting %d RabbitMQ nodes under %s (10-20 s)...\n", nodes, dir)
+	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	cluster, err := harness.Start(startCtx, harness.Options{Nodes: nodes, BaseDir: filepath.Join(dir, "nodes"), Logger: logger})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+
+	cfgPath := filepath.Join(dir, "amqp-mirror.yaml")
+	var yaml strings.Builder
+	fmt.Fprintf(&yaml, "node: %s\nlisten:\n  amqp: %s\n  admin: %s\nstate_dir: %s\nbackends:\n",
+		cluster.Nodes()[0].Name, listen, adminAddr, filepath.Join(dir, "state"))
+	for _, n := range cluster.Nodes() {
+		fmt.Fprintf(&yaml, "  - name: %s\n    url: %s\n", n.Name, n.URL())
+	}
+	yaml.WriteString("policies:\n  - name: ha-queues\n    pattern: \"^queue_\"\n    apply-to: queues\n    definition:\n      ha-mode: all\n")
+	if err := os.WriteFile(cfgPath, []byte(yaml.String()), 0o644); err != nil {
+		return err
+	}
+	cfg, err := config.Load(cfgPath, nil)
+	if err != nil {
+		return err
+	}
+	level := new(slog.LevelVar)
+	ready := func(addr string) {
+		fmt.Fprintf(stdout, `
+amqp-mirror is running.
+
+  brokers:   %s
+  proxy:     amqp://guest:guest@%s   (in front of %s)
+  config:    %s
+
+Try it (amqp-tools):
+  amqp-declare-queue --url amqp://guest:guest@%s -q queue_1
+  amqp-publish --url amqp://guest:guest@%s -r queue_1 -b hello
+  amqp-get --url amqp://guest:guest@%s -q queue_1
+  go run . ctl --config %s list_policies
+
+Press Ctrl-C to stop.
+`, describeNodes(cluster), addr, cfg.Backends[0].Name, cfgPath, addr, addr, addr, cfgPath)
+	}
+	return serve(ctx, cfg, nil, level, logger, ready)
+}
+
+func describeNodes(c *harness.Cluster) string {
+	var parts []string
+	for _, n := range c.Nodes() {
+		parts = append(parts, fmt.Sprintf("%s=127.0.0.1:%d", n.Name, n.Port))
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,141 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+)
+
+// Client calls the admin API.
+type Client struct {
+	BaseURL string // e.g. http://127.0.0.1:15680
+	Token   string
+	HTTP    *http.Client // nil means http.DefaultClient
+}
+
+// APIError is a refusal from the server, carrying its message.
+type APIError struct {
+	Status  int
+	Message string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status)
+}
+
+// SetPolicy is rabbitmqctl set_policy. applyTo "" means all;
+// definitionJSON is the DEFINITION argument as given.
+func (c *Client) SetPolicy(ctx context.Context, vhost, name, pattern, applyTo string, priority int, definitionJSON string) error {
+	return c.set(ctx, "policies", vhost, name, pattern, applyTo, priority, definitionJSON)
+}
+
+// SetOperatorPolicy is rabbitmqctl set_operator_policy.
+func (c *Client) SetOperatorPolicy(ctx context.Context, vhost, name, pattern, applyTo string, priority int, definitionJSON string) error {
+	return c.set(ctx, "operator-policies", vhost, name, pattern, applyTo, priority, definitionJSON)
+}
+
+// ClearPolicy is rabbitmqctl clear_policy.
+func (c *Client) ClearPolicy(ctx context.Context, vhost, name string) error {
+	return c.do(ctx, http.MethodDelete, policyPath("policies", vhost, name), nil, nil)
+}
+
+// ClearOperatorPolicy is rabbitmqctl clear_operator_policy.
+func (c *Client) ClearOperatorPolicy(ctx context.Context, vhost, name string) error {
+	return c.do(ctx, http.MethodDelete, policyPath("operator-policies", vhost, name), nil, nil)
+}
+
+// ListPolicies lists the policies of vhost ("" for all vhosts).
+func (c *Client) ListPolicies(ctx context.Context, vhost string) ([]config.Policy, error) {
+	return c.list(ctx, "policies", vhost)
+}
+
+// ListOperatorPolicies lists the operator policies of vhost ("" for all).
+func (c *Client) ListOperatorPolicies(ctx context.Context, vhost string) ([]config.Policy, error) {
+	return c.list(ctx, "operator-policies", vhost)
+}
+
+// Explain asks which policies apply to queue in vhost, and why.
+func (c *Client) Explain(ctx context.Context, vhost, queue string) (config.Report, error) {
+	var r config.Report
+	q := url.Values{"vhost": {vhost}, "name": {queue}}
+	err := c.do(ctx, http.MethodGet, "/api/explain?"+q.Encode(), nil, &r)
+	return r, err
+}
+
+func (c *Client) set(ctx context.Context, kind, vhost, name, pattern, applyTo string, priority int, definitionJSON string) error {
+	if !json.Valid([]byte(definitionJSON)) {
+		return &config.FieldError{Path: "definition", Message: fmt.Sprintf("expected a JSON object such as '{\"ha-mode\":\"all\"}', found %q", definitionJSON)}
+	}
+	body := PolicyRequest{Pattern: pattern, Definition: json.RawMessage(definitionJSON), Priority: priority, ApplyTo: applyTo}
+	return c.do(ctx, http.MethodPut, policyPath(kind, vhost, name), body, nil)
+}
+
+func (c *Client) list(ctx context.Context, kind, vhost string) ([]config.Policy, error) {
+	path := "/api/" + kind
+	if vhost != "" {
+		path += "?" + url.Values{"vhost": {vhost}}.Encode()
+	}
+	var out []config.Policy
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}
+
+func policyPath(kind, vhost, name string) string {
+	if vhost == "" {
+		vhost = "/"
+	}
+	return "/api/" + kind + "/" + url.PathEscape(vhost) + "/" + url.PathEscape(name)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.BaseURL, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		var e errorBody
+		if json.Unmarshal(data, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(data))
+		}
+		return &APIError{Status: resp.StatusCode, Message: e.Error}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("admin API %s %s: decoding the answer: %w", method, path, err)
+	}
+	return nil
+}

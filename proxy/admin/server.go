@@ -1,0 +1,291 @@
+// Package admin is amqp-mirror's HTTP admin API, used by `amqp-mirror ctl`:
+// runtime policies (the rabbitmqctl set_policy family), policy explanations,
+// and a Prometheus /metrics endpoint; plus the Go client and the ctl command
+// line built on it.
+//
+// Endpoints (JSON; vhost and name are path-escaped, "/" is %2F):
+//
+//	GET    /api/policies[?vhost=V]                 list, with source
+//	PUT    /api/policies/{vhost}/{name}            set_policy
+//	DELETE /api/policies/{vhost}/{name}            clear_policy
+//	GET    /api/operator-policies[?vhost=V]        list
+//	PUT    /api/operator-policies/{vhost}/{name}   set_operator_policy
+//	DELETE /api/operator-policies/{vhost}/{name}   clear_operator_policy
+//	GET    /api/explain?vhost=V&name=Q[&kind=queue|exchange][&exclusive=true]
+//	GET    /metrics                                Prometheus text format
+//
+// Every /api/ request needs "Authorization: Bearer <token>", compared in
+// constant time; there is no anonymous access. /metrics is unauthenticated,
+// like RabbitMQ's rabbitmq_prometheus plugin: bind listen.admin to a
+// trusted interface. Errors are {"error": "..."} with 400 for bad input
+// (the same validation and messages as the config file), 401 for a missing
+// or wrong token, 404 for an unknown policy, 409 for clearing a file policy.
+package admin
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+)
+
+// maxBody bounds request bodies; a policy is a few hundred bytes.
+const maxBody = 1 << 20
+
+// PolicyRequest is the body of a PUT, shaped like RabbitMQ's management API.
+type PolicyRequest struct {
+	Pattern    string          `json:"pattern"`
+	Definition json.RawMessage `json:"definition"`
+	Priority   int             `json:"priority"`
+	ApplyTo    string          `json:"apply-to,omitempty"`
+}
+
+// Server serves the admin API.
+type Server struct {
+	store    *config.PolicyStore
+	token    [sha256.Size]byte
+	hasToken bool
+	logger   *slog.Logger
+	registry *Registry
+	mux      *http.ServeMux
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithRegistry serves r at /metrics (by default a new, empty registry).
+func WithRegistry(r *Registry) Option { return func(s *Server) { s.registry = r } }
+
+// NewServer builds the API over store. An empty token refuses every /api/
+// request.
+func NewServer(store *config.PolicyStore, token string, logger *slog.Logger, opts ...Option) *Server {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{store: store, token: sha256.Sum256([]byte(token)), hasToken: token != "", logger: logger, mux: http.NewServeMux()}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.registry == nil {
+		s.registry = NewRegistry()
+	}
+	s.registry.Gauge(`amqp_mirror_policies{kind="policy"}`, "Policies in effect, file and runtime.", func() float64 {
+		return float64(len(store.Snapshot().Policies))
+	})
+	s.registry.Gauge(`amqp_mirror_policies{kind="operator_policy"}`, "Policies in effect, file and runtime.", func() float64 {
+		return float64(len(store.Snapshot().OperatorPolicies))
+	})
+	s.registry.Counter("amqp_mirror_policy_changes_total", "Changes of the policy set since start.", func() float64 {
+		return float64(store.Snapshot().Version - 1)
+	})
+	// Policy paths are routed by hand on the escaped path: ServeMux
+	// patterns cannot carry the default vhost "/", which arrives as %2F.
+	s.mux.HandleFunc("/api/", s.auth(s.route))
+	s.mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		if _, err := s.registry.WriteTo(w); err != nil {
+			s.logger.Debug("metrics write", "error", err)
+		}
+	})
+	return s
+}
+
+// Registry returns the registry served at /metrics, for the proxy's metrics.
+func (s *Server) Registry() *Registry { return s.registry }
+
+// Handler returns the HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Serve serves on ln until ctx ends, then shuts down gracefully (waiting at
+// most five seconds for requests in flight).
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		select {
+		case <-ctx.Done():
+		case <-done:
+			return
+		}
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(shutdownCtx)
+	}()
+	err := hs.Serve(ln)
+	close(done)
+	<-stopped
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		sum := sha256.Sum256([]byte(given))
+		// Hashing first makes the comparison constant-time in the length too.
+		if !ok || !s.hasToken || subtle.ConstantTimeCompare(sum[:], s.token[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="amqp-mirror"`)
+			writeError(w, http.StatusUnauthorized, "missing or wrong admin token (Authorization: Bearer <token>; see admin_token and state_dir/admin.token)")
+			return
+		}
+		next(w, r)
+	}
+}
+
+// route dispatches /api/{policies|operator-policies}[/{vhost}/{name}] and
+// /api/explain.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	parts := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/api/"), "/")
+	for i, p := range parts {
+		u, err := url.PathUnescape(p)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("path: %v", err))
+			return
+		}
+		parts[i] = u
+	}
+	operator := parts[0] == "operator-policies"
+	switch {
+	case len(parts) == 1 && parts[0] == "explain" && r.Method == http.MethodGet:
+		s.explain(w, r)
+	case len(parts) == 1 && (parts[0] == "policies" || operator) && r.Method == http.MethodGet:
+		s.list(w, r, operator)
+	case len(parts) == 3 && (parts[0] == "policies" || operator) && r.Method == http.MethodPut:
+		s.put(w, r, parts[1], parts[2], operator)
+	case len(parts) == 3 && (parts[0] == "policies" || operator) && r.Method == http.MethodDelete:
+		s.delete(w, parts[1], parts[2], operator)
+	default:
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.EscapedPath()))
+	}
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request, operator bool) {
+	list := s.store.Snapshot().List(r.URL.Query().Get("vhost"), operator)
+	if list == nil {
+		list = []config.Policy{}
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (s *Server) put(w http.ResponseWriter, r *http.Request, vhost, name string, operator bool) {
+	var req PolicyRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "request body: expected {\"pattern\", \"definition\", \"priority\", \"apply-to\"}: "+err.Error())
+		return
+	}
+	p, err := toPolicy(vhost, name, req, operator)
+	if err == nil {
+		if operator {
+			p, err = s.store.SetOperatorPolicy(p)
+		} else {
+			p, err = s.store.SetPolicy(p)
+		}
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	s.logger.Info("policy set", "vhost", p.VHost, "name", p.Name, "pattern", p.Pattern,
+		"apply_to", p.ApplyTo.String(), "priority", p.Priority, "definition", p.Definition.String(), "operator", operator)
+	writeJSON(w, http.StatusOK, p)
+}
+
+func toPolicy(vhost, name string, req PolicyRequest, operator bool) (config.Policy, error) {
+	var errs []error
+	p := config.Policy{Name: name, VHost: vhost, Pattern: req.Pattern, Priority: req.Priority}
+	if req.ApplyTo != "" {
+		a, ok := config.ParseApplyTo(req.ApplyTo)
+		if !ok {
+			errs = append(errs, &config.FieldError{Path: "apply-to", Message: fmt.Sprintf("expected one of queues, exchanges, all, found %q", req.ApplyTo)})
+		}
+		p.ApplyTo = a
+	}
+	if len(req.Definition) == 0 {
+		errs = append(errs, &config.FieldError{Path: "definition", Message: "expected a JSON object such as {\"ha-mode\":\"all\"}, found none"})
+	} else {
+		parse := config.ParseDefinition
+		if operator {
+			parse = config.ParseOperatorDefinition
+		}
+		d, err := parse(req.Definition)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		p.Definition = d
+	}
+	return p, errors.Join(errs...)
+}
+
+func (s *Server) delete(w http.ResponseWriter, vhost, name string, operator bool) {
+	var err error
+	if operator {
+		err = s.store.ClearOperatorPolicy(vhost, name)
+	} else {
+		err = s.store.ClearPolicy(vhost, name)
+	}
+	switch {
+	case errors.Is(err, config.ErrPolicyNotFound):
+		writeError(w, http.StatusNotFound, err.Error())
+	case errors.Is(err, config.ErrFilePolicy):
+		writeError(w, http.StatusConflict, err.Error())
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	default:
+		s.logger.Info("policy cleared", "vhost", vhost, "name", name, "operator", operator)
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+func (s *Server) explain(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	vhost, name := q.Get("vhost"), q.Get("name")
+	if vhost == "" {
+		vhost = "/"
+	}
+	if name == "" {
+		writeError(w, http.StatusBadRequest, "name: expected the queue or exchange name to explain, found none")
+		return
+	}
+	kind := config.KindQueue
+	switch q.Get("kind") {
+	case "", "queue":
+	case "exchange":
+		kind = config.KindExchange
+	default:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("kind: expected queue or exchange, found %q", q.Get("kind")))
+		return
+	}
+	exclusive := q.Get("exclusive") == "true"
+	writeJSON(w, http.StatusOK, s.store.Snapshot().Explain(vhost, name, kind, exclusive))
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, errorBody{msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

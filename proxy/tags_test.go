@@ -1,0 +1,168 @@
+package proxy
+
+import (
+	"reflect"
+	"testing"
+)
+
+func TestDeliveryTagsSettle(t *testing.T) {
+	type delivery struct {
+		backend    int
+		backendTag uint64
+		needsAck   bool
+	}
+	type settlement struct {
+		tag      uint64
+		multiple bool
+		want     []backendAck
+		wantOK   bool
+	}
+	tests := []struct {
+		name       string
+		deliveries []delivery
+		settle     []settlement
+		wantLeft   int
+	}{
+		{
+			name:       "single ack maps to the backend tag",
+			deliveries: []delivery{{0, 7, true}, {0, 8, true}},
+			settle:     []settlement{{tag: 2, want: []backendAck{{backend: 0, backendTag: 8}}, wantOK: true}},
+			wantLeft:   1,
+		},
+		{
+			name:       "multiple ack becomes one multiple ack per backend",
+			deliveries: []delivery{{0, 1, true}, {1, 1, true}, {0, 2, true}, {1, 2, true}, {0, 3, true}},
+			settle: []settlement{{tag: 4, multiple: true, want: []backendAck{
+				{backend: 0, backendTag: 2, multiple: true},
+				{backend: 1, backendTag: 2, multiple: true},
+			}, wantOK: true}},
+			wantLeft: 1,
+		},
+		{
+			name:       "multiple with tag 0 settles everything",
+			deliveries: []delivery{{0, 1, true}, {0, 2, true}},
+			settle:     []settlement{{tag: 0, multiple: true, want: []backendAck{{backend: 0, backendTag: 2, multiple: true}}, wantOK: true}},
+		},
+		{
+			name:       "multiple with tag 0 and nothing outstanding is a no-op",
+			deliveries: nil,
+			settle:     []settlement{{tag: 0, multiple: true, wantOK: true}},
+		},
+		{
+			name:       "unknown tag is refused",
+			deliveries: []delivery{{0, 1, true}},
+			settle:     []settlement{{tag: 5, wantOK: false}},
+			wantLeft:   1,
+		},
+		{
+			name:       "double ack is refused the second time",
+			deliveries: []delivery{{0, 1, true}},
+			settle: []settlement{
+				{tag: 1, want: []backendAck{{backend: 0, backendTag: 1}}, wantOK: true},
+				{tag: 1, wantOK: false},
+			},
+		},
+		{
+			name:       "no-ack deliveries take a tag but cannot be acked",
+			deliveries: []delivery{{0, 1, false}, {0, 2, true}},
+			settle: []settlement{
+				{tag: 1, wantOK: false},
+				{tag: 2, want: []backendAck{{backend: 0, backendTag: 2}}, wantOK: true},
+			},
+		},
+		{
+			name:       "multiple skips deliveries already settled",
+			deliveries: []delivery{{0, 1, true}, {0, 2, true}, {0, 3, true}},
+			settle: []settlement{
+				{tag: 2, want: []backendAck{{backend: 0, backendTag: 2}}, wantOK: true},
+				{tag: 3, multiple: true, want: []backendAck{{backend: 0, backendTag: 3, multiple: true}}, wantOK: true},
+			},
+		},
+		{
+			name:       "multiple naming a settled tag is refused",
+			deliveries: []delivery{{0, 1, true}, {0, 2, true}},
+			settle: []settlement{
+				{tag: 2, want: []backendAck{{backend: 0, backendTag: 2}}, wantOK: true},
+				{tag: 2, multiple: true, wantOK: false},
+			},
+			wantLeft: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var d deliveryTags
+			for i, dl := range tt.deliveries {
+				if got := d.deliver(dl.backend, dl.backendTag, dl.needsAck); got != uint64(i+1) {
+					t.Fatalf("deliver %d: got proxy tag %d, want %d", i, got, i+1)
+				}
+			}
+			for i, s := range tt.settle {
+				got, _, ok := d.settle(s.tag, s.multiple, nil, false, nil)
+				if ok != s.wantOK {
+					t.Fatalf("settle %d (tag %d): got ok=%v, want %v", i, s.tag, ok, s.wantOK)
+				}
+				if !reflect.DeepEqual(got, s.want) {
+					t.Errorf("settle %d (tag %d): got acks %+v, want %+v", i, s.tag, got, s.want)
+				}
+			}
+			if got := d.outstanding(); got != tt.wantLeft {
+				t.Errorf("outstanding: got %d, want %d", got, tt.wantLeft)
+			}
+		})
+	}
+}
+
+func TestDeliveryTagsRestoreAfterRollback(t *testing.T) {
+	var d deliveryTags
+	for i := uint64(1); i <= 3; i++ {
+		d.deliver(0, i, true)
+	}
+	_, settled, ok := d.settle(2, true, nil, true, nil)
+	if !ok || len(settled) != 2 {
+		t.Fatalf("settle: got ok=%v settled=%v, want 2 settled", ok, settled)
+	}
+	d.restore(settled)
+	if got := d.outstanding(); got != 3 {
+		t.Fatalf("after restore: got %d outstanding, want 3", got)
+	}
+	acks, _, ok := d.settle(1, false, nil, false, nil)
+	if !ok || !reflect.DeepEqual(acks, []backendAck{{backend: 0, backendTag: 1}}) {
+		t.Errorf("ack after restore: got %+v ok=%v", acks, ok)
+	}
+}
+
+func TestDeliveryTagsSteadyStateDoesNotAllocate(t *testing.T) {
+	var d deliveryTags
+	var acks []backendAck
+	backendTag := uint64(0)
+	step := func() {
+		backendTag++
+		tag := d.deliver(0, backendTag, true)
+		acks, _, _ = d.settle(tag, false, acks[:0], false, nil)
+	}
+	for i := 0; i < 100; i++ {
+		step()
+	}
+	if allocs := testing.AllocsPerRun(1000, step); allocs != 0 {
+		t.Errorf("deliver+ack allocates %.1f times per message, want 0", allocs)
+	}
+}
+
+func TestDeliveryTagsCompactsSettledEntries(t *testing.T) {
+	var d deliveryTags
+	for i := uint64(1); i <= 1000; i++ {
+		d.deliver(0, i, true)
+	}
+	// Ack all but the first: the first pins the front, the rest must go.
+	for i := uint64(2); i <= 1000; i++ {
+		if _, _, ok := d.settle(i, false, nil, false, nil); !ok {
+			t.Fatalf("settle %d refused", i)
+		}
+	}
+	if len(d.pending) > 64 {
+		t.Errorf("pending holds %d entries for 1 outstanding delivery, want compaction", len(d.pending))
+	}
+	if _, _, ok := d.settle(1, false, nil, false, nil); !ok {
+		t.Errorf("the pinned first delivery can no longer be acked")
+	}
+}
