@@ -10,19 +10,18 @@
 // queue of the same name on a different backend broker. The proxy, not the
 // brokers, keeps them in step:
 //
-//	                 clients (any AMQP 0-9-1 client library)
-//	                    │ publish / consume / ack
-//	             ┌──────▼──────┐
-//	             │    proxy    │  client-facing AMQP server (package proxy)
-//	             │  ┌───────┐  │  asks mirror where each queue lives and
-//	             │  │mirror │  │  what every operation must reach
-//	             │  └───────┘  │
-//	             └─┬────┬────┬─┘
-//	     master    │    │    │   slaves (join order: rabbit3 joined first)
-//	        ┌──────▼┐ ┌─▼────┴┐ ┌──────▼┐
-//	        │rabbit1│ │rabbit3│ │rabbit2│   independent brokers, no
-//	        │ q (M) │ │ q (S1)│ │ q (S2)│   Erlang clustering between them
-//	        └───────┘ └───────┘ └───────┘
+//	       clients (any AMQP 0-9-1 client library)
+//	              │ publish / consume / ack
+//	       ┌──────▼──────┐
+//	       │    proxy    │  client-facing AMQP server (package proxy);
+//	       │   mirror    │  asks mirror where each queue lives and
+//	       └──┬───┬───┬──┘  what every operation must reach
+//	          │   │   │
+//	┌─────────▼┐ ┌▼───────┐ ┌▼────────┐
+//	│ rabbit1  │ │rabbit3 │ │ rabbit2 │  independent brokers,
+//	│ q master │ │q slave1│ │ q slave2│  no Erlang clustering
+//	└──────────┘ └────────┘ └─────────┘
+//	             (slave1 joined first: it is promoted first)
 //
 // The metadata of a queue is: its master backend, its slaves in join order,
 // which slaves are synchronised, and an epoch raised at every promotion.

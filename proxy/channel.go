@@ -18,9 +18,9 @@ type channelState struct {
 	// client read loop uses it.
 	confirming bool
 
-	mu sync.Mutex
-	confirms   publisherConfirms
-	tags       deliveryTags
+	mu       sync.Mutex
+	confirms publisherConfirms
+	tags     deliveryTags
 	// consumers maps consumer tags to whether they were declared no-ack:
 	// deliveries to a no-ack consumer are never acked and get no tag entry.
 	consumers map[string]bool
