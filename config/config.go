@@ -1,0 +1,541 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// Config is the validated content of the file, after environment and flag
+// overrides. It is a snapshot: nothing changes it after Load returns.
+type Config struct {
+	Path               string // the file it was loaded from; "" when none
+	Node               string
+	Listen             Listen
+	Backends           []Backend
+	Cluster            Cluster
+	QueueMasterLocator Locator
+	FailoverGrace      time.Duration
+	StateDir           string
+	AdminToken         string
+	Policies           []Policy
+	OperatorPolicies   []Policy
+	Log                Log
+	HandshakeTimeout   time.Duration
+	ShutdownTimeout    time.Duration
+	Heartbeat          time.Duration
+	FrameMax           int
+	ChannelMax         int
+}
+
+// Listen holds the listener addresses.
+type Listen struct {
+	AMQP  string
+	AMQPS string // defaults to 0.0.0.0:5671 when TLS is configured
+	Admin string // "" disables the admin API
+	TLS   TLS
+}
+
+// TLS enables the AMQPS listener when both files are set.
+type TLS struct {
+	Cert string
+	Key  string
+}
+
+// Enabled reports whether both certificate and key are configured.
+func (t TLS) Enabled() bool { return t.Cert != "" && t.Key != "" }
+
+// Backend is one broker.
+type Backend struct {
+	Name string
+	URL  string // amqp:// or amqps://, the proxy's own account for mirroring work
+}
+
+// Cluster configures serf gossip between sidecar proxies; Bind "" means
+// the proxy runs alone.
+type Cluster struct {
+	Bind string
+	Join []string
+}
+
+// Log configures the proxy's slog handler.
+type Log struct {
+	Level  string // debug | info | warn | error
+	Format string // text | json
+}
+
+// Default returns the configuration used for keys the file does not set. It
+// has no backends: a default backend at 127.0.0.1:5672 would collide with
+// the proxy's own default listener, so Load requires at least one backend.
+func Default() *Config {
+	return &Config{
+		Listen:             Listen{AMQP: "0.0.0.0:5672", Admin: "127.0.0.1:15680"},
+		QueueMasterLocator: LocatorMinMasters,
+		FailoverGrace:      2 * time.Second,
+		StateDir:           "./state",
+		Log:                Log{Level: "info", Format: "text"},
+		HandshakeTimeout:   10 * time.Second,
+		ShutdownTimeout:    30 * time.Second,
+		Heartbeat:          60 * time.Second,
+		FrameMax:           131072,
+		ChannelMax:         2047,
+	}
+}
+
+// EnvPrefix prefixes the environment variable of every scalar key:
+// listen.amqp is AMQP_MIRROR_LISTEN_AMQP, failover_grace AMQP_MIRROR_FAILOVER_GRACE.
+const EnvPrefix = "AMQP_MIRROR"
+
+// EnvName returns the environment variable that overrides key.
+func EnvName(key string) string {
+	return EnvPrefix + "_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
+}
+
+// Load reads the file at path (YAML; "" means no file), applies environment
+// overrides (EnvName), then the flags of flags that were Changed (flag names
+// are key paths: --listen.amqp; see RegisterFlags), and validates the
+// result. Every problem is reported in one errors.Join, each naming its
+// source, key path, what was expected and what was found.
+func Load(path string, flags *pflag.FlagSet) (*Config, error) {
+	c := Default()
+	c.Path = path
+	source := "config file " + path
+	if path == "" {
+		source = "config (no file)"
+	}
+	var errs []error
+	if path != "" {
+		v := viper.New()
+		v.SetConfigFile(path)
+		if filepath.Ext(path) == "" {
+			v.SetConfigType("yaml")
+		}
+		if err := v.ReadInConfig(); err != nil {
+			return nil, fmt.Errorf("%s: %w", source, err)
+		}
+		p := &problems{source: source}
+		decodeTop(p, c, v.AllSettings())
+		errs = append(errs, p.errs...)
+	}
+	errs = append(errs, applyEnv(c)...)
+	errs = append(errs, applyFlags(c, flags)...)
+	p := &problems{source: source}
+	crossCheck(p, c)
+	errs = append(errs, p.errs...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+var topKeys = []string{
+	"node", "listen", "backends", "cluster", "queue_master_locator", "failover_grace",
+	"state_dir", "admin_token", "policies", "operator_policies", "log",
+	"handshake_timeout", "shutdown_timeout", "heartbeat", "frame_max", "channel_max",
+}
+
+func decodeTop(p *problems, c *Config, m map[string]any) {
+	p.unknownKeys("", m, topKeys, "top-level")
+	for _, f := range scalarFields {
+		if v, ok := lookup(p, m, f.key); ok {
+			if want := f.set(c, v, false); want != "" {
+				p.add(f.key, "expected %s, found %s", want, describe(v))
+			}
+		}
+	}
+	if v, ok := m["backends"]; ok {
+		c.Backends = decodeBackends(p, v)
+	}
+	if v, ok := m["policies"]; ok {
+		c.Policies = decodePolicies(p, "policies", v, false)
+	}
+	if v, ok := m["operator_policies"]; ok {
+		c.OperatorPolicies = decodePolicies(p, "operator_policies", v, true)
+	}
+}
+
+// lookup walks a dotted key through nested mappings, reporting a section
+// that is not a mapping and unknown keys inside known sections.
+func lookup(p *problems, m map[string]any, key string) (any, bool) {
+	parts := strings.Split(key, ".")
+	cur := m
+	for i, part := range parts[:len(parts)-1] {
+		v, ok := cur[part]
+		if !ok || v == nil {
+			return nil, false
+		}
+		next, ok := v.(map[string]any)
+		path := strings.Join(parts[:i+1], ".")
+		if !ok {
+			if p.once(path) {
+				p.add(path, "expected a mapping with keys %v, found %s", sectionKeys(path), describe(v))
+			}
+			return nil, false
+		}
+		if p.once(path) {
+			p.unknownKeys(path, next, sectionKeys(path), path)
+		}
+		cur = next
+	}
+	v, ok := cur[parts[len(parts)-1]]
+	return v, ok
+}
+
+func sectionKeys(section string) []string {
+	var keys []string
+	seen := map[string]bool{}
+	for _, f := range scalarFields {
+		rest, ok := strings.CutPrefix(f.key, section+".")
+		if !ok {
+			continue
+		}
+		name, _, _ := strings.Cut(rest, ".")
+		if !seen[name] {
+			seen[name] = true
+			keys = append(keys, name)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// field is one scalar key. set stores v and returns "" or, when v is
+// unacceptable, what was expected. text says v is a string from an
+// environment variable or flag and may be parsed.
+type field struct {
+	key string
+	set func(c *Config, v any, text bool) string
+}
+
+var scalarFields = []field{
+	stringField("node", false, func(c *Config) *string { return &c.Node }),
+	addressField("listen.amqp", false, func(c *Config) *string { return &c.Listen.AMQP }),
+	addressField("listen.amqps", true, func(c *Config) *string { return &c.Listen.AMQPS }),
+	addressField("listen.admin", true, func(c *Config) *string { return &c.Listen.Admin }),
+	stringField("listen.tls.cert", true, func(c *Config) *string { return &c.Listen.TLS.Cert }),
+	stringField("listen.tls.key", true, func(c *Config) *string { return &c.Listen.TLS.Key }),
+	addressField("cluster.bind", true, func(c *Config) *string { return &c.Cluster.Bind }),
+	listField("cluster.join", func(c *Config) *[]string { return &c.Cluster.Join }),
+	{"queue_master_locator", func(c *Config, v any, _ bool) string {
+		s, _ := v.(string)
+		l, ok := ParseLocator(s)
+		if !ok {
+			return expectedOneOf(locatorNames)
+		}
+		c.QueueMasterLocator = l
+		return ""
+	}},
+	durationField("failover_grace", time.Millisecond, func(c *Config) *time.Duration { return &c.FailoverGrace }),
+	stringField("state_dir", false, func(c *Config) *string { return &c.StateDir }),
+	stringField("admin_token", true, func(c *Config) *string { return &c.AdminToken }),
+	enumField("log.level", []string{"debug", "info", "warn", "error"}, func(c *Config) *string { return &c.Log.Level }),
+	enumField("log.format", []string{"text", "json"}, func(c *Config) *string { return &c.Log.Format }),
+	durationField("handshake_timeout", time.Millisecond, func(c *Config) *time.Duration { return &c.HandshakeTimeout }),
+	durationField("shutdown_timeout", 0, func(c *Config) *time.Duration { return &c.ShutdownTimeout }),
+	{"heartbeat", func(c *Config, v any, text bool) string {
+		const want = "a duration of whole seconds from 0s (off) to 65535s, such as 60s"
+		d, ok := toDuration(v)
+		if !ok || d < 0 || d%time.Second != 0 || d > 65535*time.Second {
+			return want
+		}
+		c.Heartbeat = d
+		return ""
+	}},
+	intField("frame_max", 4096, math.MaxUint32, func(c *Config) *int { return &c.FrameMax }),
+	intField("channel_max", 1, 65535, func(c *Config) *int { return &c.ChannelMax }),
+}
+
+func stringField(key string, emptyOK bool, ptr func(*Config) *string) field {
+	return field{key, func(c *Config, v any, _ bool) string {
+		s, ok := v.(string)
+		if !ok || (!emptyOK && s == "") {
+			return "a non-empty string"
+		}
+		*ptr(c) = s
+		return ""
+	}}
+}
+
+func addressField(key string, emptyOK bool, ptr func(*Config) *string) field {
+	return field{key, func(c *Config, v any, _ bool) string {
+		s, ok := v.(string)
+		if ok && s == "" && emptyOK {
+			*ptr(c) = s
+			return ""
+		}
+		if !ok {
+			return "an address host:port such as 0.0.0.0:5672"
+		}
+		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
+			return "an address host:port such as 0.0.0.0:5672"
+		}
+		*ptr(c) = s
+		return ""
+	}}
+}
+
+func enumField(key string, values []string, ptr func(*Config) *string) field {
+	return field{key, func(c *Config, v any, _ bool) string {
+		s, _ := v.(string)
+		if !contains(values, s) {
+			return "one of " + strings.Join(values, ", ")
+		}
+		*ptr(c) = s
+		return ""
+	}}
+}
+
+func listField(key string, ptr func(*Config) *[]string) field {
+	return field{key, func(c *Config, v any, text bool) string {
+		const want = "a list of host:port strings"
+		var out []string
+		switch x := v.(type) {
+		case []string:
+			out = x
+		case string:
+			if !text {
+				return want
+			}
+			for _, s := range strings.Split(x, ",") {
+				if s = strings.TrimSpace(s); s != "" {
+					out = append(out, s)
+				}
+			}
+		case []any:
+			for _, item := range x {
+				s, ok := item.(string)
+				if !ok || s == "" {
+					return want
+				}
+				out = append(out, s)
+			}
+		default:
+			return want
+		}
+		*ptr(c) = out
+		return ""
+	}}
+}
+
+func toDuration(v any) (time.Duration, bool) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, false
+	}
+	d, err := time.ParseDuration(s)
+	return d, err == nil
+}
+
+func durationField(key string, min time.Duration, ptr func(*Config) *time.Duration) field {
+	return field{key, func(c *Config, v any, text bool) string {
+		want := "a duration such as 2s or 500ms"
+		if min > 0 {
+			want = "a positive duration such as 2s or 500ms"
+		}
+		d, ok := toDuration(v)
+		if !ok || d < min {
+			return want
+		}
+		*ptr(c) = d
+		return ""
+	}}
+}
+
+func intField(key string, min, max int64, ptr func(*Config) *int) field {
+	return field{key, func(c *Config, v any, text bool) string {
+		want := fmt.Sprintf("an integer from %d to %d", min, max)
+		n, ok := asInt(v)
+		if s, isString := v.(string); isString && text {
+			parsed, err := strconv.ParseInt(s, 10, 64)
+			n, ok = parsed, err == nil
+		}
+		if !ok || n < min || n > max {
+			return want
+		}
+		*ptr(c) = int(n)
+		return ""
+	}}
+}
+
+func applyEnv(c *Config) []error {
+	ev := viper.New()
+	ev.SetEnvPrefix(EnvPrefix)
+	ev.SetEnvKeyReplacer(strings.NewReplacer(".", "_", "-", "_"))
+	ev.AutomaticEnv()
+	var errs []error
+	for _, f := range scalarFields {
+		if !ev.IsSet(f.key) {
+			continue
+		}
+		s := ev.GetString(f.key)
+		if want := f.set(c, s, true); want != "" {
+			errs = append(errs, &FieldError{Source: "environment " + EnvName(f.key), Path: f.key,
+				Message: fmt.Sprintf("expected %s, found %s", want, describe(s))})
+		}
+	}
+	return errs
+}
+
+func applyFlags(c *Config, flags *pflag.FlagSet) []error {
+	if flags == nil {
+		return nil
+	}
+	var errs []error
+	for _, f := range scalarFields {
+		fl := flags.Lookup(f.key)
+		if fl == nil || !fl.Changed {
+			continue
+		}
+		var v any = fl.Value.String()
+		if sv, ok := fl.Value.(pflag.SliceValue); ok {
+			v = sv.GetSlice()
+		}
+		if want := f.set(c, v, true); want != "" {
+			errs = append(errs, &FieldError{Source: "flag --" + f.key, Path: f.key,
+				Message: fmt.Sprintf("expected %s, found %s", want, describe(v))})
+		}
+	}
+	return errs
+}
+
+// RegisterFlags defines one flag per scalar key, named by its key path
+// (--listen.amqp, --failover_grace, --cluster.join a,b), with the defaults of
+// Default. Load applies only the flags that were Changed, so an unset flag
+// never hides the file or the environment.
+func RegisterFlags(fs *pflag.FlagSet) {
+	d := Default()
+	fs.String("node", d.Node, "the backend this proxy sits beside (sidecar mode)")
+	fs.String("listen.amqp", d.Listen.AMQP, "AMQP listener address")
+	fs.String("listen.amqps", d.Listen.AMQPS, "AMQPS listener address (default 0.0.0.0:5671 when TLS is set)")
+	fs.String("listen.admin", d.Listen.Admin, "admin API and /metrics address; empty disables it")
+	fs.String("listen.tls.cert", "", "TLS certificate file for AMQPS")
+	fs.String("listen.tls.key", "", "TLS key file for AMQPS")
+	fs.String("cluster.bind", d.Cluster.Bind, "serf gossip bind address; empty runs alone")
+	fs.StringSlice("cluster.join", nil, "serf addresses of other proxies to join")
+	fs.String("queue_master_locator", d.QueueMasterLocator.String(), "default master locator: min-masters|client-local|random")
+	fs.Duration("failover_grace", d.FailoverGrace, "how long an unresponsive backend may stay silent before failover")
+	fs.String("state_dir", d.StateDir, "directory for runtime policies, metadata and the admin token")
+	fs.String("admin_token", "", "admin API token; empty generates one into state_dir/admin.token")
+	fs.String("log.level", d.Log.Level, "debug|info|warn|error")
+	fs.String("log.format", d.Log.Format, "text|json")
+	fs.Duration("handshake_timeout", d.HandshakeTimeout, "limit for a client's AMQP handshake")
+	fs.Duration("shutdown_timeout", d.ShutdownTimeout, "limit for a graceful shutdown")
+	fs.Duration("heartbeat", d.Heartbeat, "heartbeat proposed to clients, whole seconds; 0 disables")
+	fs.Int("frame_max", d.FrameMax, "largest frame proposed to clients (>= 4096)")
+	fs.Int("channel_max", d.ChannelMax, "most channels per client connection")
+}
+
+func decodeBackends(p *problems, v any) []Backend {
+	list, ok := v.([]any)
+	if !ok {
+		p.add("backends", "expected a list of {name, url} mappings, found %s", describe(v))
+		return nil
+	}
+	var out []Backend
+	for i, item := range list {
+		path := index("backends", i)
+		m, ok := item.(map[string]any)
+		if !ok {
+			p.add(path, "expected a mapping with keys name and url, found %s", describe(item))
+			continue
+		}
+		p.unknownKeys(path, m, []string{"name", "url"}, "backend")
+		var b Backend
+		if s, ok := m["name"].(string); ok && s != "" {
+			b.Name = s
+		} else {
+			p.add(join(path, "name"), "expected a non-empty string, found %s", describe(m["name"]))
+		}
+		if s, ok := m["url"].(string); ok {
+			b.URL = s
+		} else {
+			p.add(join(path, "url"), "expected an amqp:// or amqps:// URL, found %s", describe(m["url"]))
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// crossCheck validates what involves several keys, on the final values.
+func crossCheck(p *problems, c *Config) {
+	if len(c.Backends) == 0 {
+		p.add("backends", "at least one backend is required")
+	}
+	names := map[string]int{}
+	for i, b := range c.Backends {
+		path := index("backends", i)
+		if b.Name != "" {
+			if j, dup := names[b.Name]; dup {
+				p.add(join(path, "name"), "expected a unique backend name, found %q again (already backends[%d])", b.Name, j)
+			} else {
+				names[b.Name] = i
+			}
+		}
+		if b.URL == "" && b.Name == "" {
+			continue
+		}
+		u, err := url.Parse(b.URL)
+		switch {
+		case err != nil:
+			p.add(join(path, "url"), "expected an amqp:// or amqps:// URL, found %q (%v)", b.URL, err)
+		case u.Scheme != "amqp" && u.Scheme != "amqps":
+			p.add(join(path, "url"), "expected an amqp:// or amqps:// URL, found scheme %q in %q", u.Scheme, redact(u))
+		case u.Host == "":
+			p.add(join(path, "url"), "expected a URL with a host, found %q", redact(u))
+		}
+	}
+	if c.Node != "" {
+		if _, ok := names[c.Node]; !ok {
+			p.add("node", "expected the name of a backend (%s), found %q", strings.Join(backendNames(c), ", "), c.Node)
+		}
+	}
+	tls := c.Listen.TLS
+	if (tls.Cert == "") != (tls.Key == "") {
+		p.add("listen.tls", "expected both cert and key (or neither), found only one of them")
+	}
+	if tls.Enabled() && c.Listen.AMQPS == "" {
+		c.Listen.AMQPS = "0.0.0.0:5671"
+	}
+	if !tls.Enabled() && c.Listen.AMQPS != "" {
+		p.add("listen.amqps", "expected listen.tls.cert and listen.tls.key to be set for an AMQPS listener, found them empty")
+	}
+	checkPolicyNames(p, "policies", c.Policies)
+	checkPolicyNames(p, "operator_policies", c.OperatorPolicies)
+}
+
+func backendNames(c *Config) []string {
+	var out []string
+	for _, b := range c.Backends {
+		if b.Name != "" && !contains(out, b.Name) {
+			out = append(out, b.Name)
+		}
+	}
+	return out
+}
+
+func redact(u *url.URL) string { return u.Redacted() }
+
+func checkPolicyNames(p *problems, path string, policies []Policy) {
+	seen := map[[2]string]int{}
+	for i, pol := range policies {
+		if pol.Name == "" {
+			continue
+		}
+		k := [2]string{pol.VHost, pol.Name}
+		if j, dup := seen[k]; dup {
+			p.add(join(index(path, i), "name"), "expected a unique policy name in vhost %q, found %q again (already %s[%d])", pol.VHost, pol.Name, path, j)
+			continue
+		}
+		seen[k] = i
+	}
+}

@@ -1,0 +1,55 @@
+// Package config turns amqp-mirror's YAML file into a validated, typed,
+// immutable *Config, matches policies to queues and exchanges the way
+// RabbitMQ 3.x does, keeps runtime policies (set_policy) in a store, and
+// reloads the file.
+//
+// # The file
+//
+//	node: rabbit1                 # backend this proxy sits beside (sidecar); optional
+//	listen:
+//	  amqp: 0.0.0.0:5672          # AMQP listener
+//	  amqps: ""                   # AMQPS listener; 0.0.0.0:5671 when tls is set
+//	  admin: 127.0.0.1:15680      # admin API (ctl) and /metrics; "" disables
+//	  tls: {cert: "", key: ""}    # both set: AMQPS enabled
+//	backends:                     # at least one; names unique; amqp:// or amqps://
+//	  - {name: rabbit1, url: "amqp://mirror:secret@127.0.0.1:5681/"}
+//	cluster: {bind: "", join: []} # serf gossip between sidecar proxies; bind "" = alone
+//	queue_master_locator: min-masters   # min-masters | client-local | random
+//	failover_grace: 2s            # silence before an unresponsive backend is failed over
+//	state_dir: ./state            # policies.json, admin.token, metadata
+//	admin_token: ""               # "" = generated into state_dir/admin.token (0600)
+//	log: {level: info, format: text}    # debug|info|warn|error ; text|json
+//	handshake_timeout: 10s        # limit for a client's AMQP handshake
+//	shutdown_timeout: 30s         # limit for a graceful shutdown
+//	heartbeat: 60s                # proposed to clients, whole seconds, 0 disables
+//	frame_max: 131072             # proposed to clients, 4096 .. 4294967295
+//	channel_max: 2047             # proposed to clients, 1 .. 65535
+//	policies:                     # like rabbitmqctl set_policy
+//	  - {name: ha, vhost: /, pattern: "^queue_", apply-to: queues, priority: 0,
+//	     definition: {ha-mode: exactly, ha-params: 2, ha-sync-mode: automatic}}
+//	operator_policies: []         # like set_operator_policy (fewer keys allowed)
+//
+// Every key is checked: unknown keys at any depth (policy definitions
+// included), wrong types and values RabbitMQ would refuse are all reported
+// together, each as a *FieldError naming the file, the key path and what was
+// expected and found.
+//
+// # Overrides
+//
+// Precedence: flags > environment > file > Default(). Every scalar key
+// (everything except backends, policies and operator_policies) can be
+// overridden by the environment variable EnvName(key) — AMQP_MIRROR_ then
+// the key upper-cased with dots as underscores (AMQP_MIRROR_LISTEN_AMQP,
+// AMQP_MIRROR_FAILOVER_GRACE; cluster.join takes a comma-separated list) —
+// and by a flag named by its key path (--listen.amqp) that RegisterFlags
+// defines; Load applies only flags that were Changed.
+//
+// # Reload
+//
+// A Watcher re-reads the file on Reload (SIGHUP in main.go) or when the
+// file changes. Policies, operator policies and log.level apply live; any
+// other changed key is refused with a log line naming it ("listen.amqp
+// changed: restart required") and keeps its running value, while the
+// policy part of the same reload still applies. An invalid file is refused
+// as a whole and the running configuration stays.
+package config
