@@ -36,7 +36,7 @@ func (c *clientConn) backendLoop() {
 			return
 		}
 		if c.tornDown.Load() {
-			if f.Type == frames.FrameMethod && f.Channel == 0 && isMethod(f.Payload, connectionCloseOk, connectionClose) {
+			if f.Type == frames.FrameMethod && f.Channel == 0 && isMethod(f.Payload, frames.ConnectionCloseOkKey, frames.ConnectionCloseKey) {
 				return
 			}
 			continue
@@ -73,8 +73,8 @@ func (c *clientConn) fromBackend(f frames.Frame) error {
 		c.toClient(f)
 		return nil
 	}
-	switch keyOf(classID, methodID) {
-	case basicDeliver:
+	switch frames.MethodKey(classID, methodID) {
+	case frames.BasicDeliverKey:
 		d := &ch.deliver
 		if err := d.Decode(args); err != nil {
 			return err
@@ -91,7 +91,7 @@ func (c *clientConn) fromBackend(f frames.Frame) error {
 			c.toClientMethod(f.Channel, d)
 			return nil
 		}
-	case basicGetOk:
+	case frames.BasicGetOkKey:
 		g := &ch.getOk
 		if err := g.Decode(args); err != nil {
 			return err
@@ -105,46 +105,46 @@ func (c *clientConn) fromBackend(f frames.Frame) error {
 			c.toClientMethod(f.Channel, g)
 			return nil
 		}
-	case basicGetEmpty:
+	case frames.BasicGetEmptyKey:
 		ch.mu.Lock()
 		popFront(&ch.pendingGets)
 		ch.mu.Unlock()
-	case basicConsumeOk:
+	case frames.BasicConsumeOkKey:
 		if err := ch.consumeOk.Decode(args); err != nil {
 			return err
 		}
 		ch.mu.Lock()
 		ch.consumers[ch.consumeOk.ConsumerTag] = popFront(&ch.pendingConsumes)
 		ch.mu.Unlock()
-	case basicCancel: // the server cancelled a consumer (queue deleted, failover)
+	case frames.BasicCancelKey: // the server cancelled a consumer (queue deleted, failover)
 		if err := ch.cancel.Decode(args); err != nil {
 			return err
 		}
 		ch.mu.Lock()
 		delete(ch.consumers, ch.cancel.ConsumerTag)
 		ch.mu.Unlock()
-	case basicCancelOk:
+	case frames.BasicCancelOkKey:
 		if err := ch.cancelOk.Decode(args); err != nil {
 			return err
 		}
 		ch.mu.Lock()
 		delete(ch.consumers, ch.cancelOk.ConsumerTag)
 		ch.mu.Unlock()
-	case basicAck:
+	case frames.BasicAckKey:
 		if err := ch.backAck.Decode(args); err != nil {
 			return err
 		}
 		return c.confirm(ch, f, ch.backAck.DeliveryTag, ch.backAck.Multiple, false)
-	case basicNack:
+	case frames.BasicNackKey:
 		if err := ch.backNack.Decode(args); err != nil {
 			return err
 		}
 		return c.confirm(ch, f, ch.backNack.DeliveryTag, ch.backNack.Multiple, true)
-	case basicRecoverOk:
+	case frames.BasicRecoverOkKey:
 		ch.mu.Lock()
 		ch.tags.dropAll()
 		ch.mu.Unlock()
-	case txCommitOk, txRollbackOk:
+	case frames.TxCommitOkKey, frames.TxRollbackOkKey:
 		ch.mu.Lock()
 		if len(ch.txEnding) > 0 {
 			end := ch.txEnding[0]
@@ -154,9 +154,9 @@ func (c *clientConn) fromBackend(f frames.Frame) error {
 			}
 		}
 		ch.mu.Unlock()
-	case channelClose: // the backend closes the channel (a channel error)
+	case frames.ChannelCloseKey: // the backend closes the channel (a channel error)
 		ch.closing.Store(true)
-	case channelCloseOk: // the backend confirms the client's close
+	case frames.ChannelCloseOkKey: // the backend confirms the client's close
 		c.channels.remove(f.Channel, ch)
 	}
 	c.toClient(f)
@@ -195,8 +195,8 @@ func (c *clientConn) fromBackendConnection(f frames.Frame) error {
 	if err != nil {
 		return err
 	}
-	switch keyOf(classID, methodID) {
-	case connectionClose:
+	switch frames.MethodKey(classID, methodID) {
+	case frames.ConnectionCloseKey:
 		var cl frames.ConnectionClose
 		if err := cl.Decode(args); err != nil {
 			return err
@@ -214,7 +214,7 @@ func (c *clientConn) fromBackendConnection(f frames.Frame) error {
 			c.teardown(ReasonClientGone, err.Error())
 		}
 		return nil
-	case connectionCloseOk:
+	case frames.ConnectionCloseOkKey:
 		if c.closeInProgress() == closeByClient {
 			c.client.sendFrame(f.Type, 0, f.Payload)
 			c.markBackendClosed()
@@ -234,9 +234,9 @@ func (c *clientConn) fromBackendOnClosedChannel(f frames.Frame) error {
 		return nil
 	}
 	switch {
-	case isMethod(f.Payload, channelCloseOk):
+	case isMethod(f.Payload, frames.ChannelCloseOkKey):
 		c.channels.swallowCloseOk(f.Channel)
-	case isMethod(f.Payload, channelClose):
+	case isMethod(f.Payload, frames.ChannelCloseKey):
 		// The backend closed it too; it still answers ours with close-ok.
 		c.backend.writeMethod(f.Channel, &frames.ChannelCloseOk{})
 	}
@@ -257,12 +257,12 @@ func (c *clientConn) toClientMethod(channel uint16, m frames.Method) {
 }
 
 // isMethod reports whether a method frame's payload is one of keys.
-func isMethod(payload []byte, keys ...methodKey) bool {
+func isMethod(payload []byte, keys ...uint32) bool {
 	classID, methodID, _, err := frames.ParseMethodID(payload)
 	if err != nil {
 		return false
 	}
-	k := keyOf(classID, methodID)
+	k := frames.MethodKey(classID, methodID)
 	for _, want := range keys {
 		if k == want {
 			return true

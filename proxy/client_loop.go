@@ -86,9 +86,9 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 	if err != nil {
 		return err
 	}
-	key := keyOf(classID, methodID)
+	key := frames.MethodKey(classID, methodID)
 	if f.Channel == 0 {
-		if key == connectionClose {
+		if key == frames.ConnectionCloseKey {
 			var cl frames.ConnectionClose
 			detail := "client sent connection.close"
 			if cl.Decode(args) == nil && cl.ReplyCode != frames.ReplySuccess {
@@ -102,7 +102,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 
 	ch := c.channels.get(f.Channel)
 	if ch == nil {
-		if key == channelOpen {
+		if key == frames.ChannelOpenKey {
 			c.channels.open(f.Channel)
 		}
 		// Anything else on a channel that is not open: the backend answers
@@ -115,28 +115,28 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 	}
 
 	switch key {
-	case basicPublish:
+	case frames.BasicPublishKey:
 		if ch.confirming {
 			ch.mu.Lock()
 			ch.confirms.publish(0)
 			ch.mu.Unlock()
 		}
-	case basicAck:
+	case frames.BasicAckKey:
 		if err := ch.clientAck.Decode(args); err != nil {
 			return err
 		}
 		return c.settle(ch, f, key, ch.clientAck.DeliveryTag, ch.clientAck.Multiple, false)
-	case basicNack:
+	case frames.BasicNackKey:
 		if err := ch.clientNack.Decode(args); err != nil {
 			return err
 		}
 		return c.settle(ch, f, key, ch.clientNack.DeliveryTag, ch.clientNack.Multiple, ch.clientNack.Requeue)
-	case basicReject:
+	case frames.BasicRejectKey:
 		if err := ch.clientReject.Decode(args); err != nil {
 			return err
 		}
 		return c.settle(ch, f, key, ch.clientReject.DeliveryTag, false, ch.clientReject.Requeue)
-	case basicConsume:
+	case frames.BasicConsumeKey:
 		if err := ch.clientConsume.Decode(args); err != nil {
 			return err
 		}
@@ -152,31 +152,31 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 			ch.unknownConsumerNoAck = ch.clientConsume.NoAck
 		}
 		ch.mu.Unlock()
-	case basicGet:
+	case frames.BasicGetKey:
 		if err := ch.clientGet.Decode(args); err != nil {
 			return err
 		}
 		ch.mu.Lock()
 		ch.pendingGets = append(ch.pendingGets, ch.clientGet.NoAck)
 		ch.mu.Unlock()
-	case basicRecoverAsync:
+	case frames.BasicRecoverAsyncKey:
 		ch.mu.Lock()
 		ch.tags.dropAll()
 		ch.mu.Unlock()
-	case confirmSelect:
+	case frames.ConfirmSelectKey:
 		ch.confirming = true
-	case txSelect:
+	case frames.TxSelectKey:
 		ch.mu.Lock()
 		ch.transactional = true
 		ch.mu.Unlock()
-	case txCommit, txRollback:
+	case frames.TxCommitKey, frames.TxRollbackKey:
 		ch.mu.Lock()
-		ch.txEnding = append(ch.txEnding, txEnd{rollback: key == txRollback, settled: ch.txSettled})
+		ch.txEnding = append(ch.txEnding, txEnd{rollback: key == frames.TxRollbackKey, settled: ch.txSettled})
 		ch.txSettled = nil
 		ch.mu.Unlock()
-	case channelClose:
+	case frames.ChannelCloseKey:
 		ch.closing.Store(true)
-	case channelCloseOk:
+	case frames.ChannelCloseOkKey:
 		// The client confirms a close the backend started.
 		c.channels.remove(f.Channel, ch)
 	}
@@ -187,7 +187,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 // settle passes a client's basic.ack, basic.nack or basic.reject to the
 // backend with the backend's delivery tags. With a single backend the tags
 // coincide and the frame passes as it came.
-func (c *clientConn) settle(ch *channelState, f frames.Frame, key methodKey, tag uint64, multiple, requeue bool) error {
+func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag uint64, multiple, requeue bool) error {
 	ch.mu.Lock()
 	acks, settled, ok := ch.tags.settle(tag, multiple, ch.acks[:0], ch.transactional, ch.txSettled)
 	ch.acks, ch.txSettled = acks, settled
@@ -205,9 +205,9 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key methodKey, tag
 	for _, a := range acks {
 		var m frames.Method
 		switch key {
-		case basicAck:
+		case frames.BasicAckKey:
 			m = &frames.BasicAck{DeliveryTag: a.backendTag, Multiple: a.multiple}
-		case basicNack:
+		case frames.BasicNackKey:
 			m = &frames.BasicNack{DeliveryTag: a.backendTag, Multiple: a.multiple, Requeue: requeue}
 		default:
 			m = &frames.BasicReject{DeliveryTag: a.backendTag, Requeue: requeue}
@@ -236,11 +236,11 @@ func (c *clientConn) closeChannelByProxy(ch *channelState, code uint16, text str
 // fromClientOnClosedChannel handles client frames on a channel the proxy is
 // closing: only the close handshake counts, the rest is discarded, as the
 // spec asks of a peer that sent channel.close.
-func (c *clientConn) fromClientOnClosedChannel(ch *channelState, key methodKey) error {
+func (c *clientConn) fromClientOnClosedChannel(ch *channelState, key uint32) error {
 	switch key {
-	case channelCloseOk:
+	case frames.ChannelCloseOkKey:
 		c.channels.remove(ch.id, ch)
-	case channelClose: // both sides closed at once: answer, and it is closed
+	case frames.ChannelCloseKey: // both sides closed at once: answer, and it is closed
 		c.client.sendMethod(ch.id, &frames.ChannelCloseOk{})
 		c.channels.remove(ch.id, ch)
 	}
@@ -256,17 +256,17 @@ func (c *clientConn) fromClientWhileClosing(st closeState, f frames.Frame) error
 	if err != nil {
 		return nil
 	}
-	key := keyOf(classID, methodID)
+	key := frames.MethodKey(classID, methodID)
 	reason, detail := c.outcome()
 	switch {
-	case st == closeByBackend && key == connectionCloseOk:
+	case st == closeByBackend && key == frames.ConnectionCloseOkKey:
 		// The backend's close handshake completes through the proxy.
 		c.backend.sendFrame(f.Type, 0, f.Payload)
 		c.markBackendClosed()
 		c.teardown(reason, detail)
-	case st == closeByProxy && key == connectionCloseOk:
+	case st == closeByProxy && key == frames.ConnectionCloseOkKey:
 		c.teardown(reason, detail)
-	case (st == closeByProxy || st == closeByBackend) && key == connectionClose:
+	case (st == closeByProxy || st == closeByBackend) && key == frames.ConnectionCloseKey:
 		// The client closed at the same time: answer it and end.
 		c.client.sendMethod(0, &frames.ConnectionCloseOk{})
 		c.teardown(reason, detail)

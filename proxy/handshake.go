@@ -62,7 +62,7 @@ func (c *clientConn) handshake() error {
 	}
 
 	// connection.start, relayed as the backend sent it.
-	f, err := c.expectBackend(10, 10)
+	f, err := c.expectBackend(frames.ConnectionStartKey)
 	if err != nil {
 		return c.refuseUnavailable(err)
 	}
@@ -72,7 +72,7 @@ func (c *clientConn) handshake() error {
 	c.startRelayed = true
 
 	// SASL: start-ok, then any number of secure / secure-ok rounds.
-	f, err = c.expectClient(10, 11)
+	f, err = c.expectClient(frames.ConnectionStartOkKey)
 	if err != nil {
 		return err
 	}
@@ -91,12 +91,12 @@ func (c *clientConn) handshake() error {
 			return c.refuseUnavailable(err)
 		}
 		classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
-		switch {
-		case classID == 10 && methodID == 20: // secure
+		switch frames.MethodKey(classID, methodID) {
+		case frames.ConnectionSecureKey:
 			if err := c.client.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
 				return err
 			}
-			f, err = c.expectClient(10, 21)
+			f, err = c.expectClient(frames.ConnectionSecureOkKey)
 			if err != nil {
 				return err
 			}
@@ -104,14 +104,14 @@ func (c *clientConn) handshake() error {
 				return c.refuseUnavailable(err)
 			}
 			continue
-		case classID == 10 && methodID == 30: // tune
+		case frames.ConnectionTuneKey:
 			if err := decodeArgs(f.Payload, &tune); err != nil {
 				return c.refuseUnavailable(err)
 			}
-		case classID == 10 && methodID == 50: // close: authentication refused
+		case frames.ConnectionCloseKey: // authentication refused
 			return c.relayBackendRefusal(f.Payload)
 		default:
-			return c.refuseUnavailable(fmt.Errorf("backend sent %s during the handshake", methodName(classID, methodID)))
+			return c.refuseUnavailable(fmt.Errorf("backend sent %s during the handshake", frames.MethodName(classID, methodID)))
 		}
 		break
 	}
@@ -124,7 +124,7 @@ func (c *clientConn) handshake() error {
 	if err := c.client.sendMethod(0, &offer); err != nil {
 		return err
 	}
-	f, err = c.expectClient(10, 31)
+	f, err = c.expectClient(frames.ConnectionTuneOkKey)
 	if err != nil {
 		return err
 	}
@@ -148,7 +148,7 @@ func (c *clientConn) handshake() error {
 	c.channels = newChannelTable(tuneOk.ChannelMax)
 
 	// connection.open: the backend checks the vhost and the user's access.
-	f, err = c.expectClient(10, 40)
+	f, err = c.expectClient(frames.ConnectionOpenKey)
 	if err != nil {
 		return err
 	}
@@ -164,12 +164,13 @@ func (c *clientConn) handshake() error {
 	if err != nil {
 		return c.refuseUnavailable(err)
 	}
-	switch classID, methodID, _, _ := frames.ParseMethodID(f.Payload); {
-	case classID == 10 && methodID == 41: // open-ok
-	case classID == 10 && methodID == 50:
+	classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
+	switch frames.MethodKey(classID, methodID) {
+	case frames.ConnectionOpenOkKey:
+	case frames.ConnectionCloseKey:
 		return c.relayBackendRefusal(f.Payload)
 	default:
-		return c.refuseUnavailable(fmt.Errorf("backend sent %s instead of connection.open-ok", methodName(classID, methodID)))
+		return c.refuseUnavailable(fmt.Errorf("backend sent %s instead of connection.open-ok", frames.MethodName(classID, methodID)))
 	}
 	if err := c.client.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
 		return err
@@ -271,7 +272,7 @@ func (c *clientConn) refuseUnavailable(cause error) error {
 		if c.client.sendMethod(0, start) != nil {
 			return err
 		}
-		if _, rerr := c.expectClient(10, 11); rerr != nil {
+		if _, rerr := c.expectClient(frames.ConnectionStartOkKey); rerr != nil {
 			return err
 		}
 	}
@@ -307,17 +308,15 @@ func (c *clientConn) awaitClientCloseOk() {
 		if err != nil {
 			return
 		}
-		if f.Type == frames.FrameMethod && f.Channel == 0 {
-			if classID, methodID, _, _ := frames.ParseMethodID(f.Payload); classID == 10 && methodID == 51 {
-				return
-			}
+		if f.Type == frames.FrameMethod && f.Channel == 0 && isMethod(f.Payload, frames.ConnectionCloseOkKey) {
+			return
 		}
 	}
 }
 
 // expectClient reads the next client frame during the handshake and requires
 // the given connection method. Anything else is answered like RabbitMQ does.
-func (c *clientConn) expectClient(classID, methodID uint16) (frames.Frame, error) {
+func (c *clientConn) expectClient(want uint32) (frames.Frame, error) {
 	for {
 		f, err := c.client.in.ReadFrame()
 		if err != nil {
@@ -325,15 +324,15 @@ func (c *clientConn) expectClient(classID, methodID uint16) (frames.Frame, error
 			if errors.As(err, &fe) {
 				c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: fe.Code, ReplyText: fe.ReplyText()})
 			}
-			return f, fmt.Errorf("waiting for %s: %w", methodName(classID, methodID), err)
+			return f, fmt.Errorf("waiting for %s: %w", keyName(want), err)
 		}
 		if f.Type == frames.FrameHeartbeat {
 			continue
 		}
 		gotClass, gotMethod, _, perr := frames.ParseMethodID(f.Payload)
-		if f.Type != frames.FrameMethod || perr != nil || f.Channel != 0 || gotClass != classID || gotMethod != methodID {
+		if f.Type != frames.FrameMethod || perr != nil || f.Channel != 0 || frames.MethodKey(gotClass, gotMethod) != want {
 			got := frameDescription(f)
-			text := fmt.Sprintf("COMMAND_INVALID - expected %s, got %s", methodName(classID, methodID), got)
+			text := fmt.Sprintf("COMMAND_INVALID - expected %s, got %s", keyName(want), got)
 			c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.CommandInvalid, ReplyText: text, ClassID: gotClass, MethodID: gotMethod})
 			return f, errors.New(text)
 		}
@@ -343,14 +342,13 @@ func (c *clientConn) expectClient(classID, methodID uint16) (frames.Frame, error
 
 // expectBackend reads the next backend frame during the handshake and
 // requires the given connection method.
-func (c *clientConn) expectBackend(classID, methodID uint16) (frames.Frame, error) {
+func (c *clientConn) expectBackend(want uint32) (frames.Frame, error) {
 	f, err := c.readBackendHandshake()
 	if err != nil {
 		return f, err
 	}
-	gotClass, gotMethod, _, _ := frames.ParseMethodID(f.Payload)
-	if gotClass != classID || gotMethod != methodID {
-		return f, fmt.Errorf("expected %s, got %s", methodName(classID, methodID), frameDescription(f))
+	if !isMethod(f.Payload, want) {
+		return f, fmt.Errorf("expected %s, got %s", keyName(want), frameDescription(f))
 	}
 	return f, nil
 }
@@ -416,12 +414,7 @@ func decodeArgs(payload []byte, m frames.Method) error {
 	return m.Decode(args)
 }
 
-func methodName(classID, methodID uint16) string {
-	if m, err := frames.NewMethod(classID, methodID); err == nil {
-		return m.Name()
-	}
-	return fmt.Sprintf("method %d.%d", classID, methodID)
-}
+func keyName(key uint32) string { return frames.MethodName(uint16(key>>16), uint16(key)) }
 
 func frameDescription(f frames.Frame) string {
 	switch f.Type {
@@ -430,15 +423,9 @@ func frameDescription(f frames.Frame) string {
 		if err != nil {
 			return "a malformed method frame"
 		}
-		return fmt.Sprintf("%s on channel %d", methodName(classID, methodID), f.Channel)
-	case frames.FrameHeader:
-		return fmt.Sprintf("a content header frame on channel %d", f.Channel)
-	case frames.FrameBody:
-		return fmt.Sprintf("a content body frame on channel %d", f.Channel)
-	case frames.FrameHeartbeat:
-		return "a heartbeat frame"
+		return fmt.Sprintf("%s on channel %d", frames.MethodName(classID, methodID), f.Channel)
 	}
-	return fmt.Sprintf("a frame of type %d", f.Type)
+	return fmt.Sprintf("a %s frame on channel %d", frames.FrameTypeName(f.Type), f.Channel)
 }
 
 // capLimit16 combines the backend's limit with the proxy's: 0 means none.
