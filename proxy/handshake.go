@@ -7,7 +7,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
@@ -88,6 +90,9 @@ func (c *clientConn) handshake() error {
 	for {
 		f, err = c.readBackendHandshake()
 		if err != nil {
+			if backendHungUp(err) {
+				return c.loginDropped(err)
+			}
 			return c.refuseUnavailable(err)
 		}
 		classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
@@ -119,7 +124,9 @@ func (c *clientConn) handshake() error {
 	offer := frames.ConnectionTune{
 		ChannelMax: capLimit16(tune.ChannelMax, opts.ChannelMax),
 		FrameMax:   capLimit32(tune.FrameMax, opts.FrameMax),
-		Heartbeat:  uint16(opts.Heartbeat / time.Second),
+		// The broker's own heartbeat: a client must negotiate through the
+		// proxy what it would negotiate directly.
+		Heartbeat: tune.Heartbeat,
 	}
 	if err := c.client.sendMethod(0, &offer); err != nil {
 		return err
@@ -282,6 +289,25 @@ func (c *clientConn) refuseUnavailable(cause error) error {
 	})
 	c.awaitClientCloseOk()
 	return err
+}
+
+// loginDropped ends a handshake whose backend closed the socket after the
+// client's start-ok. That is how RabbitMQ refuses credentials to a client that
+// did not announce the authentication_failure_close capability (amqp091-go,
+// for one): it waits a few seconds and hangs up. The client must see the same,
+// a closed socket, which its library reports as bad credentials; a
+// connection.close of the proxy's own would turn a wrong password into a 320.
+func (c *clientConn) loginDropped(cause error) error {
+	c.mu.Lock()
+	c.backendClosed = true
+	c.mu.Unlock()
+	c.backend.conn.Close()
+	return fmt.Errorf("backend %s closed the connection after start-ok (credentials refused): %w", c.srv.opts.Backend.Name, cause)
+}
+
+// backendHungUp reports read errors that mean the backend closed the socket.
+func backendHungUp(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // relayBackendRefusal passes the backend's connection.close (bad

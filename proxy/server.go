@@ -33,7 +33,9 @@ type Options struct {
 	HandshakeTimeout time.Duration
 	// DialTimeout bounds opening a backend connection.
 	DialTimeout time.Duration
-	// Heartbeat is the interval the proxy proposes to clients; 0 proposes none.
+	// Heartbeat is the interval the proxy keeps on a backend connection whose
+	// client turned heartbeats off; 0 means 60s. Clients are offered the
+	// backend's own interval, as the broker would offer it.
 	Heartbeat time.Duration
 	// FrameMax and ChannelMax cap what the proxy offers clients; the
 	// backend's own limits cap them further.

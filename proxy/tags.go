@@ -68,8 +68,9 @@ func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, 
 			if keep {
 				settled = append(settled, *e)
 			}
-			d.compact()
-			return append(out, backendAck{backend: e.backend, backendTag: e.backendTag}), settled, true
+			ack := backendAck{backend: e.backend, backendTag: e.backendTag}
+			d.compact() // moves entries: e points at another one afterwards
+			return append(out, ack), settled, true
 		}
 	}
 	// Multiple: per backend, the highest backend tag among the settled
@@ -112,13 +113,16 @@ func (d *deliveryTags) restore(entries []tagEntry) {
 	if len(entries) == 0 {
 		return
 	}
+	// Only pending[:sorted] is in order while entries are appended after it,
+	// so that is all the bisection may search.
+	sorted := len(d.pending)
 	for _, e := range entries {
-		if i := d.find(e.proxyTag); i >= 0 {
-			continue // still present and live: nothing to restore
-		}
-		if i := d.index(e.proxyTag); i >= 0 {
-			d.pending[i].settled = false
-			d.live++
+		i := sort.Search(sorted, func(i int) bool { return d.pending[i].proxyTag >= e.proxyTag })
+		if i < sorted && d.pending[i].proxyTag == e.proxyTag {
+			if d.pending[i].settled {
+				d.pending[i].settled = false
+				d.live++
+			}
 			continue
 		}
 		e.settled = false
