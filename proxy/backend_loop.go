@@ -144,16 +144,6 @@ func (c *clientConn) fromBackend(f frames.Frame) error {
 		ch.mu.Lock()
 		ch.tags.dropAll()
 		ch.mu.Unlock()
-	case frames.TxCommitOkKey, frames.TxRollbackOkKey:
-		ch.mu.Lock()
-		if len(ch.txEnding) > 0 {
-			end := ch.txEnding[0]
-			ch.txEnding = ch.txEnding[1:]
-			if end.rollback {
-				ch.tags.restore(end.settled)
-			}
-		}
-		ch.mu.Unlock()
 	case frames.ChannelCloseKey: // the backend closes the channel (a channel error)
 		ch.closing.Store(true)
 	case frames.ChannelCloseOkKey: // the backend confirms the client's close

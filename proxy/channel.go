@@ -30,12 +30,10 @@ type channelState struct {
 	// pendingGets holds the no-ack flag of each basic.get in flight.
 	pendingGets []bool
 	// transactional is set once the client sent tx.select. txSettled holds
-	// the deliveries the client settled in the open transaction; a commit or
-	// rollback takes them along until its -ok arrives, and a rollback
-	// restores them (the broker never applied those acks).
+	// the deliveries the client settled in the open transaction, restored
+	// if it rolls back (the broker never applied those acks).
 	transactional bool
 	txSettled     []tagEntry
-	txEnding      []txEnd
 	// unknownConsumerNoAck is the mode of a consumer whose tag the server
 	// chose without telling (basic.consume with no tag and no-wait).
 	unknownConsumerNoAck bool
@@ -62,12 +60,6 @@ type channelState struct {
 	backAck   frames.BasicAck
 	backNack  frames.BasicNack
 	confirmed []clientConfirm
-}
-
-// txEnd is a tx.commit or tx.rollback the backend has not answered yet.
-type txEnd struct {
-	rollback bool
-	settled  []tagEntry
 }
 
 func newChannelState(id uint16) *channelState {

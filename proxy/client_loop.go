@@ -170,9 +170,15 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		ch.transactional = true
 		ch.mu.Unlock()
 	case frames.TxCommitKey, frames.TxRollbackKey:
+		// The broker applies the transaction before anything sent after
+		// it, so the client's next acks already see the outcome: a
+		// rollback leaves the transaction's acks unapplied, and those
+		// deliveries can be acked again at once.
 		ch.mu.Lock()
-		ch.txEnding = append(ch.txEnding, txEnd{rollback: key == frames.TxRollbackKey, settled: ch.txSettled})
-		ch.txSettled = nil
+		if key == frames.TxRollbackKey {
+			ch.tags.restore(ch.txSettled)
+		}
+		ch.txSettled = ch.txSettled[:0]
 		ch.mu.Unlock()
 	case frames.ChannelCloseKey:
 		ch.closing.Store(true)
