@@ -1,0 +1,86 @@
+package harness
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// ProcessesOf lists the pids of live processes belonging to the node with the given Erlang
+// name: those whose command line mentions it (the wrapper) or whose environment sets
+// RABBITMQ_NODENAME to it (rabbitmq-server, beam.smp, erl_child_setup, inet_gethost...).
+// Zombies are not counted: they hold no resources, and where PID 1 does not reap orphans
+// (some containers and micro-VMs) the node's killed children stay zombies for good.
+// Processes whose environment cannot be read (other users', when not root) are skipped.
+func ProcessesOf(erlangName string) ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	nameArgument := []byte(erlangName)
+	nameVariable := []byte("RABBITMQ_NODENAME=" + erlangName + "\x00")
+	var pids []int
+	for _, entry := range entries {
+		pid, err := strconv.Atoi(entry.Name())
+		if err != nil {
+			continue
+		}
+		status, ok := readStat(pid)
+		if !ok || status.state == 'Z' || status.state == 'X' {
+			continue
+		}
+		commandLine, _ := os.ReadFile("/proc/" + entry.Name() + "/cmdline")
+		environment, _ := os.ReadFile("/proc/" + entry.Name() + "/environ")
+		if bytes.Contains(commandLine, nameArgument) || bytes.Contains(environment, nameVariable) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// processStatus holds the fields of /proc/<pid>/stat that the harness uses.
+type processStatus struct {
+	command      string
+	state        byte
+	processGroup int
+}
+
+func readStat(pid int) (processStatus, bool) {
+	content, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return processStatus{}, false
+	}
+	// pid (comm) state ppid pgrp ...; comm may itself contain spaces and parentheses.
+	open, closing := bytes.IndexByte(content, '('), bytes.LastIndexByte(content, ')')
+	if open < 0 || closing < open {
+		return processStatus{}, false
+	}
+	fields := strings.Fields(string(content[closing+1:]))
+	if len(fields) < 3 || len(fields[0]) != 1 {
+		return processStatus{}, false
+	}
+	group, err := strconv.Atoi(fields[2])
+	if err != nil {
+		return processStatus{}, false
+	}
+	return processStatus{command: string(content[open+1 : closing]), state: fields[0][0], processGroup: group}, true
+}
+
+// findBeam returns the pid of the Erlang VM in the process group, or 0.
+func findBeam(processGroup int) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	for _, entry := range entries {
+		pid, err := strconv.Atoi(entry.Name())
+		if err != nil {
+			continue
+		}
+		if status, ok := readStat(pid); ok && status.processGroup == processGroup && status.command == "beam.smp" && status.state != 'Z' {
+			return pid
+		}
+	}
+	return 0
+}

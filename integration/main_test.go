@@ -1,0 +1,65 @@
+// Package integration runs amqp-mirror's integration tests against real RabbitMQ nodes
+// started by package harness, once for the whole package.
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/harness"
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+)
+
+// cluster is the package's three nodes, set once by TestMain before any test runs.
+// Tests that kill or restart a node say which one, so that parallel tests use others.
+var cluster *harness.Cluster
+
+// helperVariable, when set, turns the test binary into the helper process of
+// TestNodesDieWithTheHarnessProcess; its value is the helper's base directory.
+const helperVariable = "AMQP_MIRROR_HARNESS_HELPER_DIR"
+
+func TestMain(m *testing.M) {
+	if directory := os.Getenv(helperVariable); directory != "" {
+		os.Exit(runHelper(directory))
+	}
+	os.Exit(testutil.Main(m, harness.Options{Nodes: 3}, func(c *harness.Cluster) { cluster = c }))
+}
+
+// runHelper starts one node, prints its Erlang name, and waits for stdin to close, so that
+// the test can end it by signal or by kill -9 and look for what is left behind.
+func runHelper(directory string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.StartTimeout)
+	defer cancel()
+	helperCluster, err := harness.Start(ctx, harness.Options{Names: []string{"helper"}, BaseDir: directory})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	stop := testutil.CloseOnSignal(helperCluster)
+	fmt.Println(helperCluster.Nodes()[0].ErlangName)
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	stop()
+	helperCluster.Close()
+	return 0
+}
+
+// node returns the shared cluster's node with the logical name.
+func node(t testing.TB, name string) *harness.Node {
+	t.Helper()
+	n := cluster.Node(name)
+	if n == nil {
+		t.Fatalf("no node %q in the test cluster", name)
+	}
+	return n
+}
+
+// testContext is a context that ends with the test, bounded by timeout.
+func testContext(t testing.TB, timeout time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -1,0 +1,59 @@
+package integration
+
+import (
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func TestProxyPublishConsumeAck(t *testing.T) {
+	url, _ := startProxy(t, node(t, "rabbit1"))
+	conn := dialURL(t, url)
+	ch := openChannel(t, conn)
+	q, err := ch.QueueDeclare(queueName(t), false, true, false, false, nil)
+	if err != nil {
+		t.Fatalf("queue.declare: %v", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatalf("confirm.select: %v", err)
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 100))
+	const n = 50
+	for i := 0; i < n; i++ {
+		err := ch.Publish("", q.Name, false, false, amqp.Publishing{
+			Body:    []byte{byte(i)},
+			Headers: amqp.Table{"i": int32(i)},
+		})
+		if err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	for i := 1; i <= n; i++ {
+		select {
+		case c := <-confirms:
+			if !c.Ack || c.DeliveryTag != uint64(i) {
+				t.Fatalf("confirm %d: got %+v", i, c)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no confirm %d", i)
+		}
+	}
+	deliveries, err := ch.Consume(q.Name, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("consume: %v", err)
+	}
+	for i := 0; i < n; i++ {
+		select {
+		case d := <-deliveries:
+			if d.Body[0] != byte(i) || d.Headers["i"] != int32(i) {
+				t.Fatalf("delivery %d: body %v headers %v", i, d.Body, d.Headers)
+			}
+			if err := d.Ack(false); err != nil {
+				t.Fatalf("ack: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no delivery %d", i)
+		}
+	}
+}
