@@ -235,9 +235,7 @@ loop:
 			break loop
 		case <-hup:
 			logger.Info("SIGHUP: reloading the config file", "path", cfg.Path)
-			if err := watcher.Reload(); err != nil {
-				logger.Error("reload refused; the running configuration stays", "err", err)
-			}
+			_ = watcher.Reload() // it logs its outcome, a refusal included
 		case err := <-errs:
 			running--
 			if err != nil && !errors.Is(err, proxy.ErrServerClosed) {
@@ -298,8 +296,14 @@ Run "amqp-mirror ctl help" for the commands.`, stdout)
 	adminURL := fs.String("admin", "", "the admin API's base URL or host:port (default: listen.admin of --config, else 127.0.0.1:15680)")
 	token := fs.String("token", "", "the admin credential (default: from --config, else $AMQP_MIRROR_ADMIN_TOKEN)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the admin API")
+	vhost := fs.StringP("vhost", "p", "", "the virtual host, before the command as in rabbitmqctl -p VHOST COMMAND (the same as -p after it)")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
+	}
+	ctlArgs := fs.Args()
+	if *vhost != "" && len(ctlArgs) > 0 {
+		// Every command takes -p; one given after the command still wins.
+		ctlArgs = append([]string{ctlArgs[0], "--vhost", *vhost}, ctlArgs[1:]...)
 	}
 	client := &admin.Client{BaseURL: *adminURL, Token: *token}
 	if *configPath != "" {
@@ -329,7 +333,7 @@ Run "amqp-mirror ctl help" for the commands.`, stdout)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	return admin.RunCtl(ctx, fs.Args(), client, stdout, stderr)
+	return admin.RunCtl(ctx, ctlArgs, client, stdout, stderr)
 }
 
 func runDemo(args []string, stdout, stderr io.Writer) int {

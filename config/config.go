@@ -117,15 +117,16 @@ func Load(path string, flags *pflag.FlagSet) (*Config, error) {
 	if path != "" {
 		v := viper.New()
 		v.SetConfigFile(path)
-		if filepath.Ext(path) == "" {
-			v.SetConfigType("yaml")
-		}
+		// The file is YAML whatever its name (amqp-mirror.conf, a ConfigMap key):
+		// viper would otherwise pick the parser by extension, or refuse the file.
+		v.SetConfigType("yaml")
 		if err := v.ReadInConfig(); err != nil {
 			return nil, fmt.Errorf("%s: %w", source, err)
 		}
 		p := &problems{source: source}
 		decodeTop(p, c, v.AllSettings())
 		errs = append(errs, p.errs...)
+		resolvePaths(c, filepath.Dir(path))
 	}
 	errs = append(errs, applyEnv(c)...)
 	errs = append(errs, applyFlags(c, flags)...)
@@ -136,6 +137,18 @@ func Load(path string, flags *pflag.FlagSet) (*Config, error) {
 		return nil, errors.Join(errs...)
 	}
 	return c, nil
+}
+
+// resolvePaths makes the file's relative paths relative to the file itself,
+// so that serve and ctl, run from any directory, find the same state_dir
+// (and admin token) and TLS files. Environment and flag values stay
+// relative to the working directory, as a shell user expects.
+func resolvePaths(c *Config, dir string) {
+	for _, p := range []*string{&c.StateDir, &c.Listen.TLS.Cert, &c.Listen.TLS.Key} {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
+		}
+	}
 }
 
 var topKeys = []string{
@@ -430,7 +443,7 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String("log.format", d.Log.Format, "text|json")
 	fs.Duration("handshake_timeout", d.HandshakeTimeout, "limit for a client's AMQP handshake")
 	fs.Duration("shutdown_timeout", d.ShutdownTimeout, "limit for a graceful shutdown")
-	fs.Duration("heartbeat", d.Heartbeat, "heartbeat proposed to clients, whole seconds; 0 disables")
+	fs.Duration("heartbeat", d.Heartbeat, "heartbeat kept on the backend connection when a client turns heartbeats off (clients are offered the broker's own), whole seconds")
 	fs.Int("frame_max", d.FrameMax, "largest frame proposed to clients (>= 4096)")
 	fs.Int("channel_max", d.ChannelMax, "most channels per client connection")
 }

@@ -69,13 +69,17 @@ func TestLoadExample(t *testing.T) {
 }
 
 func TestLoadDefaults(t *testing.T) {
-	c, err := Load(writeConfig(t, validBackends), nil)
+	path := writeConfig(t, validBackends)
+	c, err := Load(path, nil)
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
 	d := Default()
+	// A relative state_dir is relative to the file, so serve and ctl agree
+	// on it whatever their working directories.
+	wantStateDir := filepath.Join(filepath.Dir(path), "state")
 	if c.Listen != d.Listen || c.HandshakeTimeout != 10*time.Second || c.ShutdownTimeout != 30*time.Second ||
-		c.ChannelMax != 2047 || c.Log != (Log{"info", "text"}) || c.StateDir != "./state" {
+		c.ChannelMax != 2047 || c.Log != (Log{"info", "text"}) || c.StateDir != wantStateDir {
 		t.Errorf("got %+v, want the defaults %+v", c, d)
 	}
 	if _, err := Load("", nil); err == nil || !strings.Contains(err.Error(), "backends: at least one backend is required") {

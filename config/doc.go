@@ -16,12 +16,12 @@
 //	cluster: {bind: "", join: []} # serf gossip between sidecar proxies; bind "" = alone
 //	queue_master_locator: min-masters   # min-masters | client-local | random
 //	failover_grace: 2s            # silence before an unresponsive backend is failed over
-//	state_dir: ./state            # policies.json, admin.token, metadata
+//	state_dir: ./state            # policies.json, admin.token; relative to this file
 //	admin_token: ""               # "" = generated into state_dir/admin.token (0600)
 //	log: {level: info, format: text}    # debug|info|warn|error ; text|json
 //	handshake_timeout: 10s        # limit for a client's AMQP handshake
 //	shutdown_timeout: 30s         # limit for a graceful shutdown
-//	heartbeat: 60s                # proposed to clients, whole seconds, 0 disables
+//	heartbeat: 60s                # backend-leg heartbeat when a client turns its own off; whole seconds
 //	frame_max: 131072             # proposed to clients, 4096 .. 4294967295
 //	channel_max: 2047             # proposed to clients, 1 .. 65535
 //	policies:                     # like rabbitmqctl set_policy

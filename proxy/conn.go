@@ -169,7 +169,9 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 		return
 	}
 	c.tornDown.Store(true)
-	if c.closing.Load() == uint32(closeNone) || c.reason == ReasonUnknown {
+	// The first reason wins: one set by a close handshake, or by
+	// refuseUnavailable, says more than the teardown that follows it.
+	if c.reason == ReasonUnknown {
 		c.reason, c.detail = reason, detail
 	}
 	if c.closeTimer != nil {
