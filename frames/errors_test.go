@@ -75,7 +75,6 @@ func TestMethodErrors(t *testing.T) {
 		{name: "short payload", payload: []byte{0, 60}, wantErr: ErrMalformed, wantCode: SyntaxError},
 		{name: "unknown class", payload: []byte{0, 30, 0, 10}, wantErr: ErrUnknownMethod, wantCode: NotImplemented},
 		{name: "unknown method", payload: []byte{0, 60, 0, 99}, wantErr: ErrUnknownMethod, wantCode: NotImplemented},
-		{name: "undefined bit", payload: []byte{0, 60, 0, 80, 0, 0, 0, 0, 0, 0, 0, 1, 0x02}, wantErr: ErrMalformed, wantCode: SyntaxError},
 		{name: "shortstr past end", payload: []byte{0, 60, 0, 30, 9, 'a'}, wantErr: ErrMalformed, wantCode: SyntaxError},
 		{name: "longstr 4 GiB", payload: []byte{0, 10, 0, 21, 0xff, 0xff, 0xff, 0xff}, wantErr: ErrMalformed, wantCode: SyntaxError},
 	}

@@ -139,19 +139,15 @@ func (d *decoder) longlong(field string) uint64 {
 	return 0
 }
 
-// bits reads a packed octet of count bit fields and rejects bits the spec
-// does not define: keeping them would make decode and encode disagree.
+// bits reads a packed octet of count bit fields. Bits the spec does not
+// define are ignored, as RabbitMQ ignores them: a client that sets one still
+// gets its ack applied. Such an octet re-encodes without them.
 func (d *decoder) bits(fields string, count int) uint8 {
 	b := d.take(1, fields, "bit")
 	if b == nil {
 		return 0
 	}
-	if extra := b[0] &^ (1<<count - 1); extra != 0 {
-		d.fail(syntaxError("%s: bit field(s) %s: octet 0x%02x sets undefined bits 0x%02x",
-			d.method, fields, b[0], extra))
-		return 0
-	}
-	return b[0]
+	return b[0] & (1<<count - 1)
 }
 
 func (d *decoder) shortstr(dst *string, field string) {

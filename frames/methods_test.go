@@ -71,3 +71,17 @@ func TestEveryMethodRoundTrips(t *testing.T) {
 		t.Errorf("generated %d method types, want %d", len(seen), len(allMethodNames))
 	}
 }
+
+// TestUndefinedBitsAreIgnored: RabbitMQ applies a basic.ack whose flag octet
+// sets a bit the spec does not define, so the codec must decode it too.
+func TestUndefinedBitsAreIgnored(t *testing.T) {
+	payload := []byte{0, 60, 0, 80, 0, 0, 0, 0, 0, 0, 0, 7, 0x03}
+	m, err := DecodeMethod(payload)
+	if err != nil {
+		t.Fatalf("DecodeMethod: %v", err)
+	}
+	got, ok := m.(*BasicAck)
+	if !ok || got.DeliveryTag != 7 || !got.Multiple {
+		t.Errorf("got %+v, want basic.ack tag 7 multiple", m)
+	}
+}

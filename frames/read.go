@@ -90,9 +90,15 @@ func (r *Reader) ReadFrame() (Frame, error) {
 			"%s frame on channel %d: frame size %d exceeds negotiated frame_max %d",
 			FrameTypeName(typ), channel, uint64(size)+FrameOverhead, r.max)
 	}
-	if typ == FrameHeartbeat && (channel != 0 || size != 0) {
+	switch {
+	case typ == FrameHeartbeat && size != 0:
 		return Frame{}, frameError(ErrBadHeartbeat,
-			"heartbeat frame on channel %d with %d payload bytes, want channel 0 and an empty payload", channel, size)
+			"heartbeat frame on channel %d with %d payload bytes, want an empty payload", channel, size)
+	case typ == FrameHeartbeat && channel != 0:
+		// RabbitMQ answers a well-formed heartbeat on a channel with 505
+		// UNEXPECTED_FRAME, as any frame a channel does not expect.
+		return Frame{}, newError(UnexpectedFrame, ErrBadHeartbeat,
+			"heartbeat frame on channel %d, want channel 0", channel)
 	}
 
 	need := int(size) + 1 // payload and frame-end

@@ -41,7 +41,7 @@ func TestReadFrame(t *testing.T) {
 		{name: "4 GiB", input: rawFrame(3, 1, math.MaxUint32, nil, FrameEnd), wantErr: ErrFrameTooLarge, wantCode: FrameError},
 		{name: "largest allowed", input: rawFrame(3, 1, 4096-8, make([]byte, 4088), FrameEnd), max: 4096, want: Frame{Type: 3, Channel: 1, Payload: make([]byte, 4088)}},
 		{name: "one over negotiated max", input: rawFrame(3, 1, 4096-7, nil, FrameEnd), max: 4096, wantErr: ErrFrameTooLarge, wantCode: FrameError},
-		{name: "heartbeat on a channel", input: rawFrame(8, 1, 0, nil, FrameEnd), wantErr: ErrBadHeartbeat, wantCode: FrameError},
+		{name: "heartbeat on a channel", input: rawFrame(8, 1, 0, nil, FrameEnd), wantErr: ErrBadHeartbeat, wantCode: UnexpectedFrame},
 		{name: "heartbeat with payload", input: rawFrame(8, 0, 1, []byte{0}, FrameEnd), wantErr: ErrBadHeartbeat, wantCode: FrameError},
 	}
 	for _, tt := range tests {

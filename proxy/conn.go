@@ -254,6 +254,14 @@ func (c *clientConn) backendLost(err error) {
 // protocolError answers a client's framing or syntax error the way a broker
 // does: connection.close with the error's code, then the connection ends.
 func (c *clientConn) protocolError(fe *frames.Error) {
+	if errors.Is(fe, frames.ErrMalformed) {
+		// RabbitMQ answers a method frame it cannot decode (arguments cut
+		// short or left over, a payload too short for the ids) with 501
+		// FRAME_ERROR "cannot decode", not 502: give clients the broker's code.
+		asBroker := *fe
+		asBroker.Code = frames.FrameError
+		fe = &asBroker
+	}
 	c.log.Warn("client protocol error", "code", fe.Code, "err", fe.Error())
 	c.closeClient(ReasonProtocolError, fe.Code, fe.ReplyText(), fe.ClassID, fe.MethodID)
 }
