@@ -51,4 +51,3 @@ func dialURL(t testing.TB, url string) *amqp.Connection {
 	t.Cleanup(func() { conn.Close() })
 	return conn
 }
-
