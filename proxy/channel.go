@@ -113,15 +113,6 @@ func (t *channelTable) remove(id uint16, ch *channelState) {
 	}
 }
 
-// each calls f for every open channel.
-func (t *channelTable) each(f func(*channelState)) {
-	for i := range t.slots {
-		if ch := t.slots[i].Load(); ch != nil {
-			f(ch)
-		}
-	}
-}
-
 // expectCloseOk records that the proxy sent channel.close to the backend.
 func (t *channelTable) expectCloseOk(id uint16) {
 	t.mu.Lock()

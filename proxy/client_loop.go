@@ -16,24 +16,19 @@ func (c *clientConn) clientLoop() {
 	c.client.beforeRead = func() { c.backend.flush() }
 	for {
 		f, err := c.client.in.ReadFrame()
-		if err != nil {
-			c.clientReadFailed(err)
-			return
+		if err == nil {
+			err = c.fromClient(f)
 		}
-		if err := c.fromClient(f); err != nil {
-			var fe *frames.Error
-			if errors.As(err, &fe) {
-				c.protocolError(fe)
-				c.drainClient()
-				return
-			}
-			c.teardown(ReasonClientGone, err.Error())
+		if err != nil {
+			c.clientFailed(err)
 			return
 		}
 	}
 }
 
-func (c *clientConn) clientReadFailed(err error) {
+// clientFailed ends the connection after a read error or a frame the
+// client should not have sent (a *frames.Error, answered like a broker).
+func (c *clientConn) clientFailed(err error) {
 	if c.tornDown.Load() {
 		return
 	}
@@ -67,7 +62,7 @@ func (c *clientConn) drainClient() {
 }
 
 // fromClient handles one client frame. An error return is a *frames.Error
-// that closes the connection, or a write failure towards the client.
+// that closes the connection.
 func (c *clientConn) fromClient(f frames.Frame) error {
 	if st := c.closeInProgress(); st != closeNone {
 		return c.fromClientWhileClosing(st, f)

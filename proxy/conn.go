@@ -179,26 +179,27 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	}
 	// Only the backend loop can read the backend's close-ok; before it
 	// runs (a failed handshake) the socket is simply closed.
-	sayGoodbye := c.backend != nil && !c.backendClosed && c.backendLoopRunning
+	backend := c.backend // set once by the handshake, under mu
+	sayGoodbye := backend != nil && !c.backendClosed && c.backendLoopRunning
 	c.mu.Unlock()
 
 	close(c.done)
 	c.client.conn.Close()
-	if c.backend == nil {
+	if backend == nil {
 		return
 	}
 	if !sayGoodbye {
-		c.backend.conn.Close()
+		backend.conn.Close()
 		return
 	}
 	// The backend loop keeps reading until the close-ok or the deadline.
-	c.backend.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+	backend.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
 	text := "client connection closed"
 	if reason == ReasonShutdown {
 		text = "proxy shutting down"
 	}
-	if err := c.backend.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
-		c.backend.conn.Close()
+	if err := backend.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+		backend.conn.Close()
 	}
 }
 
@@ -304,9 +305,4 @@ func minPositive(a, b time.Duration) time.Duration {
 	default:
 		return min(a, b)
 	}
-}
-
-// isClosedConnErr reports errors that only mean the socket was closed.
-func isClosedConnErr(err error) bool {
-	return errors.Is(err, net.ErrClosed)
 }
