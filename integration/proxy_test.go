@@ -57,3 +57,28 @@ func TestProxyPublishConsumeAck(t *testing.T) {
 		}
 	}
 }
+
+// TestProxyCleanCloseReportsNoError: a client that closes its connection
+// gets the close-ok before the proxy lets the socket go, so amqp091-go
+// reports no error, as with the broker directly.
+func TestProxyCleanCloseReportsNoError(t *testing.T) {
+	url, _ := startProxy(t, node(t, "rabbit1"))
+	for i := 0; i < 50; i++ {
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+		if err := conn.Close(); err != nil {
+			t.Fatalf("close %d: %v", i, err)
+		}
+		select {
+		case err, ok := <-closed:
+			if ok && err != nil {
+				t.Fatalf("close %d: NotifyClose reported %v, want no error", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("close %d: NotifyClose not closed within 10s", i)
+		}
+	}
+}

@@ -1,10 +1,16 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 )
+
+// errBackendDone ends the backend loop after the backend's close-ok was
+// passed to the client: the backend has nothing more to say.
+var errBackendDone = errors.New("backend connection closed cleanly")
 
 // backendIndex is the index of the one backend link a client connection has
 // today. Tag and confirm bookkeeping already name the backend of each entry,
@@ -42,7 +48,9 @@ func (c *clientConn) backendLoop() {
 			continue
 		}
 		if err := c.fromBackend(f); err != nil {
-			c.backendLost(err)
+			if !errors.Is(err, errBackendDone) {
+				c.backendLost(err)
+			}
 			return
 		}
 	}
@@ -206,11 +214,15 @@ func (c *clientConn) fromBackendConnection(f frames.Frame) error {
 		return nil
 	case frames.ConnectionCloseOkKey:
 		if c.closeInProgress() == closeByClient {
-			c.client.sendFrame(f.Type, 0, f.Payload)
+			// The client closes the socket once it has the close-ok;
+			// closing it first would make the client read EOF before the
+			// close-ok and report an error for a clean close. The client
+			// loop ends the connection when the client hangs up, or after
+			// CloseTimeout.
 			c.markBackendClosed()
-			reason, detail := c.outcome()
-			c.teardown(reason, detail)
-			return nil
+			c.client.conn.SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+			c.client.sendFrame(f.Type, 0, f.Payload)
+			return errBackendDone
 		}
 	}
 	c.toClient(f)

@@ -38,8 +38,10 @@ func (c *clientConn) clientFailed(err error) {
 		c.drainClient()
 		return
 	}
-	if c.closeInProgress() == closeByProxy {
-		// The client hung up instead of answering our close: it has heard it.
+	if st := c.closeInProgress(); st == closeByProxy || st == closeByClient {
+		// closeByProxy: the client hung up instead of answering our close,
+		// so it has heard it. closeByClient: the client hung up after the
+		// close-ok, as it should (or took longer than CloseTimeout).
 		reason, detail := c.outcome()
 		c.teardown(reason, detail)
 		return

@@ -1,0 +1,430 @@
+// Command bench measures what amqp-mirror's proxy costs a client: throughput and latency
+// of the same load run directly against a RabbitMQ node and through the proxy, on the same
+// broker in one run, plus how much memory the proxy holds when a consumer stops reading.
+//
+//	go run ./integration/bench                    # everything, about two minutes
+//	go run ./integration/bench -scenario=full -rounds=3 -proxy-cpuprofile=/tmp/proxy.pprof
+//	go tool pprof -top /tmp/proxy.full.1.pprof
+//
+// Processes. The broker is one node started with integration/harness (or an existing
+// broker given by -amqp-url). The proxy runs in a separate process, as in a deployment:
+// the bench binary re-executes itself with the hidden flag -role=proxy, which runs
+// proxy.New and Serve and prints its listen address on stdout; the proxy ends when its
+// stdin closes (the bench is done, or died) or on SIGTERM. -proxy-cmd runs another proxy
+// command instead. A fresh proxy process serves each measured run, so every run starts
+// from the same state and a CPU profile covers exactly one run.
+//
+// Scenarios (-scenario, comma separated):
+//
+//   - full: P publishers with pipelined publisher confirms (at most -confirm-window
+//     unconfirmed messages each) and C consumers with manual acks (prefetch -prefetch, one
+//     basic.ack per message as RabbitMQ PerfTest does unless -multi-ack), persistent
+//     messages of -size bytes. Queue i (durable, one per publisher/consumer pair, as
+//     PerfTest's -x/-y with one queue each) carries publisher i's messages to consumer i;
+//     with unequal counts, publisher and consumer i use queue i mod max(P, C).
+//     Each connection carries one channel, so the proxy serves one client connection per
+//     publisher and per consumer.
+//   - light: one publisher that waits for each confirm before the next message, paced at
+//     -light-rate messages per second, and one consumer: the latency the proxy adds when
+//     nothing queues. A confirm slower than the pace delays the next message rather than
+//     causing a catch-up burst, so the rate achieved shows in published/s.
+//   - rss: backpressure. -rss-messages messages of -rss-size bytes are put in a transient
+//     queue directly at the broker; then a raw AMQP client consumes them through the proxy
+//     with no-ack and stops reading its socket. The proxy process's VmRSS is sampled every
+//     100 ms while the client stalls and while it finally drains the queue.
+//
+// Runs alternate, starting and ending with a direct run (direct, proxy, direct for
+// -rounds=1), and the summary takes each target's median, so that drift of the broker
+// over time (its disk, its memory) shows in the per-run rows and does not bias the ratio.
+//
+// Beside throughput and latency, each run reports the CPU the broker, the proxy and the
+// bench used during the measured time, and "other": what the rest of the machine used.
+// On a shared machine other tenants take cores from the broker; runs with much "other"
+// are not comparable, and -rounds=3 with its medians is the remedy. Proxy runs also
+// report the proxy's read and write system calls per message (/proc/PID/io).
+//
+// Latencies are exact percentiles of every sample in the measured window: publish→confirm
+// is from just before basic.publish to the arrival of its basic.ack at the client;
+// publish→delivery uses a monotonic timestamp in the first 8 body bytes (publisher and
+// consumer share this process's clock).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/harness"
+)
+
+// config is every flag, parsed.
+type config struct {
+	scenarios []string
+	rounds    int
+	amqpURL   string
+	proxyCmd  string
+	jsonPath  string
+	verbose   bool
+
+	publishers    int
+	consumers     int
+	confirmWindow int
+	prefetch      int
+	multiAck      int
+	size          int
+	warmup        time.Duration
+	duration      time.Duration
+
+	lightRate     float64
+	lightWarmup   time.Duration
+	lightDuration time.Duration
+
+	rssMessages int
+	rssSize     int
+	rssStall    time.Duration
+
+	proxyCPUProfile string
+	proxyLogLevel   string
+	proxyGOMAXPROCS int
+
+	// The proxy role's own flags, hidden from -h.
+	role       string
+	backend    string
+	listen     string
+	cpuProfile string
+}
+
+// hiddenFlags are the proxy role's flags: the bench passes them to its own child.
+var hiddenFlags = map[string]bool{"role": true, "backend": true, "listen": true, "cpuprofile": true}
+
+func parseFlags(args []string) (config, error) {
+	var cfg config
+	var scenarios string
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.StringVar(&scenarios, "scenario", "full,light,rss", "comma-separated `list` of scenarios to run: full, light, rss")
+	fs.IntVar(&cfg.rounds, "rounds", 1, "proxy runs per scenario; direct runs are interleaved, one more than proxy runs")
+	fs.StringVar(&cfg.amqpURL, "amqp-url", "", "`URL` of a running broker to use instead of starting a RabbitMQ node, e.g. amqp://guest:guest@127.0.0.1:5672/")
+	fs.StringVar(&cfg.proxyCmd, "proxy-cmd", "", "run this `command` as the proxy instead of the bench's own proxy role; {backend} is replaced by the broker's host:port and the command must print its listen host:port as its first stdout line, and exit when its stdin closes")
+	fs.StringVar(&cfg.jsonPath, "json", "", "also write the results as JSON to `file`")
+	fs.BoolVar(&cfg.verbose, "v", false, "log the harness's progress (starting and stopping RabbitMQ) on stderr")
+
+	fs.IntVar(&cfg.publishers, "publishers", 2, "full: publishers, each on its own connection")
+	fs.IntVar(&cfg.consumers, "consumers", 2, "full: consumers, each on its own connection")
+	fs.IntVar(&cfg.confirmWindow, "confirm-window", 100, "full: unconfirmed messages each publisher may have outstanding")
+	fs.IntVar(&cfg.prefetch, "prefetch", 100, "full: consumer prefetch (basic.qos)")
+	fs.IntVar(&cfg.multiAck, "multi-ack", 0, "full: ack with multiple=true every `N` messages; 0 acks each message")
+	fs.IntVar(&cfg.size, "size", 1024, "message body size in bytes, full and light (at least 8: the timestamp)")
+	fs.DurationVar(&cfg.warmup, "warmup", 3*time.Second, "full: load before measuring starts")
+	fs.DurationVar(&cfg.duration, "duration", 15*time.Second, "full: measured time per run")
+
+	fs.Float64Var(&cfg.lightRate, "light-rate", 500, "light: the publisher's pace in messages per second, at most: it also waits for each confirm")
+	fs.DurationVar(&cfg.lightWarmup, "light-warmup", 2*time.Second, "light: load before measuring starts")
+	fs.DurationVar(&cfg.lightDuration, "light-duration", 10*time.Second, "light: measured time per run")
+
+	fs.IntVar(&cfg.rssMessages, "rss-messages", 1024, "rss: messages queued for the stalled consumer")
+	fs.IntVar(&cfg.rssSize, "rss-size", 1<<20, "rss: message body size in bytes")
+	fs.DurationVar(&cfg.rssStall, "rss-stall", 5*time.Second, "rss: how long the consumer does not read")
+
+	fs.StringVar(&cfg.proxyCPUProfile, "proxy-cpuprofile", "", "write a CPU profile of the proxy process of each full and light run, named after `file` with the scenario and run inserted: /tmp/p.pprof gives /tmp/p.full.1.pprof...")
+	fs.StringVar(&cfg.proxyLogLevel, "proxy-log-level", "warn", "proxy process log level: debug, info, warn or error")
+	fs.IntVar(&cfg.proxyGOMAXPROCS, "proxy-gomaxprocs", 0, "run the proxy process with GOMAXPROCS=`N`; 0 leaves Go's default (the number of cores)")
+
+	fs.StringVar(&cfg.role, "role", "", "internal: proxy runs the proxy process")
+	fs.StringVar(&cfg.backend, "backend", "", "internal: the proxy's broker host:port")
+	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:0", "internal: the proxy's listen address")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "internal: the proxy's CPU profile file")
+
+	fs.Usage = func() { usage(fs) }
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for s := range strings.SplitSeq(scenarios, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			cfg.scenarios = append(cfg.scenarios, s)
+		}
+	}
+	return cfg, cfg.validate()
+}
+
+func (cfg config) validate() error {
+	if cfg.role != "" {
+		if cfg.role != "proxy" {
+			return fmt.Errorf("-role %q: the only role is proxy", cfg.role)
+		}
+		if cfg.backend == "" {
+			return errors.New("-role=proxy needs -backend")
+		}
+		return nil
+	}
+	var errs []error
+	for _, s := range cfg.scenarios {
+		if s != "full" && s != "light" && s != "rss" {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, light or rss", s))
+		}
+	}
+	if len(cfg.scenarios) == 0 {
+		errs = append(errs, errors.New("-scenario: no scenario given"))
+	}
+	positive := map[string]int{
+		"-rounds": cfg.rounds, "-publishers": cfg.publishers, "-consumers": cfg.consumers,
+		"-confirm-window": cfg.confirmWindow, "-rss-messages": cfg.rssMessages, "-rss-size": cfg.rssSize,
+	}
+	for name, v := range positive {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %d", name, v))
+		}
+	}
+	if cfg.prefetch < 0 || cfg.prefetch > 65535 {
+		errs = append(errs, fmt.Errorf("-prefetch must be within 0..65535, got %d", cfg.prefetch))
+	}
+	if cfg.multiAck < 0 {
+		errs = append(errs, fmt.Errorf("-multi-ack must not be negative, got %d", cfg.multiAck))
+	}
+	if cfg.size < timestampSize {
+		errs = append(errs, fmt.Errorf("-size must be at least %d, got %d", timestampSize, cfg.size))
+	}
+	if cfg.warmup < 0 || cfg.lightWarmup < 0 || cfg.duration <= 0 || cfg.lightDuration <= 0 || cfg.rssStall < 0 {
+		errs = append(errs, errors.New("-duration and -light-duration must be positive, warm-ups and -rss-stall not negative"))
+	}
+	if cfg.proxyGOMAXPROCS < 0 {
+		errs = append(errs, fmt.Errorf("-proxy-gomaxprocs must not be negative, got %d", cfg.proxyGOMAXPROCS))
+	}
+	if cfg.lightRate <= 0 {
+		errs = append(errs, fmt.Errorf("-light-rate must be positive, got %v", cfg.lightRate))
+	}
+	if _, err := parseLevel(cfg.proxyLogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (cfg config) has(scenario string) bool {
+	for _, s := range cfg.scenarios {
+		if s == scenario {
+			return true
+		}
+	}
+	return false
+}
+
+// usage prints flag.PrintDefaults' format without the proxy role's flags.
+func usage(fs *flag.FlagSet) {
+	out := fs.Output()
+	fmt.Fprintf(out, "Usage: go run ./integration/bench [flags]\n\n"+
+		"Runs the same AMQP load directly against RabbitMQ and through amqp-mirror's proxy\n"+
+		"(a separate process) and prints throughput, latency and the proxy's memory under\n"+
+		"backpressure. See the package documentation for what each scenario does.\n\nFlags:\n")
+	fs.VisitAll(func(f *flag.Flag) {
+		if hiddenFlags[f.Name] {
+			return
+		}
+		name, text := flag.UnquoteUsage(f)
+		line := "  -" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		text = strings.ReplaceAll(text, "\n", "\n    \t")
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" {
+			text += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(out, "%s\n    \t%s\n", line, text)
+	})
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("-proxy-log-level %q: want debug, info, warn or error", s)
+	}
+	return level, nil
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	if cfg.role == "proxy" {
+		if err := runProxyRole(cfg); err != nil {
+			fmt.Fprintln(os.Stderr, "bench proxy:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err = run(ctx, cfg)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// broker is the RabbitMQ the bench measures.
+type broker struct {
+	url  string // amqp URL of the broker itself
+	addr string // host:port, what the proxy dials
+	pid  int    // the Erlang VM's pid when the bench started it, else 0
+}
+
+// proxyURL is brokerURL with the proxy's address: same user, password and vhost.
+func proxyURL(brokerURL, proxyAddr string) string {
+	u, err := url.Parse(brokerURL)
+	if err != nil { // checked in run
+		return brokerURL
+	}
+	u.Host = proxyAddr
+	return u.String()
+}
+
+func run(ctx context.Context, cfg config) error {
+	began := time.Now()
+	logger := slog.New(slog.DiscardHandler)
+	if cfg.verbose {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	b := broker{url: cfg.amqpURL}
+	if b.url == "" {
+		progress("starting a RabbitMQ node")
+		cluster, err := harness.Start(ctx, harness.Options{Nodes: 1, Logger: logger})
+		if err != nil {
+			return fmt.Errorf("start RabbitMQ: %w", err)
+		}
+		defer func() {
+			if err := cluster.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, "bench: stopping RabbitMQ:", err)
+			}
+		}()
+		node := cluster.Nodes()[0]
+		b.url, b.pid = node.URL(), node.PID()
+		progress("RabbitMQ %s on port %d (pid %d) in %s", node.ErlangName, node.Port, b.pid, time.Since(began).Round(100*time.Millisecond))
+	}
+	u, err := url.Parse(b.url)
+	if err != nil || u.Host == "" || u.Scheme != "amqp" {
+		return fmt.Errorf("-amqp-url %q: want amqp://user:password@host:port/vhost (the bench's proxy does not dial amqps)", b.url)
+	}
+	b.addr = u.Host
+	if u.Port() == "" {
+		b.addr = net.JoinHostPort(u.Hostname(), "5672")
+	}
+
+	var report report
+	report.Config = describeConfig(cfg)
+	if cfg.has("full") {
+		spec := loadSpec{
+			scenario: "full", publishers: cfg.publishers, consumers: cfg.consumers,
+			window: cfg.confirmWindow, prefetch: cfg.prefetch, multiAck: cfg.multiAck,
+			size: cfg.size, persistent: true, warmup: cfg.warmup, duration: cfg.duration,
+		}
+		runs, err := runAlternating(ctx, cfg, b, spec)
+		report.Runs = append(report.Runs, runs...)
+		if err != nil {
+			return errors.Join(err, report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("light") {
+		spec := loadSpec{
+			scenario: "light", publishers: 1, consumers: 1, window: 1, rate: cfg.lightRate,
+			prefetch: cfg.prefetch, size: cfg.size, persistent: true,
+			warmup: cfg.lightWarmup, duration: cfg.lightDuration,
+		}
+		runs, err := runAlternating(ctx, cfg, b, spec)
+		report.Runs = append(report.Runs, runs...)
+		if err != nil {
+			return errors.Join(err, report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("rss") {
+		rss, err := runBackpressure(ctx, cfg, b)
+		if err != nil {
+			return errors.Join(fmt.Errorf("rss: %w", err), report.print(os.Stdout, cfg))
+		}
+		report.Backpressure = &rss
+	}
+	report.Elapsed = time.Since(began).Round(time.Second).String()
+	if err := report.print(os.Stdout, cfg); err != nil {
+		return err
+	}
+	if cfg.jsonPath != "" {
+		if err := report.writeJSON(cfg.jsonPath); err != nil {
+			return err
+		}
+		progress("wrote %s", cfg.jsonPath)
+	}
+	return nil
+}
+
+// runAlternating runs spec directly, through the proxy, directly... cfg.rounds proxy runs
+// and one more direct run. Each proxy run has its own proxy process.
+func runAlternating(ctx context.Context, cfg config, b broker, spec loadSpec) ([]runResult, error) {
+	var results []runResult
+	for i := range 2*cfg.rounds + 1 {
+		proxied := i%2 == 1
+		target, number := "direct", i/2+1
+		if proxied {
+			target = "proxy"
+		}
+		progress("%s load, run %d of %d: %s", spec.scenario, i+1, 2*cfg.rounds+1, target)
+		var result runResult
+		var err error
+		if !proxied {
+			result, err = runLoad(ctx, spec, b.url, watched{broker: b.pid})
+		} else {
+			result, err = runLoadThroughProxy(ctx, cfg, b, spec, profileName(cfg.proxyCPUProfile, spec.scenario, number))
+		}
+		result.Target, result.Run = target, number
+		if err != nil {
+			return results, fmt.Errorf("%s load, %s run %d: %w", spec.scenario, target, number, err)
+		}
+		results = append(results, result)
+		progress("  %s", result.oneLine())
+	}
+	return results, nil
+}
+
+// profileName is base with the scenario and run number before its extension, or "" when
+// no profile is wanted.
+func profileName(base, scenario string, run int) string {
+	if base == "" {
+		return ""
+	}
+	ext := filepath.Ext(base)
+	return fmt.Sprintf("%s.%s.%d%s", strings.TrimSuffix(base, ext), scenario, run, ext)
+}
+
+func runLoadThroughProxy(ctx context.Context, cfg config, b broker, spec loadSpec, profile string) (runResult, error) {
+	p, err := startProxy(ctx, cfg, b.addr, profile)
+	if err != nil {
+		return runResult{}, err
+	}
+	result, err := runLoad(ctx, spec, proxyURL(b.url, p.addr), watched{broker: b.pid, proxy: p.pid()})
+	if stopErr := p.stop(); err == nil {
+		err = stopErr
+	}
+	if err == nil && profile != "" {
+		progress("  proxy CPU profile in %s", profile)
+	}
+	return result, err
+}
+
+// progress reports what the bench is doing on stderr, so that stdout is the report.
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}

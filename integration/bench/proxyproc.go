@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy"
+)
+
+// runProxyRole is the proxy process: it serves on cfg.listen in front of cfg.backend,
+// prints the address it listens on as its first stdout line, and shuts down gracefully
+// when stdin closes or on SIGTERM/SIGINT. Stdin is the lifeline: the bench holds the
+// write end, so when the bench ends, however it ends, the proxy follows.
+func runProxyRole(cfg config) error {
+	level, err := parseLevel(cfg.proxyLogLevel)
+	if err != nil {
+		return err
+	}
+	opts := proxy.DefaultOptions(proxy.Backend{Name: "broker", Addr: cfg.backend})
+	opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("process", "proxy")
+	srv, err := proxy.New(opts)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return err
+	}
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			ln.Close()
+			f.Close()
+			return err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			if err := f.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, "bench proxy: writing CPU profile:", err)
+			}
+		}()
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	if _, err := fmt.Println(ln.Addr()); err != nil {
+		srv.Close()
+		<-served
+		return err
+	}
+
+	lifeline := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		close(lifeline)
+	}()
+	signals, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	select {
+	case err := <-served:
+		return err
+	case <-lifeline:
+	case <-signals.Done():
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	shutdownErr := srv.Shutdown(ctx)
+	if err := <-served; !errors.Is(err, proxy.ErrServerClosed) {
+		return errors.Join(err, shutdownErr)
+	}
+	return shutdownErr
+}
+
+// proxyProcess is a running proxy, ours or -proxy-cmd's.
+type proxyProcess struct {
+	cmd      *exec.Cmd
+	addr     string // host:port clients dial
+	lifeline io.WriteCloser
+	exited   chan struct{} // closed when the process was reaped
+	waitErr  error         // valid once exited is closed
+}
+
+// startProxy starts a proxy in front of backend and waits for its listen address.
+// profile, when set, asks the bench's own proxy role for a CPU profile.
+func startProxy(ctx context.Context, cfg config, backend, profile string) (*proxyProcess, error) {
+	var argv []string
+	if cfg.proxyCmd != "" {
+		argv = strings.Fields(strings.ReplaceAll(cfg.proxyCmd, "{backend}", backend))
+		if profile != "" {
+			progress("  -proxy-cpuprofile is ignored with -proxy-cmd")
+		}
+	} else {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find the bench binary to run the proxy: %w", err)
+		}
+		argv = []string{self, "-role=proxy", "-backend=" + backend, "-listen=127.0.0.1:0",
+			"-proxy-log-level=" + cfg.proxyLogLevel}
+		if profile != "" {
+			argv = append(argv, "-cpuprofile="+profile)
+		}
+	}
+	if len(argv) == 0 {
+		return nil, errors.New("-proxy-cmd is empty")
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stderr = os.Stderr
+	if cfg.proxyGOMAXPROCS > 0 {
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", cfg.proxyGOMAXPROCS))
+	}
+	lifeline, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start proxy %q: %w", argv[0], err)
+	}
+	p := &proxyProcess{cmd: cmd, lifeline: lifeline, exited: make(chan struct{})}
+
+	// The first line is the address; the rest of stdout goes to our stderr. The pipe
+	// must be read to its end before Wait, so one goroutine does both, in order.
+	firstLine := make(chan string, 1)
+	go func() {
+		lines := bufio.NewScanner(stdout)
+		if lines.Scan() {
+			firstLine <- strings.TrimSpace(lines.Text())
+		}
+		close(firstLine)
+		for lines.Scan() {
+			fmt.Fprintln(os.Stderr, "proxy:", lines.Text())
+		}
+		io.Copy(io.Discard, stdout)
+		p.waitErr = cmd.Wait()
+		close(p.exited)
+	}()
+
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	select {
+	case line, ok := <-firstLine:
+		if !ok {
+			<-p.exited
+			return nil, fmt.Errorf("proxy %q exited before printing its address: %v", argv[0], p.waitErr)
+		}
+		if _, _, err := net.SplitHostPort(line); err != nil {
+			p.stop()
+			return nil, fmt.Errorf("proxy %q printed %q, want its listen host:port", argv[0], line)
+		}
+		p.addr = line
+		return p, nil
+	case <-timeout.C:
+		p.stop()
+		return nil, fmt.Errorf("proxy %q printed no address within 10s", argv[0])
+	case <-ctx.Done():
+		p.stop()
+		return nil, ctx.Err()
+	}
+}
+
+func (p *proxyProcess) pid() int { return p.cmd.Process.Pid }
+
+// stop closes the lifeline, waits for a graceful exit, and kills the proxy if it has not
+// gone within 10 seconds. An exit status other than success is an error.
+func (p *proxyProcess) stop() error {
+	p.lifeline.Close()
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.exited
+		return errors.New("proxy did not exit within 10s of its stdin closing; killed")
+	}
+	if p.waitErr != nil {
+		return fmt.Errorf("proxy exited: %w", p.waitErr)
+	}
+	return nil
+}
