@@ -3,10 +3,12 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
@@ -239,7 +241,8 @@ func (c *clientConn) isOpen() bool {
 }
 
 // backendLost closes the client connection with 320 CONNECTION_FORCED
-// because the backend connection failed.
+// because the backend connection failed. The client's text names the backend
+// and the kind of failure; the log has the whole error.
 func (c *clientConn) backendLost(err error) {
 	if c.tornDown.Load() {
 		return
@@ -247,9 +250,38 @@ func (c *clientConn) backendLost(err error) {
 	c.mu.Lock()
 	c.backendClosed = true // nothing to say goodbye to
 	c.mu.Unlock()
-	c.backend.conn.Close()
-	text := fmt.Sprintf("CONNECTION_FORCED - backend %s connection lost: %v", c.srv.opts.Backend.Name, err)
+	text := fmt.Sprintf("CONNECTION_FORCED - backend %s connection lost: %s", c.srv.opts.Backend.Name, failureKind(err))
+	if c.closeInProgress() == closeNone {
+		c.log.Warn("backend connection lost", "backend", c.srv.opts.Backend.Name, "err", err)
+	}
+	// Close the socket only after the close began, so that the backend
+	// loop's read error, which follows, does not replace this reason.
 	c.closeClient(ReasonBackendLost, frames.ConnectionForced, text, 0, 0)
+	c.backend.conn.Close()
+}
+
+// errMissedHeartbeats is how the heartbeat loop reports a silent backend.
+var errMissedHeartbeats = errors.New("missed heartbeats")
+
+// failureKind says in a few words how a connection failed, without the
+// addresses and internals a client has no use for.
+func failureKind(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, errMissedHeartbeats):
+		return "missed heartbeats"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "the broker closed the socket"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "timed out"
+	}
+	var fe *frames.Error
+	if errors.As(err, &fe) {
+		return "protocol error from the broker: " + fe.ReplyText()
+	}
+	return "network error"
 }
 
 // protocolError answers a client's framing or syntax error the way a broker
@@ -289,7 +321,7 @@ func (c *clientConn) heartbeatLoop() {
 			if hb := c.backendHeartbeat; hb > 0 {
 				c.backend.heartbeatIfIdle(now, hb/2)
 				if silent := c.backend.silentFor(now); silent > hb*3/2 {
-					c.backendLost(fmt.Errorf("missed heartbeats, timeout: %s", hb))
+					c.backendLost(fmt.Errorf("%w, timeout: %s", errMissedHeartbeats, hb))
 				}
 			}
 		}
