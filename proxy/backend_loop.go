@@ -152,8 +152,6 @@ func (c *clientConn) fromBackend(f frames.Frame) error {
 		ch.mu.Lock()
 		ch.tags.dropAll()
 		ch.mu.Unlock()
-	case frames.ChannelCloseKey: // the backend closes the channel (a channel error)
-		ch.closing.Store(true)
 	case frames.ChannelCloseOkKey: // the backend confirms the client's close
 		c.channels.remove(f.Channel, ch)
 	}

@@ -38,9 +38,8 @@ type channelState struct {
 	// chose without telling (basic.consume with no tag and no-wait).
 	unknownConsumerNoAck bool
 
-	// closing is set once either side began closing the channel;
-	// closedByProxy once the proxy itself closed it (see closeChannelByProxy).
-	closing       atomic.Bool
+	// closedByProxy is set once the proxy itself closed the channel (see
+	// closeChannelByProxy).
 	closedByProxy atomic.Bool
 
 	// Scratch for the client read loop.

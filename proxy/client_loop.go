@@ -177,8 +177,6 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		}
 		ch.txSettled = ch.txSettled[:0]
 		ch.mu.Unlock()
-	case frames.ChannelCloseKey:
-		ch.closing.Store(true)
 	case frames.ChannelCloseOkKey:
 		// The client confirms a close the backend started.
 		c.channels.remove(f.Channel, ch)

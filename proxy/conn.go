@@ -18,9 +18,8 @@ import (
 // serves it. Three goroutines run per connection: the client read loop
 // (client → backend, also the connection's main goroutine), the backend read
 // loop (backend → client) and the heartbeat loop. Each read loop writes to the
-// opposite socket; see socket for how writes are shared.
-//
-// Lock order: clientConn.mu, then channelState.mu, then socket.mu.
+// opposite socket; see socket for how writes are shared, and the package
+// documentation for the lock order.
 type clientConn struct {
 	srv     *Server
 	id      uint64
