@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -690,79 +689,6 @@ func TestProxyErrorsShutdown(t *testing.T) {
 // proxyCloseBound bounds Server.Close in these tests: a connection that never
 // ends must fail the test that caused it, not hang the whole package.
 const proxyCloseBound = 15 * time.Second
-
-// runningProxy is a proxy in front of one node, as the error tests use it.
-type runningProxy struct {
-	url  string // amqp://guest:guest@host:port/
-	addr string // host:port, for raw clients
-	srv  *proxy.Server
-
-	closeOnce sync.Once
-	served    chan error
-}
-
-// serveProxy is startProxy with a bounded Close: several tests here exist to
-// catch connections that never end, and Close waits for every connection.
-func serveProxy(t testing.TB, n *harness.Node, tweak ...func(*proxy.Options)) *runningProxy {
-	t.Helper()
-	opts := proxy.DefaultOptions(proxy.Backend{Name: n.Name, Addr: nodeAddr(n)})
-	opts.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	for _, f := range tweak {
-		f(&opts)
-	}
-	srv, err := proxy.New(opts)
-	if err != nil {
-		t.Fatalf("proxy.New: %v", err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	p := &runningProxy{
-		url:    amqpURL(ln.Addr().String(), "guest", "guest", "/"),
-		addr:   ln.Addr().String(),
-		srv:    srv,
-		served: make(chan error, 1),
-	}
-	go func() { p.served <- srv.Serve(ln) }()
-	t.Cleanup(func() { p.close(t) })
-	return p
-}
-
-// close closes the server and waits, boundedly, for Serve to return.
-func (p *runningProxy) close(t testing.TB) {
-	t.Helper()
-	p.closeOnce.Do(func() {
-		closed := make(chan struct{})
-		go func() {
-			p.srv.Close()
-			close(closed)
-		}()
-		select {
-		case <-closed:
-		case <-time.After(proxyCloseBound):
-			t.Errorf("Server.Close did not return within %v: %d connections never ended",
-				proxyCloseBound, p.srv.Stats().ConnectionsOpen.Load())
-			return
-		}
-		if err := <-p.served; err != proxy.ErrServerClosed {
-			t.Errorf("Serve returned %v, want ErrServerClosed", err)
-		}
-	})
-}
-
-// closedBy is the proxy's count of connections that ended for reason.
-func (p *runningProxy) closedBy(reason proxy.CloseReason) uint64 {
-	return p.srv.Stats().ClosedByReason[reason].Load()
-}
-
-// allClosed is a condition for Eventually: every client connection ended.
-func (p *runningProxy) allClosed() error {
-	if open := p.srv.Stats().ConnectionsOpen.Load(); open != 0 {
-		return fmt.Errorf("the proxy counts %d connections open, want 0", open)
-	}
-	return nil
-}
 
 // target is where an exchange runs: the node itself or the proxy in front of it.
 type target struct{ name, addr string }

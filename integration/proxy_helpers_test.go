@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -17,7 +19,25 @@ import (
 // closed when the test ends.
 func startProxy(t testing.TB, n *harness.Node, tweak ...func(*proxy.Options)) (string, *proxy.Server) {
 	t.Helper()
-	opts := proxy.DefaultOptions(proxy.Backend{Name: n.Name, Addr: fmt.Sprintf("127.0.0.1:%d", n.Port)})
+	p := serveProxy(t, n, tweak...)
+	return p.url, p.srv
+}
+
+// runningProxy is a proxy in front of one node, as the error tests use it.
+type runningProxy struct {
+	url  string // amqp://guest:guest@host:port/
+	addr string // host:port, for raw clients
+	srv  *proxy.Server
+
+	closeOnce sync.Once
+	served    chan error
+}
+
+// serveProxy is startProxy with a bounded Close: several tests here exist to
+// catch connections that never end, and Close waits for every connection.
+func serveProxy(t testing.TB, n *harness.Node, tweak ...func(*proxy.Options)) *runningProxy {
+	t.Helper()
+	opts := proxy.DefaultOptions(proxy.Backend{Name: n.Name, Addr: nodeAddr(n)})
 	opts.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	for _, f := range tweak {
 		f(&opts)
@@ -30,15 +50,50 @@ func startProxy(t testing.TB, n *harness.Node, tweak ...func(*proxy.Options)) (s
 	if err != nil {
 		t.Fatalf("listen: %v", err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		srv.Close()
-		if err := <-served; err != proxy.ErrServerClosed {
+	p := &runningProxy{
+		url:    amqpURL(ln.Addr().String(), "guest", "guest", "/"),
+		addr:   ln.Addr().String(),
+		srv:    srv,
+		served: make(chan error, 1),
+	}
+	go func() { p.served <- srv.Serve(ln) }()
+	t.Cleanup(func() { p.close(t) })
+	return p
+}
+
+// close closes the server and waits, boundedly, for Serve to return.
+func (p *runningProxy) close(t testing.TB) {
+	t.Helper()
+	p.closeOnce.Do(func() {
+		closed := make(chan struct{})
+		go func() {
+			p.srv.Close()
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-time.After(proxyCloseBound):
+			t.Errorf("Server.Close did not return within %v: %d connections never ended",
+				proxyCloseBound, p.srv.Stats().ConnectionsOpen.Load())
+			return
+		}
+		if err := <-p.served; err != proxy.ErrServerClosed {
 			t.Errorf("Serve returned %v, want ErrServerClosed", err)
 		}
 	})
-	return fmt.Sprintf("amqp://guest:guest@%s/", ln.Addr()), srv
+}
+
+// closedBy is the proxy's count of connections that ended for reason.
+func (p *runningProxy) closedBy(reason proxy.CloseReason) uint64 {
+	return p.srv.Stats().ClosedByReason[reason].Load()
+}
+
+// allClosed is a condition for Eventually: every client connection ended.
+func (p *runningProxy) allClosed() error {
+	if open := p.srv.Stats().ConnectionsOpen.Load(); open != 0 {
+		return fmt.Errorf("the proxy counts %d connections open, want 0", open)
+	}
+	return nil
 }
 
 // dialURL opens an amqp091-go connection and closes it when the test ends.
