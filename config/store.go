@@ -35,12 +35,14 @@ const PoliciesFile = "policies.json"
 type PolicyStore struct {
 	path string // "" keeps runtime policies in memory only
 
-	mu           sync.Mutex // guards the fields below and the file at path
-	file, fileOp []Policy
-	rt, rtOp     []Policy
-	version      uint64
-	subs         map[uint64]chan *Snapshot
-	nextSub      uint64
+	mu sync.Mutex // guards the fields below and the file at path
+	// The policies of the file and the runtime ones (set_policy), user and
+	// operator.
+	file, fileOperator       []Policy
+	runtime, runtimeOperator []Policy
+	version                  uint64
+	subs                     map[uint64]chan *Snapshot
+	nextSub                  uint64
 
 	snap atomic.Pointer[Snapshot]
 }
@@ -75,7 +77,7 @@ func OpenPolicyStore(stateDir string, filePolicies, fileOperatorPolicies []Polic
 		}
 	}
 	s.file = withSource(filePolicies, SourceFile)
-	s.fileOp = withSource(fileOperatorPolicies, SourceOperatorFile)
+	s.fileOperator = withSource(fileOperatorPolicies, SourceOperatorFile)
 	s.publishLocked(false)
 	return s, nil
 }
@@ -116,8 +118,8 @@ func (s *PolicyStore) load() error {
 		}
 		return out
 	}
-	s.rt = check(f.Policies, false, "policies", SourceRuntime)
-	s.rtOp = check(f.OperatorPolicies, true, "operator_policies", SourceOperatorRuntime)
+	s.runtime = check(f.Policies, false, "policies", SourceRuntime)
+	s.runtimeOperator = check(f.OperatorPolicies, true, "operator_policies", SourceOperatorRuntime)
 	return errors.Join(errs...)
 }
 
@@ -145,7 +147,7 @@ func (s *PolicyStore) SetFilePolicies(policies, operatorPolicies []Policy) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.file = withSource(policies, SourceFile)
-	s.fileOp = withSource(operatorPolicies, SourceOperatorFile)
+	s.fileOperator = withSource(operatorPolicies, SourceOperatorFile)
 	s.publishLocked(true)
 }
 
@@ -182,9 +184,9 @@ func (s *PolicyStore) set(p Policy, operator bool) (Policy, error) {
 	v.OverridesFile = false
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	list := &s.rt
+	list := &s.runtime
 	if operator {
-		list = &s.rtOp
+		list = &s.runtimeOperator
 	}
 	next := make([]Policy, 0, len(*list)+1)
 	for _, q := range *list {
@@ -209,9 +211,9 @@ func (s *PolicyStore) clear(vhost, name string, operator bool) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	list, file := &s.rt, s.file
+	list, file := &s.runtime, s.file
 	if operator {
-		list, file = &s.rtOp, s.fileOp
+		list, file = &s.runtimeOperator, s.fileOperator
 	}
 	next := make([]Policy, 0, len(*list))
 	for _, q := range *list {
@@ -243,7 +245,7 @@ func (s *PolicyStore) saveLocked() error {
 	if s.path == "" {
 		return nil
 	}
-	b, err := json.MarshalIndent(persisted{Version: 1, Policies: nonNil(s.rt), OperatorPolicies: nonNil(s.rtOp)}, "", "  ")
+	b, err := json.MarshalIndent(persisted{Version: 1, Policies: nonNil(s.runtime), OperatorPolicies: nonNil(s.runtimeOperator)}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -292,8 +294,8 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 // policies changed, hands it to every subscriber without blocking.
 func (s *PolicyStore) publishLocked(notify bool) {
 	next := &Snapshot{
-		Policies:         combine(s.file, s.rt),
-		OperatorPolicies: combine(s.fileOp, s.rtOp),
+		Policies:         combine(s.file, s.runtime),
+		OperatorPolicies: combine(s.fileOperator, s.runtimeOperator),
 	}
 	prev := s.snap.Load()
 	if prev != nil && samePolicies(prev, next) {
