@@ -53,12 +53,27 @@ func (c *clientConn) clientFailed(err error) {
 	c.teardown(ReasonClientGone, detail)
 }
 
-// drainClient discards the client's bytes after a framing error, where frame
-// boundaries can no longer be trusted, until the client hangs up or the close
-// timer ends the connection.
+// drainClient waits, after a protocol error was answered with
+// connection.close, for the client's close-ok, discarding everything else,
+// until the client hangs up or CloseTimeout passes. Once frames can no longer
+// be parsed (a framing error leaves no trustworthy boundary) it reads raw
+// bytes: closing a socket with unread input would reset it and could destroy
+// the close the client has not read yet.
 func (c *clientConn) drainClient() {
 	c.client.conn.SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
-	io.Copy(io.Discard, c.client.conn)
+	for {
+		f, err := c.client.in.ReadFrame()
+		if err != nil {
+			var fe *frames.Error
+			if errors.As(err, &fe) {
+				io.Copy(io.Discard, c.client.conn)
+			}
+			break
+		}
+		if f.Type == frames.FrameMethod && f.Channel == 0 && isMethod(f.Payload, frames.ConnectionCloseOkKey) {
+			break
+		}
+	}
 	reason, detail := c.outcome()
 	c.teardown(reason, detail)
 }
