@@ -177,6 +177,8 @@ type cliProxy struct {
 // cliConfig is the part of the config file the tests vary.
 type cliConfig struct {
 	AMQP, Admin     string
+	AMQPS           string // with TLSCert and TLSKey: the AMQPS listener
+	TLSCert, TLSKey string
 	StateDir        string
 	BackendName     string
 	BackendURL      string
@@ -200,17 +202,21 @@ func newCLIConfig(t testing.TB, n *harness.Node) cliConfig {
 }
 
 func (c cliConfig) yaml() string {
+	tls := ""
+	if c.TLSCert != "" {
+		tls = fmt.Sprintf("  amqps: %s\n  tls: {cert: %q, key: %q}\n", c.AMQPS, c.TLSCert, c.TLSKey)
+	}
 	return fmt.Sprintf(`listen:
   amqp: %s
   admin: %s
-state_dir: %s
+%sstate_dir: %s
 shutdown_timeout: %s
 log:
   format: %s
 backends:
   - name: %s
     url: %q
-`, c.AMQP, c.Admin, c.StateDir, c.ShutdownTimeout, c.LogFormat, c.BackendName, c.BackendURL) + c.Extra
+`, c.AMQP, c.Admin, tls, c.StateDir, c.ShutdownTimeout, c.LogFormat, c.BackendName, c.BackendURL) + c.Extra
 }
 
 func writeCLIConfig(t testing.TB, c cliConfig) string {

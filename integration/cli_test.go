@@ -6,6 +6,9 @@ package integration
 // exit codes, stdout, stderr and the AMQP and admin listeners.
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"net"
 	"os"
@@ -850,3 +853,36 @@ func TestCLIBackendDown(t *testing.T) {
 }
 
 // ---- The binary and its processes.
+
+// TestCLIServesAMQPS: listen.tls and listen.amqps in the file give an AMQPS
+// listener beside the plain one, both in front of the same backend.
+func TestCLIServesAMQPS(t *testing.T) {
+	cert, pool := selfSignedCert(t)
+	dir := t.TempDir()
+	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliWriteFile(t, certPath, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]})))
+	cliWriteFile(t, keyPath, string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})))
+
+	c := newCLIConfig(t, node(t, "rabbit1"))
+	c.AMQPS, c.TLSCert, c.TLSKey = cliFreeAddr(t), certPath, keyPath
+	newCLI(t).serveConfig(t, c)
+
+	conn, err := amqp.DialTLS("amqps://guest:guest@"+c.AMQPS+"/", &tls.Config{RootCAs: pool})
+	if err != nil {
+		t.Fatalf("dial amqps %s: %v", c.AMQPS, err)
+	}
+	defer conn.Close()
+	ch := openChannel(t, conn)
+	q, err := ch.QueueDeclare(queueName(t), false, true, false, false, nil)
+	if err != nil {
+		t.Fatalf("queue.declare over AMQPS: %v", err)
+	}
+	if err := ch.Publish("", q.Name, false, false, amqp.Publishing{Body: []byte("tls")}); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	awaitMessage(t, ch, q.Name, "tls")
+}

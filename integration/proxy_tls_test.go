@@ -82,11 +82,11 @@ func TestProxyServesAMQPS(t *testing.T) {
 	if err := ch.Publish("", q.Name, false, false, amqp.Publishing{Body: []byte("over tls")}); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	testutilEventuallyGet(t, ch, q.Name, "over tls")
+	awaitMessage(t, ch, q.Name, "over tls")
 }
 
-// testutilEventuallyGet polls basic.get until the expected body arrives.
-func testutilEventuallyGet(t testing.TB, ch *amqp.Channel, queue, want string) {
+// awaitMessage polls basic.get until a message arrives and checks its body.
+func awaitMessage(t testing.TB, ch *amqp.Channel, queue, want string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
