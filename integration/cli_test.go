@@ -8,7 +8,6 @@ package integration
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"net"
 	"os"
@@ -864,8 +863,8 @@ func TestCLIServesAMQPS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cliWriteFile(t, certPath, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]})))
-	cliWriteFile(t, keyPath, string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})))
+	writePEM(t, certPath, "CERTIFICATE", cert.Certificate[0])
+	writePEM(t, keyPath, "PRIVATE KEY", key)
 
 	c := newCLIConfig(t, node(t, "rabbit1"))
 	c.AMQPS, c.TLSCert, c.TLSKey = cliFreeAddr(t), certPath, keyPath
