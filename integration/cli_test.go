@@ -7,7 +7,6 @@ package integration
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
@@ -851,20 +850,10 @@ func TestCLIBackendDown(t *testing.T) {
 	}
 }
 
-// ---- The binary and its processes.
-
 // TestCLIServesAMQPS: listen.tls and listen.amqps in the file give an AMQPS
 // listener beside the plain one, both in front of the same backend.
 func TestCLIServesAMQPS(t *testing.T) {
-	cert, pool := selfSignedCert(t)
-	dir := t.TempDir()
-	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, certPath, "CERTIFICATE", cert.Certificate[0])
-	writePEM(t, keyPath, "PRIVATE KEY", key)
+	certPath, keyPath, pool := selfSignedPEMFiles(t, t.TempDir())
 
 	c := newCLIConfig(t, node(t, "rabbit1"))
 	c.AMQPS, c.TLSCert, c.TLSKey = cliFreeAddr(t), certPath, keyPath

@@ -2,11 +2,8 @@ package integration
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -20,15 +17,8 @@ import (
 // TestProxyDialsTLSBackends: a backend reached over AMQPS (a RabbitMQ node
 // of its own with a TLS listener) serves plain clients of the proxy.
 func TestProxyDialsTLSBackends(t *testing.T) {
-	cert, pool := selfSignedCert(t)
 	dir := t.TempDir()
-	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, certPath, "CERTIFICATE", cert.Certificate[0])
-	writePEM(t, keyPath, "PRIVATE KEY", key)
+	certPath, keyPath, pool := selfSignedPEMFiles(t, dir)
 	tlsPort := freePort(t)
 
 	ctx := testContext(t, testutil.StartTimeout)
@@ -59,13 +49,6 @@ func TestProxyDialsTLSBackends(t *testing.T) {
 		t.Fatalf("publish: %v", err)
 	}
 	awaitMessage(t, ch, q.Name, "via amqps")
-}
-
-func writePEM(t testing.TB, path, blockType string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: blockType, Bytes: der}), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // freePort returns a loopback port nothing listens on right now.

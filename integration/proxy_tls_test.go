@@ -7,9 +7,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -47,6 +50,27 @@ func selfSignedCert(t testing.TB) (tls.Certificate, *x509.CertPool) {
 	pool := x509.NewCertPool()
 	pool.AddCert(leaf)
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
+}
+
+// selfSignedPEMFiles writes a certificate for 127.0.0.1 and its key as PEM
+// files into dir, as a broker or the proxy's config takes them.
+func selfSignedPEMFiles(t testing.TB, dir string) (certPath, keyPath string, pool *x509.CertPool) {
+	t.Helper()
+	cert, pool := selfSignedCert(t)
+	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath, keyPath = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	for path, block := range map[string]*pem.Block{
+		certPath: {Type: "CERTIFICATE", Bytes: cert.Certificate[0]},
+		keyPath:  {Type: "PRIVATE KEY", Bytes: key},
+	} {
+		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certPath, keyPath, pool
 }
 
 // TestProxyServesAMQPS: a client speaking AMQP over TLS to the proxy's
