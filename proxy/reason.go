@@ -21,7 +21,7 @@ const (
 	ReasonHandshakeFailed
 	// ReasonProtocolError: the client broke the protocol (malformed or oversized frame).
 	ReasonProtocolError
-	// ReasonMissedHeartbeats: the client sent nothing for two heartbeat intervals.
+	// ReasonMissedHeartbeats: the client sent nothing for one and a half heartbeat intervals.
 	ReasonMissedHeartbeats
 	// ReasonShutdown: the proxy is shutting down.
 	ReasonShutdown

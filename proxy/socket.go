@@ -20,7 +20,7 @@ const ioBufferSize = 64 << 10
 // mu. The proxy does not hand frames to a separate writer goroutine: that would
 // cost a copy and a goroutine switch per frame. Instead a producer writes into
 // the buffered writer and flushes when its own input runs dry (see
-// flushBeforeRead), which batches writes exactly when batching is possible.
+// hookedReader), which batches writes exactly when batching is possible.
 type socket struct {
 	conn net.Conn
 	in   *frames.Reader
@@ -36,8 +36,9 @@ type socket struct {
 	lastWrite atomic.Int64
 	// readWaitSince is when the read loop started waiting in conn.Read (unix
 	// nanos), or 0 when it is not waiting. A peer is dead when the read loop
-	// has waited for two heartbeat intervals; time spent blocked writing to the
-	// other side (backpressure) does not count against the peer.
+	// has waited one and a half heartbeat intervals (see heartbeatLoop); time
+	// spent blocked writing to the other side (backpressure) does not count
+	// against the peer.
 	readWaitSince atomic.Int64
 
 	// beforeRead runs before the read loop may block on the socket.
