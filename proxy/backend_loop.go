@@ -152,6 +152,8 @@ func (c *clientConn) fromBackend(f frames.Frame) error {
 		ch.mu.Lock()
 		ch.tags.dropAll()
 		ch.mu.Unlock()
+	case frames.ChannelCloseKey: // a channel error: the client's close-ok follows
+		ch.closedByBackend.Store(true)
 	case frames.ChannelCloseOkKey: // the backend confirms the client's close
 		c.channels.remove(f.Channel, ch)
 	}

@@ -39,8 +39,10 @@ type channelState struct {
 	unknownConsumerNoAck bool
 
 	// closedByProxy is set once the proxy itself closed the channel (see
-	// closeChannelByProxy).
-	closedByProxy atomic.Bool
+	// closeChannelByProxy); closedByBackend once the backend sent
+	// channel.close. Either way the channel only waits for its close-ok.
+	closedByProxy   atomic.Bool
+	closedByBackend atomic.Bool
 
 	// Scratch for the client read loop.
 	clientAck     frames.BasicAck

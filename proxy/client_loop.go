@@ -125,6 +125,13 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 	if ch.closedByProxy.Load() {
 		return c.fromClientOnClosedChannel(ch, key)
 	}
+	if ch.closedByBackend.Load() && key != frames.ChannelCloseOkKey && key != frames.ChannelCloseKey {
+		// Sent before the client saw the backend's channel.close: the
+		// backend discards it, as the spec says, and so does the proxy, so
+		// that a late ack cannot start a second close. The close handshake
+		// itself passes (both sides may close at once; the backend answers).
+		return nil
+	}
 
 	switch key {
 	case frames.BasicPublishKey:
