@@ -88,7 +88,9 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		return nil
 	}
 	if f.Type != frames.FrameMethod {
-		if ch := c.channels.get(f.Channel); ch != nil && ch.closedByProxy.Load() {
+		// Content of a publish on a closing channel goes the way of its
+		// method: discarded (see closedByBackend below).
+		if ch := c.channels.get(f.Channel); ch != nil && (ch.closedByProxy.Load() || ch.closedByBackend.Load()) {
 			return nil
 		}
 		c.toBackend(f)
