@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -80,5 +81,31 @@ func TestProxyCleanCloseReportsNoError(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("close %d: NotifyClose not closed within 10s", i)
 		}
+	}
+}
+
+// TestProxyKeepsPublishesWholeOnFailingChannels: a client that keeps
+// publishing to a missing exchange has publishes in flight when the backend
+// closes the channel (404). The proxy must pass or drop each publish whole,
+// method and content together, or the broker fails the whole connection with
+// 505 UNEXPECTED_FRAME. (amqp091-go's issue 46 test, made heavier.)
+func TestProxyKeepsPublishesWholeOnFailingChannels(t *testing.T) {
+	url, _ := startProxy(t, node(t, "rabbit1"))
+	conn := dialURL(t, url)
+	for i := 0; i < 200; i++ {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatalf("channel %d: %v", i, err)
+		}
+		for j := 0; j < 100 && !ch.IsClosed(); j++ {
+			err := ch.Publish("missing-exchange", "key", false, false, amqp.Publishing{Body: []byte("data")})
+			var amqpErr *amqp.Error
+			if err != nil && (!errors.As(err, &amqpErr) || amqpErr.Code != amqp.ChannelError) {
+				t.Fatalf("channel %d publish %d: %v, want nothing or 504 channel closed", i, j, err)
+			}
+		}
+	}
+	if conn.IsClosed() {
+		t.Fatal("the connection was closed")
 	}
 }

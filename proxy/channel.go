@@ -14,9 +14,11 @@ import (
 type channelState struct {
 	id uint16
 
-	// confirming is set once the client sent confirm.select; only the
-	// client read loop uses it.
-	confirming bool
+	// confirming is set once the client sent confirm.select; dropContent
+	// while the content frames that follow belong to a method the proxy
+	// discarded. Only the client read loop uses them.
+	confirming  bool
+	dropContent bool
 
 	mu       sync.Mutex
 	confirms publisherConfirms

@@ -88,9 +88,11 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		return nil
 	}
 	if f.Type != frames.FrameMethod {
-		// Content of a publish on a closing channel goes the way of its
-		// method: discarded (see closedByBackend below).
-		if ch := c.channels.get(f.Channel); ch != nil && (ch.closedByProxy.Load() || ch.closedByBackend.Load()) {
+		// A publish's content goes where its method went: the broker
+		// assembles content even on a channel it is closing, so content
+		// without its method, or a method without its content, would be
+		// a connection error there.
+		if ch := c.channels.get(f.Channel); ch != nil && ch.dropContent {
 			return nil
 		}
 		c.toBackend(f)
@@ -124,7 +126,9 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		c.toBackend(f)
 		return nil
 	}
+	ch.dropContent = false
 	if ch.closedByProxy.Load() {
+		ch.dropContent = true
 		return c.fromClientOnClosedChannel(ch, key)
 	}
 	if ch.closedByBackend.Load() && key != frames.ChannelCloseOkKey && key != frames.ChannelCloseKey {
@@ -132,6 +136,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		// backend discards it, as the spec says, and so does the proxy, so
 		// that a late ack cannot start a second close. The close handshake
 		// itself passes (both sides may close at once; the backend answers).
+		ch.dropContent = true
 		return nil
 	}
 
