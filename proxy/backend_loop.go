@@ -65,7 +65,7 @@ func (c *clientConn) fromBackend(f frames.Frame) error {
 	if f.Channel == 0 {
 		return c.fromBackendConnection(f)
 	}
-	if c.channels.isStale(f.Channel) {
+	if c.channels.isProxyClosing(f.Channel) {
 		return c.fromBackendOnClosedChannel(f)
 	}
 	if f.Type != frames.FrameMethod {
@@ -81,7 +81,9 @@ func (c *clientConn) fromBackend(f frames.Frame) error {
 		c.toClient(f)
 		return nil
 	}
-	switch frames.MethodKey(classID, methodID) {
+	key := frames.MethodKey(classID, methodID)
+	ch.backendContentOpen = key == frames.BasicDeliverKey || key == frames.BasicGetOkKey || key == frames.BasicReturnKey
+	switch key {
 	case frames.BasicDeliverKey:
 		d := &ch.deliver
 		if err := d.Decode(args); err != nil {
@@ -229,18 +231,35 @@ func (c *clientConn) fromBackendConnection(f frames.Frame) error {
 	return nil
 }
 
-// fromBackendOnClosedChannel swallows the backend's frames on a channel the
-// proxy closed, up to and including its close-ok.
+// fromBackendOnClosedChannel handles the backend's frames on a channel the
+// proxy closed, up to its close-ok. A delivery already begun reaches the
+// client whole; later ones are dropped (the backend requeues them when the
+// channel closes, as the broker does after a channel error). The client gets
+// the proxy's channel.close only with the backend's close-ok: only then may
+// it reuse the channel id, which the backend would otherwise still be
+// closing.
 func (c *clientConn) fromBackendOnClosedChannel(f frames.Frame) error {
+	ch := c.channels.get(f.Channel)
 	if f.Type != frames.FrameMethod {
+		if ch != nil && ch.backendContentOpen {
+			c.toClient(f)
+		}
 		return nil
+	}
+	if ch != nil {
+		ch.backendContentOpen = false
 	}
 	switch {
 	case isMethod(f.Payload, frames.ChannelCloseOkKey):
-		c.channels.swallowCloseOk(f.Channel)
+		if notice := c.channels.takeNotice(f.Channel); notice != nil {
+			c.toClientMethod(f.Channel, notice)
+		}
+		c.channels.closeOkArrived(f.Channel)
 	case isMethod(f.Payload, frames.ChannelCloseKey):
 		// The backend closed it too; it still answers ours with close-ok.
-		c.backend.writeMethod(f.Channel, &frames.ChannelCloseOk{})
+		if err := c.backend.writeMethod(f.Channel, &frames.ChannelCloseOk{}); err != nil {
+			return err
+		}
 	}
 	return nil
 }

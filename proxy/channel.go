@@ -19,6 +19,11 @@ type channelState struct {
 	// discarded. Only the client read loop uses them.
 	confirming  bool
 	dropContent bool
+	// backendContentOpen is set while the content frames the backend sends
+	// belong to a method the proxy passed to the client (a delivery, a
+	// get-ok, a return), which must reach the client whole. Only the
+	// backend read loop uses it.
+	backendContentOpen bool
 
 	mu       sync.Mutex
 	confirms publisherConfirms
@@ -75,20 +80,30 @@ func newChannelState(id uint16) *channelState {
 type channelTable struct {
 	slots []atomic.Pointer[channelState]
 
-	// staleIDs counts the ids in closeOksToSwallow, so the per-frame check
+	// closingIDs counts the ids in proxyCloses, so the per-frame check
 	// costs one atomic load while no proxy-initiated close is in flight.
-	staleIDs atomic.Int32
-	mu       sync.Mutex
-	// closeOksToSwallow counts, per channel id, the channel.close-ok frames
-	// the backend still owes for closes the proxy itself sent; until they
-	// arrive, the backend's frames on that id belong to the dead channel.
-	closeOksToSwallow map[uint16]int
+	closingIDs atomic.Int32
+	mu         sync.Mutex
+	// proxyCloses holds, per channel id, the closes the proxy itself
+	// started (see closeChannelByProxy); until the backend's close-ok
+	// arrives, its frames on that id belong to the dead channel.
+	proxyCloses map[uint16]*proxyClose
+}
+
+// proxyClose is a channel close the proxy started.
+type proxyClose struct {
+	// closeOks is how many channel.close-ok the backend still owes.
+	closeOks int
+	// notice is the channel.close for the client, sent by the backend loop
+	// with the backend's close-ok (see fromBackendOnClosedChannel); nil once
+	// sent or no longer wanted.
+	notice *frames.ChannelClose
 }
 
 func newChannelTable(channelMax uint16) *channelTable {
 	return &channelTable{
-		slots:             make([]atomic.Pointer[channelState], int(channelMax)+1),
-		closeOksToSwallow: make(map[uint16]int),
+		slots:       make([]atomic.Pointer[channelState], int(channelMax)+1),
+		proxyCloses: make(map[uint16]*proxyClose),
 	}
 }
 
@@ -116,43 +131,67 @@ func (t *channelTable) remove(id uint16, ch *channelState) {
 	}
 }
 
-// expectCloseOk records that the proxy sent channel.close to the backend.
-func (t *channelTable) expectCloseOk(id uint16) {
+// beginProxyClose records that the proxy sent channel.close to the backend
+// and that the client is to receive notice.
+func (t *channelTable) beginProxyClose(id uint16, notice *frames.ChannelClose) {
 	t.mu.Lock()
-	if t.closeOksToSwallow[id] == 0 {
-		t.staleIDs.Add(1)
+	defer t.mu.Unlock()
+	pc := t.proxyCloses[id]
+	if pc == nil {
+		pc = &proxyClose{}
+		t.proxyCloses[id] = pc
+		t.closingIDs.Add(1)
 	}
-	t.closeOksToSwallow[id]++
-	t.mu.Unlock()
+	pc.closeOks++
+	pc.notice = notice
 }
 
-// isStale reports whether backend frames on id belong to a channel the proxy
-// closed and the backend has not confirmed closing yet.
-func (t *channelTable) isStale(id uint16) bool {
-	if t.staleIDs.Load() == 0 {
+// isProxyClosing reports whether backend frames on id belong to a channel
+// the proxy closed and the backend has not confirmed closing yet.
+func (t *channelTable) isProxyClosing(id uint16) bool {
+	if t.closingIDs.Load() == 0 {
 		return false
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.closeOksToSwallow[id] > 0
+	return t.proxyCloses[id] != nil
 }
 
-// swallowCloseOk consumes one expected close-ok and reports whether there was one.
-func (t *channelTable) swallowCloseOk(id uint16) bool {
-	if t.staleIDs.Load() == 0 {
-		return false
-	}
+// takeNotice returns the client's channel.close for id, once.
+func (t *channelTable) takeNotice(id uint16) *frames.ChannelClose {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n := t.closeOksToSwallow[id]
-	switch n {
-	case 0:
+	pc := t.proxyCloses[id]
+	if pc == nil {
+		return nil
+	}
+	notice := pc.notice
+	pc.notice = nil
+	return notice
+}
+
+// dropNotice forgets the client's notice: the client closed the channel
+// itself meanwhile.
+func (t *channelTable) dropNotice(id uint16) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if pc := t.proxyCloses[id]; pc != nil {
+		pc.notice = nil
+	}
+}
+
+// closeOkArrived consumes one expected close-ok and reports whether there
+// was one.
+func (t *channelTable) closeOkArrived(id uint16) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	pc := t.proxyCloses[id]
+	if pc == nil {
 		return false
-	case 1:
-		delete(t.closeOksToSwallow, id)
-		t.staleIDs.Add(-1)
-	default:
-		t.closeOksToSwallow[id] = n - 1
+	}
+	if pc.closeOks--; pc.closeOks == 0 {
+		delete(t.proxyCloses, id)
+		t.closingIDs.Add(-1)
 	}
 	return true
 }

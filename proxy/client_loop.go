@@ -251,16 +251,17 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 }
 
 // closeChannelByProxy closes a channel for a reason the proxy found itself:
-// channel.close with the broker's code and text to the client, and a plain
-// channel.close to the backend, whose close-ok and any frames before it are
-// swallowed.
+// a plain channel.close to the backend now, whose close-ok and any frames
+// before it are swallowed, and channel.close with the broker's code and
+// text to the client, sent by the backend loop with that close-ok.
 func (c *clientConn) closeChannelByProxy(ch *channelState, code uint16, text string, classID, methodID uint16) {
 	if !ch.closedByProxy.CompareAndSwap(false, true) {
 		return
 	}
-	c.channels.expectCloseOk(ch.id)
-	c.backend.writeMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: "closed by amqp-mirror: " + text})
-	c.client.sendMethod(ch.id, &frames.ChannelClose{ReplyCode: code, ReplyText: text, ClassID: classID, MethodID: methodID})
+	c.channels.beginProxyClose(ch.id, &frames.ChannelClose{ReplyCode: code, ReplyText: text, ClassID: classID, MethodID: methodID})
+	if err := c.backend.writeMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: "closed by amqp-mirror: " + text}); err != nil {
+		c.backendLost(err)
+	}
 }
 
 // fromClientOnClosedChannel handles client frames on a channel the proxy is
@@ -270,7 +271,8 @@ func (c *clientConn) fromClientOnClosedChannel(ch *channelState, key uint32) err
 	switch key {
 	case frames.ChannelCloseOkKey:
 		c.channels.remove(ch.id, ch)
-	case frames.ChannelCloseKey: // both sides closed at once: answer, and it is closed
+	case frames.ChannelCloseKey: // the client closed it too: answer, and it is closed
+		c.channels.dropNotice(ch.id)
 		c.client.sendMethod(ch.id, &frames.ChannelCloseOk{})
 		c.channels.remove(ch.id, ch)
 	}
