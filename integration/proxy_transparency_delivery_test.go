@@ -205,13 +205,7 @@ func observeAcksOneByOne(t *testing.T, url string, j *journal) {
 	// A synchronous round trip: any error the acks caused has closed the channel by now.
 	_, err = ch.QueueDeclarePassive(queue, false, false, true, false, nil)
 	j.add("acked tags 1 to %d one by one, then queue.declare: %s", count, describeError(err))
-	select {
-	case err := <-closed:
-		j.add("channel closed with %s", describeError(err))
-	default:
-		j.add("channel close: %s", describeError(ch.Close()))
-	}
-	j.add("%d ready after the channel closed", readyCount(t, openChannel(t, conn), queue))
+	recordChannelEnd(t, j, conn, ch, closed, queue)
 }
 
 func observeMixedConsumers(t *testing.T, url string, j *journal) {

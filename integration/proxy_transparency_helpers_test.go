@@ -191,3 +191,16 @@ func (w *wireTap) confirmCoverage(count int) string {
 	return fmt.Sprintf("on the wire: %d confirmed once, %d never, %d more than once; %d nacks",
 		histogram[1], histogram[0], count-histogram[1]-histogram[0], nacked)
 }
+
+// recordChannelEnd closes ch unless the broker already closed it (as closed
+// reports), and records how it ended and how many messages queue still has.
+func recordChannelEnd(t *testing.T, j *journal, conn *amqp.Connection, ch *amqp.Channel, closed <-chan *amqp.Error, queue string) {
+	t.Helper()
+	select {
+	case err := <-closed:
+		j.add("channel closed with %s", describeError(err))
+	default:
+		j.add("channel close: %s", describeError(ch.Close()))
+	}
+	j.add("%d ready after the channel closed", readyCount(t, openChannel(t, conn), queue))
+}

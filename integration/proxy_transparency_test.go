@@ -493,13 +493,7 @@ func observeManyAcksRolledBack(t *testing.T, url string, j *journal) {
 	j.add("ack 1 to 21: %s, rollback: %s", describeError(ackUpTo(21)), describeError(ch.TxRollback()))
 	j.add("ack 1 to %d: %s, rollback: %s", count, describeError(ackUpTo(count)), describeError(ch.TxRollback()))
 	j.add("ack 1 to %d: %s, commit: %s", count, describeError(ackUpTo(count)), describeError(ch.TxCommit()))
-	select {
-	case err := <-closed:
-		j.add("channel closed with %s", describeError(err))
-	default:
-		j.add("channel close: %s", describeError(ch.Close()))
-	}
-	j.add("%d ready after the channel closed", readyCount(t, openChannel(t, conn), queue))
+	recordChannelEnd(t, j, conn, ch, closed, queue)
 }
 
 // Consuming.

@@ -321,6 +321,7 @@ func (c *clientConn) heartbeatLoop() {
 				c.backend.heartbeatIfIdle(now, hb/2)
 				if silent := c.backend.silentFor(now); silent > hb*3/2 {
 					c.backendLost(fmt.Errorf("%w, timeout: %s", errMissedHeartbeats, hb))
+					return // the close under way ends the connection
 				}
 			}
 		}
