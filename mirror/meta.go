@@ -1,0 +1,91 @@
+package mirror
+
+import (
+	"fmt"
+	"slices"
+)
+
+// QueueID names a queue: queues are per virtual host, so the same name in
+// two vhosts is two queues.
+type QueueID struct {
+	VHost string `json:"vhost"`
+	Name  string `json:"name"`
+}
+
+func (q QueueID) String() string { return fmt.Sprintf("queue '%s' in vhost '%s'", q.Name, q.VHost) }
+
+// Slave is one mirror of a queue on another backend.
+type Slave struct {
+	Backend string `json:"backend"`
+	// Synchronised is set once the slave holds every message the master
+	// holds; only synchronised slaves count towards a publish's confirm and
+	// only they may be promoted without losing messages.
+	Synchronised bool `json:"synchronised"`
+}
+
+// QueueMeta is what every proxy agrees on about one queue: where its copies
+// live and which of them may be trusted. It changes only through the
+// metadata store's replicated log.
+type QueueMeta struct {
+	ID QueueID `json:"id"`
+	// Master is the backend whose copy clients consume from; it orders every
+	// operation on the queue.
+	Master string `json:"master"`
+	// Slaves are the mirrors in join order, oldest first: the oldest live
+	// synchronised slave is the one promoted when the master is lost.
+	Slaves []Slave `json:"slaves,omitempty"`
+	// Epoch rises at every promotion. Delivery tags and backend links carry
+	// it, so that nothing read from a stale master is ever acted on.
+	Epoch uint64 `json:"epoch"`
+
+	// The declaration, needed to declare the queue again on a new slave.
+	Durable    bool `json:"durable,omitempty"`
+	AutoDelete bool `json:"auto_delete,omitempty"`
+	// Arguments is the queue.declare arguments field table as it came on
+	// the wire (frames encoding), or nil.
+	Arguments []byte `json:"arguments,omitempty"`
+
+	// Version is the metadata log index of the write that produced this
+	// record; conditional writes name the version they read.
+	Version uint64 `json:"version"`
+}
+
+// Backends returns the master followed by the slaves in join order.
+func (m *QueueMeta) Backends() []string {
+	out := make([]string, 0, 1+len(m.Slaves))
+	out = append(out, m.Master)
+	for _, s := range m.Slaves {
+		out = append(out, s.Backend)
+	}
+	return out
+}
+
+// Holds reports whether backend has a copy of the queue (master or slave).
+func (m *QueueMeta) Holds(backend string) bool {
+	return m.Master == backend || m.SlaveIndex(backend) >= 0
+}
+
+// SlaveIndex returns the position of backend among the slaves, or -1.
+func (m *QueueMeta) SlaveIndex(backend string) int {
+	return slices.IndexFunc(m.Slaves, func(s Slave) bool { return s.Backend == backend })
+}
+
+// SynchronisedSlaves returns the backends of the synchronised slaves in
+// join order.
+func (m *QueueMeta) SynchronisedSlaves() []string {
+	var out []string
+	for _, s := range m.Slaves {
+		if s.Synchronised {
+			out = append(out, s.Backend)
+		}
+	}
+	return out
+}
+
+// Clone returns a deep copy, so that a decision can change it without
+// touching the store's record.
+func (m QueueMeta) Clone() QueueMeta {
+	m.Slaves = slices.Clone(m.Slaves)
+	m.Arguments = slices.Clone(m.Arguments)
+	return m
+}
