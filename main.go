@@ -25,7 +25,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
 )
@@ -370,7 +370,7 @@ func demo(ctx context.Context, nodes int, listen, adminAddr, dir string, logger 
 	}
 	fmt.Fprintf(stdout, "Starting %d RabbitMQ nodes under %s (10-20 s)...\n", nodes, dir)
 	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	cluster, err := harness.Start(startCtx, harness.Options{Nodes: nodes, BaseDir: filepath.Join(dir, "nodes"), Logger: logger})
+	cluster, err := localbroker.Start(startCtx, localbroker.Options{Nodes: nodes, BaseDir: filepath.Join(dir, "nodes"), Logger: logger})
 	cancel()
 	if err != nil {
 		return err
@@ -413,7 +413,7 @@ Press Ctrl-C to stop.
 	return serve(ctx, cfg, nil, level, logger, ready)
 }
 
-func describeNodes(c *harness.Cluster) string {
+func describeNodes(c *localbroker.Cluster) string {
 	var parts []string
 	for _, n := range c.Nodes() {
 		parts = append(parts, fmt.Sprintf("%s=127.0.0.1:%d", n.Name, n.Port))

@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 

@@ -21,8 +21,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // The helpers of cli_test.go: building, running and configuring the real binary.

@@ -11,8 +11,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // systemPython is Debian's interpreter, which sees the python3-pika package; a python3

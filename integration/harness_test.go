@@ -14,8 +14,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // gracefulStopLine is what RabbitMQ 3.10 logs when SIGTERM starts a clean shutdown.
@@ -24,7 +24,7 @@ const gracefulStopLine = "SIGTERM received - shutting down"
 // noProcessesLeft is a condition for Eventually: nothing of the node still runs.
 func noProcessesLeft(erlangName string) func() error {
 	return func() error {
-		pids, err := harness.ProcessesOf(erlangName)
+		pids, err := localbroker.ProcessesOf(erlangName)
 		if err != nil {
 			return err
 		}
@@ -36,7 +36,7 @@ func noProcessesLeft(erlangName string) func() error {
 }
 
 // publishPersistent declares a durable queue and publishes one persistent message, confirmed.
-func publishPersistent(t testing.TB, n *harness.Node, queue, body string) {
+func publishPersistent(t testing.TB, n *localbroker.Node, queue, body string) {
 	t.Helper()
 	channel := openChannel(t, dial(t, n))
 	if _, err := channel.QueueDeclare(queue, true, false, false, false, nil); err != nil {
@@ -59,18 +59,18 @@ func TestStartOptionErrors(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name    string
-		options harness.Options
+		options localbroker.Options
 		want    string
 	}{
-		{"rabbitmq-server missing", harness.Options{ServerPath: "/nonexistent/rabbitmq-server"},
+		{"rabbitmq-server missing", localbroker.Options{ServerPath: "/nonexistent/rabbitmq-server"},
 			"rabbitmq-server not found at /nonexistent/rabbitmq-server: apt-get install -y rabbitmq-server"},
-		{"names and count disagree", harness.Options{Nodes: 2, Names: []string{"a"}}, "1 names given for 2 nodes"},
-		{"name unfit for Erlang", harness.Options{Names: []string{"a@b"}}, `node name "a@b"`},
-		{"name twice", harness.Options{Names: []string{"a", "a"}}, `node name "a" given twice`},
+		{"names and count disagree", localbroker.Options{Nodes: 2, Names: []string{"a"}}, "1 names given for 2 nodes"},
+		{"name unfit for Erlang", localbroker.Options{Names: []string{"a@b"}}, `node name "a@b"`},
+		{"name twice", localbroker.Options{Names: []string{"a", "a"}}, `node name "a" given twice`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			started, err := harness.Start(testContext(t, 10*time.Second), c.options)
+			started, err := localbroker.Start(testContext(t, 10*time.Second), c.options)
 			if err == nil {
 				started.Close()
 				t.Fatalf("Start succeeded, want an error containing %q", c.want)
@@ -86,7 +86,7 @@ func TestStartOptionErrors(t *testing.T) {
 // other test.
 func TestNodeLifecycle(t *testing.T) {
 	t.Parallel()
-	own, err := harness.Start(testContext(t, time.Minute), harness.Options{Names: []string{"lifecycle"}})
+	own, err := localbroker.Start(testContext(t, time.Minute), localbroker.Options{Names: []string{"lifecycle"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestNodesDieWithTheHarnessProcess(t *testing.T) {
 				t.Fatalf("helper printed no node name: %v", err)
 			}
 			erlangName := strings.TrimSpace(line)
-			if pids, err := harness.ProcessesOf(erlangName); err != nil || len(pids) == 0 {
+			if pids, err := localbroker.ProcessesOf(erlangName); err != nil || len(pids) == 0 {
 				t.Fatalf("helper's node %s: processes %v, error %v; want some running", erlangName, pids, err)
 			}
 

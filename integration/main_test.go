@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // cluster is the package's three nodes, set once by TestMain before any test runs.

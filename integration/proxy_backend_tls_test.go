@@ -9,8 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 

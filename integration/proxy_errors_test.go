@@ -27,8 +27,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 

@@ -64,7 +64,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
+	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // config is every flag, parsed.

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amqp-mirror/amqp-mirror/integration/harness"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"go.uber.org/goleak"
 )
 
@@ -47,14 +47,14 @@ const StartTimeout = 2 * time.Minute
 // closes the cluster and checks for leaked goroutines. Use it from TestMain:
 //
 //	func TestMain(m *testing.M) {
-//		os.Exit(testutil.Main(m, harness.Options{Nodes: 3}, func(c *harness.Cluster) { cluster = c }))
+//		os.Exit(testutil.Main(m, localbroker.Options{Nodes: 3}, func(c *localbroker.Cluster) { cluster = c }))
 //	}
 //
 // A node that cannot start (rabbitmq-server missing included) fails the package: nothing
 // is skipped. The nodes are also stopped on SIGINT and SIGTERM (see CloseOnSignal); if the
 // binary dies any other way (a panicking test, the -timeout alarm, kill -9) the nodes'
 // wrappers notice and kill them.
-func Main(m *testing.M, options harness.Options, use func(*harness.Cluster)) int {
+func Main(m *testing.M, options localbroker.Options, use func(*localbroker.Cluster)) int {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
@@ -71,7 +71,7 @@ func Main(m *testing.M, options harness.Options, use func(*harness.Cluster)) int
 	if watched := terminationSignals(); len(watched) > 0 { // none would mean all
 		interrupted, stopSignals = signal.NotifyContext(ctx, watched...)
 	}
-	cluster, err := harness.Start(interrupted, options)
+	cluster, err := localbroker.Start(interrupted, options)
 	stopSignals()
 	cancel()
 	if err != nil {
@@ -104,7 +104,7 @@ func Main(m *testing.M, options harness.Options, use func(*harness.Cluster)) int
 // lets the signal take its default course, so the process still ends the way the sender
 // meant. A signal the process started with ignored (SIGINT for a background job of a
 // non-interactive shell) stays ignored. The returned function stops watching.
-func CloseOnSignal(cluster *harness.Cluster) (stop func()) {
+func CloseOnSignal(cluster *localbroker.Cluster) (stop func()) {
 	signals := make(chan os.Signal, 1)
 	if watched := terminationSignals(); len(watched) > 0 { // none would mean all
 		signal.Notify(signals, watched...)

@@ -1,4 +1,4 @@
-package harness
+package localbroker
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ func ProcessesOf(erlangName string) ([]int, error) {
 	return pids, nil
 }
 
-// processStatus holds the fields of /proc/<pid>/stat that the harness uses.
+// processStatus holds the fields of /proc/<pid>/stat that this package uses.
 type processStatus struct {
 	command      string
 	state        byte

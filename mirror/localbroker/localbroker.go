@@ -1,5 +1,6 @@
-// Package harness starts independent (not clustered) RabbitMQ nodes on this machine for
-// integration tests and for the CLI's demo command.
+// Package localbroker runs local, independent RabbitMQ nodes for the demo, the benchmark
+// and the tests: the CLI's demo command, integration/bench and the integration tests all
+// start their brokers through it, so the product does not depend on its test tree.
 //
 // Each node is /usr/lib/rabbitmq/bin/rabbitmq-server run directly (the /usr/sbin wrapper
 // switches user and drops the environment), with its own Erlang node name, loopback ports,
@@ -15,7 +16,7 @@
 //
 // The package handles no signals and never exits the process: callers decide that (the
 // test helper in integration/testutil, main.go for the CLI).
-package harness
+package localbroker
 
 import (
 	"context"
@@ -92,9 +93,9 @@ func Start(ctx context.Context, options Options) (*Cluster, error) {
 
 	cluster := &Cluster{baseDir: options.BaseDir, logger: logger}
 	if cluster.baseDir == "" {
-		cluster.baseDir, err = os.MkdirTemp("", "amqp-mirror-harness-")
+		cluster.baseDir, err = os.MkdirTemp("", "amqp-mirror-localbroker-")
 		if err != nil {
-			return nil, fmt.Errorf("harness: %w", err)
+			return nil, fmt.Errorf("localbroker: %w", err)
 		}
 		cluster.ownsBaseDir = true
 	}
@@ -128,7 +129,7 @@ func nodeNames(options Options) ([]string, error) {
 		count = max(len(options.Names), 1)
 	}
 	if len(options.Names) > 0 && len(options.Names) != count {
-		return nil, fmt.Errorf("harness: %d names given for %d nodes", len(options.Names), count)
+		return nil, fmt.Errorf("localbroker: %d names given for %d nodes", len(options.Names), count)
 	}
 	names := options.Names
 	if len(names) == 0 {
@@ -139,10 +140,10 @@ func nodeNames(options Options) ([]string, error) {
 	seen := map[string]bool{}
 	for _, name := range names {
 		if !validName.MatchString(name) {
-			return nil, fmt.Errorf("harness: node name %q: use letters, digits, '-' and '_'", name)
+			return nil, fmt.Errorf("localbroker: node name %q: use letters, digits, '-' and '_'", name)
 		}
 		if seen[name] {
-			return nil, fmt.Errorf("harness: node name %q given twice", name)
+			return nil, fmt.Errorf("localbroker: node name %q given twice", name)
 		}
 		seen[name] = true
 	}
@@ -200,7 +201,7 @@ func (c *Cluster) Close() error {
 func ensureErlangCookie() error {
 	home, err := os.UserHomeDir()
 	if err != nil {
-		return fmt.Errorf("harness: no home directory for the Erlang cookie: %w", err)
+		return fmt.Errorf("localbroker: no home directory for the Erlang cookie: %w", err)
 	}
 	path := filepath.Join(home, ".erlang.cookie")
 	if _, err := os.Stat(path); err == nil {
@@ -214,16 +215,16 @@ func ensureErlangCookie() error {
 	}
 	temporary, err := os.CreateTemp(home, ".erlang.cookie.")
 	if err != nil {
-		return fmt.Errorf("harness: Erlang cookie: %w", err)
+		return fmt.Errorf("localbroker: Erlang cookie: %w", err)
 	}
 	defer os.Remove(temporary.Name())
 	_, err = temporary.Write(cookie)
 	err = errors.Join(err, temporary.Chmod(0o400), temporary.Close())
 	if err != nil {
-		return fmt.Errorf("harness: Erlang cookie: %w", err)
+		return fmt.Errorf("localbroker: Erlang cookie: %w", err)
 	}
 	if err := os.Link(temporary.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("harness: Erlang cookie: %w", err)
+		return fmt.Errorf("localbroker: Erlang cookie: %w", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package harness
+package localbroker
 
 import (
 	"bytes"
@@ -25,7 +25,7 @@ import (
 // $0 is the Erlang node name, there only so that ps shows which node a wrapper belongs to;
 // $1 is the path of rabbitmq-server. The wrapper is the leader of the node's process group.
 // Its stdin is the read end of the lifeline pipe: the watcher subshell blocks reading it and,
-// when the write end closes because the harness process ended, kills the whole group.
+// when the write end closes because the process that started it ended, kills the whole group.
 // SIGTERM is forwarded to rabbitmq-server, whose own trap stops the broker gracefully.
 // The wrapper exits with the broker's status.
 //
@@ -48,8 +48,8 @@ kill -KILL "$watcher" 2>/dev/null
 exit "$status"
 `
 
-// errPortInUse marks a start that failed because another process took a port between the
-// harness picking it and the node binding it.
+// errPortInUse marks a start that failed because another process took a port between
+// Start picking it and the node binding it.
 var errPortInUse = errors.New("port already in use")
 
 // Node is one RabbitMQ node. Its names, ports and directory never change after Start, so
@@ -58,7 +58,8 @@ var errPortInUse = errors.New("port already in use")
 type Node struct {
 	// Name is the logical name, e.g. "rabbit1".
 	Name string
-	// ErlangName is the Erlang node name, unique per harness process:
+	// ErlangName is the Erlang node name, unique per process that runs this
+	// package:
 	// amqpm-<pid>-<name>@localhost. It is also the broker's cluster_name.
 	ErlangName string
 	// Port is the AMQP port on 127.0.0.1.
@@ -94,11 +95,11 @@ func newNode(name, baseDir, serverPath, extraConfig string, logger *slog.Logger)
 		logger:     logger.With("node", name),
 	}
 	if err := os.MkdirAll(filepath.Join(node.Dir, "log"), 0o755); err != nil {
-		return nil, fmt.Errorf("harness: %w", err)
+		return nil, fmt.Errorf("localbroker: %w", err)
 	}
 	config := strings.Join([]string{
 		"loopback_users = none",
-		// Readiness checks compare it, so a broker of another harness that happens to hold
+		// Readiness checks compare it, so a broker started by another process that happens to hold
 		// our port is not mistaken for ours.
 		"cluster_name = " + node.ErlangName,
 		"log.console = false",
@@ -116,7 +117,7 @@ func newNode(name, baseDir, serverPath, extraConfig string, logger *slog.Logger)
 	}
 	for file, content := range files {
 		if err := os.WriteFile(filepath.Join(node.Dir, file), []byte(content), 0o644); err != nil {
-			return nil, fmt.Errorf("harness: %w", err)
+			return nil, fmt.Errorf("localbroker: %w", err)
 		}
 	}
 	return node, nil
