@@ -1,0 +1,272 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+)
+
+// Errors of the metadata store. They are wrapped with the queue they concern.
+var (
+	// ErrConflict: a conditional write named a version that is no longer
+	// current (someone else changed the queue first). Read again and decide
+	// again.
+	ErrConflict = errors.New("queue metadata changed concurrently")
+	// ErrNotLeader: this proxy cannot write because it is not the leader of
+	// the metadata log (a minority side of a partition, or an election in
+	// progress). It must not act on a decision it could not record.
+	ErrNotLeader = errors.New("metadata log has no reachable leader here")
+	// ErrStoreClosed: the store was closed.
+	ErrStoreClosed = errors.New("metadata store closed")
+)
+
+// StoreConfig configures a metadata Store.
+type StoreConfig struct {
+	// Dir holds the log, the stable store and the snapshots; it is created
+	// when missing. Typically state_dir/raft.
+	Dir string
+	// NodeID names this proxy in the log; the name of the backend it sits
+	// beside (config `node`), or any stable name for a drop-in proxy.
+	NodeID string
+	// Transport carries the log to the other voters. Nil means a single
+	// voter with an in-memory transport: one proxy alone (drop-in mode).
+	Transport raft.Transport
+	// Logger receives raft's own log lines (warnings and errors at their
+	// level, the rest at debug).
+	Logger *slog.Logger
+	// ElectionTimeout bounds how long a lone voter waits before it elects
+	// itself at start, and how quickly a cluster notices a dead leader.
+	// Zero means 500ms.
+	ElectionTimeout time.Duration
+}
+
+// Store is the queue metadata, replicated through a Raft log
+// (hashicorp/raft, with raft-boltdb on disk). Reads are served from this
+// proxy's copy of the state; writes go through the log and are conditional
+// on the version the writer read, so two proxies that decide at once cannot
+// both win. With one proxy the log has a single voter; the sidecar cluster
+// adds voters to the same log.
+type Store struct {
+	raft      *raft.Raft
+	fsm       *metaFSM
+	bolt      *raftboltdb.BoltStore
+	transport raft.Transport
+	log       *slog.Logger
+	timeout   time.Duration
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// OpenStore opens (or creates) the metadata log in cfg.Dir and starts this
+// proxy's Raft node. A new single-voter store bootstraps itself; an existing
+// one replays its snapshot and log. It returns once the node runs; use
+// WaitLeader before the first write.
+func OpenStore(cfg StoreConfig) (*Store, error) {
+	if cfg.NodeID == "" {
+		return nil, errors.New("metadata store: node id is empty")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.ElectionTimeout <= 0 {
+		cfg.ElectionTimeout = 500 * time.Millisecond
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("metadata store: %w", err)
+	}
+	logger := cfg.Logger.With("component", "raft")
+	hlog := hclog.New(&hclog.LoggerOptions{
+		Name:        "raft",
+		Level:       hclog.Info,
+		Output:      hclogWriter{logger},
+		DisableTime: true,
+	})
+
+	conf := raft.DefaultConfig()
+	conf.LocalID = raft.ServerID(cfg.NodeID)
+	conf.Logger = hlog
+	conf.HeartbeatTimeout = cfg.ElectionTimeout
+	conf.ElectionTimeout = cfg.ElectionTimeout
+	conf.LeaderLeaseTimeout = cfg.ElectionTimeout / 2
+	conf.CommitTimeout = 5 * time.Millisecond
+	conf.BatchApplyCh = true
+	conf.NoLegacyTelemetry = true
+
+	bolt, err := raftboltdb.NewBoltStore(filepath.Join(cfg.Dir, "raft.db"))
+	if err != nil {
+		return nil, fmt.Errorf("metadata store: opening %s: %w", filepath.Join(cfg.Dir, "raft.db"), err)
+	}
+	snapshots, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, hlog)
+	if err != nil {
+		bolt.Close()
+		return nil, fmt.Errorf("metadata store: %w", err)
+	}
+	transport := cfg.Transport
+	if transport == nil {
+		_, transport = raft.NewInmemTransport(raft.ServerAddress(cfg.NodeID))
+	}
+
+	existing, err := raft.HasExistingState(bolt, bolt, snapshots)
+	if err != nil {
+		bolt.Close()
+		return nil, fmt.Errorf("metadata store: reading %s: %w", cfg.Dir, err)
+	}
+	if !existing {
+		boot := raft.Configuration{Servers: []raft.Server{{
+			Suffrage: raft.Voter, ID: conf.LocalID, Address: transport.LocalAddr(),
+		}}}
+		if err := raft.BootstrapCluster(conf, bolt, bolt, snapshots, transport, boot); err != nil {
+			bolt.Close()
+			return nil, fmt.Errorf("metadata store: bootstrapping a single voter: %w", err)
+		}
+	}
+
+	fsm := newMetaFSM()
+	r, err := raft.NewRaft(conf, fsm, bolt, bolt, snapshots, transport)
+	if err != nil {
+		bolt.Close()
+		return nil, fmt.Errorf("metadata store: starting raft: %w", err)
+	}
+	return &Store{
+		raft:      r,
+		fsm:       fsm,
+		bolt:      bolt,
+		transport: transport,
+		log:       logger,
+		timeout:   10 * time.Second,
+	}, nil
+}
+
+// WaitLeader blocks until the log has a leader this proxy can reach, or ctx
+// ends.
+func (s *Store) WaitLeader(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if addr, _ := s.raft.LeaderWithID(); addr != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for a metadata leader: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// IsLeader reports whether this proxy leads the metadata log: only the
+// leader's writes can commit without a round trip to another proxy.
+func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// Get returns the metadata of one queue.
+func (s *Store) Get(id QueueID) (QueueMeta, bool) { return s.fsm.get(id) }
+
+// List returns every queue's metadata, sorted by vhost and name.
+func (s *Store) List() []QueueMeta { return s.fsm.list() }
+
+// Put writes meta if the queue's current version is expect (0: the queue
+// must not exist yet) and returns the record as written, with its new
+// Version. A stale expect returns ErrConflict.
+func (s *Store) Put(ctx context.Context, meta QueueMeta, expect uint64) (QueueMeta, error) {
+	res, err := s.apply(ctx, command{Op: opPut, Meta: &meta, Expect: expect})
+	if err != nil {
+		return QueueMeta{}, fmt.Errorf("recording %s: %w", meta.ID, err)
+	}
+	return *res.meta, nil
+}
+
+// Delete removes the queue's metadata if its version is still expect.
+func (s *Store) Delete(ctx context.Context, id QueueID, expect uint64) error {
+	if _, err := s.apply(ctx, command{Op: opDelete, ID: id, Expect: expect}); err != nil {
+		return fmt.Errorf("removing %s: %w", id, err)
+	}
+	return nil
+}
+
+// Changes returns a channel that receives a value after the state changed
+// (coalesced: one value may stand for many changes), and a function that
+// stops the notifications.
+func (s *Store) Changes() (<-chan struct{}, func()) { return s.fsm.subscribe() }
+
+// Snapshot forces a snapshot of the state, compacting the log.
+func (s *Store) Snapshot() error { return s.raft.Snapshot().Error() }
+
+// Close stops this proxy's Raft node and closes the files. It is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		errs := []error{s.raft.Shutdown().Error()}
+		if c, ok := s.transport.(interface{ Close() error }); ok {
+			errs = append(errs, c.Close())
+		}
+		errs = append(errs, s.bolt.Close())
+		s.fsm.closeSubscribers()
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
+
+func (s *Store) apply(ctx context.Context, cmd command) (applyResult, error) {
+	data, err := cmd.encode()
+	if err != nil {
+		return applyResult{}, err
+	}
+	timeout := s.timeout
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(deadline))
+	}
+	if timeout <= 0 {
+		return applyResult{}, context.DeadlineExceeded
+	}
+	f := s.raft.Apply(data, timeout)
+	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+			errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+			return applyResult{}, fmt.Errorf("%w: %v", ErrNotLeader, err)
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return applyResult{}, ErrStoreClosed
+		}
+		return applyResult{}, err
+	}
+	res, _ := f.Response().(applyResult)
+	return res, res.err
+}
+
+// hclogWriter turns raft's log lines into slog records: warnings and errors
+// keep their level, everything else is debug.
+type hclogWriter struct{ log *slog.Logger }
+
+func (w hclogWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	level := slog.LevelDebug
+	switch {
+	case strings.HasPrefix(line, "[ERROR]"):
+		level = slog.LevelError
+	case strings.HasPrefix(line, "[WARN]"):
+		level = slog.LevelWarn
+	}
+	w.log.Log(context.Background(), level, line)
+	return len(p), nil
+}
+
+// sortMetas orders metadata by vhost, then name.
+func sortMetas(metas []QueueMeta) {
+	slices.SortFunc(metas, func(a, b QueueMeta) int {
+		if c := strings.Compare(a.ID.VHost, b.ID.VHost); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID.Name, b.ID.Name)
+	})
+}
