@@ -45,18 +45,49 @@
 // per backend and answers the client's sequence from all of them.
 //
 // Each published message carries an identity the proxy can read on every
-// copy (a header added at publish and removed on delivery, so a consumer
-// receives exactly the properties that were published).
+// copy: a header (x-amqp-mirror-id, 16 bytes: proxy, connection, channel,
+// sequence) added at publish and removed on delivery; a message published
+// without headers loses the whole table again, so a consumer receives
+// exactly the properties that were published.
+//
+// Which queues an exchange publish reaches is known only to each broker's
+// routing, so until the proxy tracks bindings in the metadata log the
+// confirm quorum of an exchange publish is every live backend it was sent
+// to; a backend lost while a publish is pending stops counting towards it.
+// A mandatory publish is returned to the client only when every backend
+// returned it (each return precedes that backend's confirm).
+//
+// Transactions and confirms exclude each other on a channel, so a backend
+// channel is put in confirm mode only once the client's channel publishes
+// outside a transaction; tx.select before that keeps it transactional, and
+// tx.commit commits on every backend the transaction touched.
 //
 // # Deliver and ack path
 //
 // Consumers consume from the master only: the master fixes the order
 // (seed rule 7). When a client acks, or rejects without requeue, the proxy
-// removes the same message from every slave: a proxy-owned consumer on each
-// slave copy holds slave deliveries unacknowledged and acks them once the
-// master's copy is gone. Client delivery tags are the proxy's own and map to
-// (backend, backend tag, epoch), so a tag handed out before a failover can
-// never settle a message delivered after it.
+// removes the same message from every slave. It does so with a trimmer per
+// slave copy: a consumer of the proxy's own (the backend URL's account, not
+// a client's) that holds the slave's deliveries unacknowledged, keyed by
+// message identity, and acks a slave delivery once the master's copy is
+// gone, in batches (multiple acks where the slave's order allows, flushed
+// once per read burst, never a round trip per message). Identities settled
+// at the master before the slave's copy reached the trimmer wait in a set
+// bounded by the queue's backlog. A trimmer recovers (basic.recover with
+// requeue) well inside the broker's consumer_timeout, so holding a slow
+// queue's messages never trips it; a channel the broker closes anyway is
+// reopened and its deliveries arrive again, which loses nothing.
+//
+// Client delivery tags are the proxy's own and map to (backend link
+// generation, backend tag), so a tag handed out before a failover can never
+// settle a message delivered after it.
+//
+// Each client connection reaches each backend through a backend link of its
+// own, opened lazily with the client's credentials (kept in memory for the
+// connection's life and never logged, as RabbitMQ's shovels keep theirs),
+// so every broker authenticates and authorises the client as always. A link
+// is identified by backend and generation; a lost link is an event for the
+// engine (failover), not the end of the client's connection.
 //
 // # Synchronisation
 //
@@ -66,6 +97,24 @@
 // sync_queue`, and a slave that never synced becomes synchronised when the
 // messages older than its join have been consumed. Unlike RabbitMQ, a sync
 // must not block the queue: the goal is to keep serving while it copies.
+// The copy is read from a synchronised slave's trimmer where one exists
+// (it already holds every message in queue order, and slaves have no client
+// consumers to disturb), from the master otherwise; messages published
+// during the copy reach the new slave through normal fan-out, and their
+// identities tell the copy which ones to skip.
+//
+// # Metadata
+//
+// Queue metadata (QueueMeta: master, slaves in join order, which are
+// synchronised, epoch) lives in a Raft log (Store: hashicorp/raft with
+// raft-boltdb under state_dir). A lone proxy is a single voter; the sidecar
+// cluster adds voters to the same log. Decisions are pure functions over a
+// QueueMeta read from the store; the result is written back conditionally
+// on the Version that was read, so of two proxies deciding at once one
+// wins and the other decides again on the new state. A proxy that cannot
+// reach the log's leader cannot record a decision and so does not act on
+// one. Exclusive queues never enter the log: they are never mirrored and
+// die with their connection, which knows where it declared them.
 //
 // # Failover
 //
