@@ -270,7 +270,8 @@ func proxyBackend(cfg *config.Config) (proxy.Backend, error) {
 	}
 	u, err := url.Parse(b.URL)
 	if err != nil {
-		return proxy.Backend{}, fmt.Errorf("backend %s: %w", b.Name, err)
+		// url.Error quotes the whole URL, password included.
+		return proxy.Backend{}, fmt.Errorf("backend %s: cannot parse %s", b.Name, config.RedactURL(b.URL))
 	}
 	backend := proxy.Backend{Name: b.Name, Addr: u.Host}
 	port := "5672"
