@@ -36,14 +36,18 @@ func NewReader(r io.Reader, bufferSize int) *Reader {
 // default 131072: frame_max 0 means "no limit" in connection.tune, which a
 // proxy must not grant. Values below FrameMinSize are raised to it, since
 // the spec lets every peer send frames of that size.
-func (r *Reader) SetMaxFrameSize(n uint32) {
+func (r *Reader) SetMaxFrameSize(n uint32) { r.max = MaxFrameSize(n) }
+
+// MaxFrameSize is the largest whole frame a reader accepts for a negotiated
+// frame_max n (see Reader.SetMaxFrameSize).
+func MaxFrameSize(n uint32) uint32 {
 	switch {
 	case n == 0:
-		n = DefaultMaxFrameSize
+		return DefaultMaxFrameSize
 	case n < FrameMinSize:
-		n = FrameMinSize
+		return FrameMinSize
 	}
-	r.max = n
+	return n
 }
 
 // Buffered is the number of bytes already read from the socket and not yet
@@ -75,30 +79,9 @@ func (r *Reader) ReadFrame() (Frame, error) {
 		}
 		return Frame{}, unexpectedEOF(err)
 	}
-	typ := r.header[0]
-	channel := binary.BigEndian.Uint16(r.header[1:])
-	size := binary.BigEndian.Uint32(r.header[3:])
-
-	switch typ {
-	case FrameMethod, FrameHeader, FrameBody, FrameHeartbeat:
-	default:
-		return Frame{}, frameError(ErrUnknownFrameType,
-			"unknown frame type %d on channel %d (size %d), want 1, 2, 3 or 8", typ, channel, size)
-	}
-	if uint64(size)+FrameOverhead > uint64(r.max) {
-		return Frame{}, frameError(ErrFrameTooLarge,
-			"%s frame on channel %d: frame size %d exceeds negotiated frame_max %d",
-			FrameTypeName(typ), channel, uint64(size)+FrameOverhead, r.max)
-	}
-	switch {
-	case typ == FrameHeartbeat && size != 0:
-		return Frame{}, frameError(ErrBadHeartbeat,
-			"heartbeat frame on channel %d with %d payload bytes, want an empty payload", channel, size)
-	case typ == FrameHeartbeat && channel != 0:
-		// RabbitMQ answers a well-formed heartbeat on a channel with 505
-		// UNEXPECTED_FRAME, as any frame a channel does not expect.
-		return Frame{}, newError(UnexpectedFrame, ErrBadHeartbeat,
-			"heartbeat frame on channel %d, want channel 0", channel)
+	typ, channel, size, err := ParseFrameHeader(r.header[:], r.max)
+	if err != nil {
+		return Frame{}, err
 	}
 
 	need := int(size) + 1 // payload and frame-end
@@ -113,11 +96,52 @@ func (r *Reader) ReadFrame() (Frame, error) {
 	if _, err := io.ReadFull(r.in, buf); err != nil {
 		return Frame{}, unexpectedEOF(err)
 	}
-	if end := buf[size]; end != FrameEnd {
-		return Frame{}, frameError(ErrBadFrameEnd,
-			"%s frame on channel %d, size %d: frame-end octet 0x%02x, want 0xce", FrameTypeName(typ), channel, size, end)
+	if err := CheckFrameEnd(typ, channel, size, buf[size]); err != nil {
+		return Frame{}, err
 	}
 	return Frame{Type: typ, Channel: channel, Payload: buf[:size]}, nil
+}
+
+// ParseFrameHeader decodes and checks a frame's 7-byte header (layout at
+// Reader.ReadFrame): a known type, a whole frame of at most max bytes, a
+// heartbeat's shape. Readers that manage their own buffers call it before
+// they size anything, so that a peer claiming a 4 GiB frame costs nothing.
+func ParseFrameHeader(header []byte, maxFrame uint32) (typ uint8, channel uint16, size uint32, err error) {
+	typ = header[0]
+	channel = binary.BigEndian.Uint16(header[1:])
+	size = binary.BigEndian.Uint32(header[3:])
+
+	switch typ {
+	case FrameMethod, FrameHeader, FrameBody, FrameHeartbeat:
+	default:
+		return typ, channel, size, frameError(ErrUnknownFrameType,
+			"unknown frame type %d on channel %d (size %d), want 1, 2, 3 or 8", typ, channel, size)
+	}
+	if uint64(size)+FrameOverhead > uint64(maxFrame) {
+		return typ, channel, size, frameError(ErrFrameTooLarge,
+			"%s frame on channel %d: frame size %d exceeds negotiated frame_max %d",
+			FrameTypeName(typ), channel, uint64(size)+FrameOverhead, maxFrame)
+	}
+	switch {
+	case typ == FrameHeartbeat && size != 0:
+		return typ, channel, size, frameError(ErrBadHeartbeat,
+			"heartbeat frame on channel %d with %d payload bytes, want an empty payload", channel, size)
+	case typ == FrameHeartbeat && channel != 0:
+		// RabbitMQ answers a well-formed heartbeat on a channel with 505
+		// UNEXPECTED_FRAME, as any frame a channel does not expect.
+		return typ, channel, size, newError(UnexpectedFrame, ErrBadHeartbeat,
+			"heartbeat frame on channel %d, want channel 0", channel)
+	}
+	return typ, channel, size, nil
+}
+
+// CheckFrameEnd checks the octet after a frame's payload.
+func CheckFrameEnd(typ uint8, channel uint16, size uint32, end byte) error {
+	if end != FrameEnd {
+		return frameError(ErrBadFrameEnd,
+			"%s frame on channel %d, size %d: frame-end octet 0x%02x, want 0xce", FrameTypeName(typ), channel, size, end)
+	}
+	return nil
 }
 
 func unexpectedEOF(err error) error {
