@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -178,35 +177,83 @@ func TestRawRequests(t *testing.T) {
 	}
 }
 
+// scrape fetches h's /metrics as Prometheus would, in the text format.
+func scrape(t *testing.T, h http.Handler) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 {
+		t.Fatalf("GET /metrics: %d %s", rec.Code, rec.Body)
+	}
+	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Errorf("Content-Type %q, want the Prometheus text format", ct)
+	}
+	return rec.Body.String()
+}
+
 func TestMetrics(t *testing.T) {
 	r := NewRegistry()
+	publishes := 42.0
 	r.Gauge(`amqp_mirror_backend_up{backend="rabbit1"}`, "Backend reachable.", func() float64 { return 1 })
 	r.Gauge(`amqp_mirror_backend_up{backend="rabbit2"}`, "Backend reachable.", func() float64 { return 0 })
-	r.Counter("amqp_mirror_publishes_total", "Publishes.", func() float64 { return 42 })
-	var b bytes.Buffer
-	if _, err := r.WriteTo(&b); err != nil {
-		t.Fatal(err)
+	r.Counter("amqp_mirror_publishes_total", "Publishes.", func() float64 { return publishes })
+	r.Gauge(`amqp_mirror_escaped{name="a\"b"}`, "Escaped label.", func() float64 { return 3 })
+	got := scrape(t, r.Handler())
+	for _, want := range []string{
+		"# HELP amqp_mirror_backend_up Backend reachable.\n# TYPE amqp_mirror_backend_up gauge\n" +
+			`amqp_mirror_backend_up{backend="rabbit1"} 1` + "\n" + `amqp_mirror_backend_up{backend="rabbit2"} 0` + "\n",
+		"# HELP amqp_mirror_publishes_total Publishes.\n# TYPE amqp_mirror_publishes_total counter\namqp_mirror_publishes_total 42\n",
+		`amqp_mirror_escaped{name="a\"b"} 3`,
+		// The collectors Prometheus users expect beside the application's own.
+		"# TYPE go_goroutines gauge",
+		"# TYPE go_memstats_heap_alloc_bytes gauge",
+		"# TYPE process_resident_memory_bytes gauge",
+		"# TYPE process_open_fds gauge",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("scrape lacks %q; got:\n%s", want, got)
+		}
 	}
-	want := `# HELP amqp_mirror_backend_up Backend reachable.
-# TYPE amqp_mirror_backend_up gauge
-amqp_mirror_backend_up{backend="rabbit1"} 1
-amqp_mirror_backend_up{backend="rabbit2"} 0
-# HELP amqp_mirror_publishes_total Publishes.
-# TYPE amqp_mirror_publishes_total counter
-amqp_mirror_publishes_total 42
-`
-	if b.String() != want {
-		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	// Values are read at scrape time, not copied at registration.
+	publishes = 43
+	if got := scrape(t, r.Handler()); !strings.Contains(got, "amqp_mirror_publishes_total 43\n") {
+		t.Errorf("second scrape lacks amqp_mirror_publishes_total 43; got:\n%s", got)
 	}
-	for _, bad := range []string{"1abc", "a-b", `x{y=z}`} {
-		func() {
+
+	bad := []struct{ name, series string }{
+		{"leading digit", "1abc"},
+		{"dash", "a-b"},
+		{"unquoted label", `x{y=z}`},
+		{"series registered twice", `amqp_mirror_backend_up{backend="rabbit1"}`},
+		{"gauge name registered as a counter", "amqp_mirror_publishes_total"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
 			defer func() {
 				if recover() == nil {
-					t.Errorf("name %q accepted, want a panic", bad)
+					t.Errorf("Gauge(%q) accepted, want a panic", tc.series)
 				}
 			}()
-			r.Gauge(bad, "", func() float64 { return 0 })
-		}()
+			r.Gauge(tc.series, "Backend reachable.", func() float64 { return 0 })
+		})
+	}
+}
+
+// TestServerMetricNames checks the names and labels the admin server
+// itself exports, which dashboards depend on.
+func TestServerMetricNames(t *testing.T) {
+	f := newFixture(t)
+	got := scrape(t, f.server.Handler())
+	for _, want := range []string{
+		"# TYPE amqp_mirror_policies gauge",
+		`amqp_mirror_policies{kind="policy"} 1`,
+		`amqp_mirror_policies{kind="operator_policy"} 0`,
+		"# TYPE amqp_mirror_policy_changes_total counter",
+		"amqp_mirror_policy_changes_total 0",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("scrape lacks %q; got:\n%s", want, got)
+		}
 	}
 }
 

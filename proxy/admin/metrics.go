@@ -2,13 +2,13 @@ package admin
 
 import (
 	"fmt"
-	"io"
-	"math"
+	"net/http"
 	"regexp"
-	"sort"
-	"strconv"
 	"strings"
-	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Metrics is what the proxy registers its gauges and counters into. Values
@@ -22,100 +22,90 @@ type Metrics interface {
 	Counter(name, help string, value func() float64)
 }
 
-// Registry is the Metrics implementation served at /metrics in the
-// Prometheus text format (version 0.0.4), written by hand.
+// Registry is the Metrics implementation served at /metrics, built on
+// prometheus/client_golang: a registry of its own (never the global
+// default, so two servers in one process or test do not collide) holding
+// the Go runtime and process collectors beside amqp-mirror's values.
 type Registry struct {
-	mu      sync.Mutex
-	metrics map[string]*family // by base name
+	registry *prometheus.Registry
 }
 
-type family struct {
-	help, kind string
-	series     map[string]func() float64 // by full name with labels
+// NewRegistry returns a registry with the Go runtime (go_*) and process
+// (process_*) collectors and nothing of amqp-mirror's yet.
+func NewRegistry() *Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return &Registry{registry: r}
 }
 
-// NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{metrics: map[string]*family{}} }
-
-var metricName = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})?$`)
-
-// Gauge implements Metrics. An invalid name, or one registered earlier with
-// another kind, panics: both are programming errors.
+// Gauge implements Metrics. An invalid name, a series registered twice, or
+// a name registered earlier with another kind or help panics: all are
+// programming errors.
 func (r *Registry) Gauge(name, help string, value func() float64) {
-	r.register(name, help, "gauge", value)
+	r.register(name, help, prometheus.GaugeValue, value)
 }
 
 // Counter implements Metrics.
 func (r *Registry) Counter(name, help string, value func() float64) {
-	r.register(name, help, "counter", value)
+	r.register(name, help, prometheus.CounterValue, value)
 }
 
-func (r *Registry) register(name, help, kind string, value func() float64) {
-	m := metricName.FindStringSubmatch(name)
+// Gatherer returns what Handler serves, for tests and for embedding the
+// metrics in another registry.
+func (r *Registry) Gatherer() prometheus.Gatherer { return r.registry }
+
+// Handler serves the registry in the format the scraper asks for (the
+// Prometheus text format by default, OpenMetrics on request). A collector
+// that fails leaves its metrics out of the answer rather than failing the
+// whole scrape.
+func (r *Registry) Handler() http.Handler {
+	return promhttp.HandlerFor(r.registry, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+var (
+	seriesName = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?$`)
+	labelPair  = regexp.MustCompile(`^([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?`)
+)
+
+func (r *Registry) register(name, help string, kind prometheus.ValueType, value func() float64) {
+	m := seriesName.FindStringSubmatch(name)
 	if m == nil {
 		panic(fmt.Sprintf("admin: invalid metric name %q", name))
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	f := r.metrics[m[1]]
-	if f == nil {
-		f = &family{help: help, kind: kind, series: map[string]func() float64{}}
-		r.metrics[m[1]] = f
-	}
-	if f.kind != kind {
-		panic(fmt.Sprintf("admin: metric %s registered as %s and %s", m[1], f.kind, kind))
-	}
-	f.series[name] = value
-}
-
-// WriteTo writes every metric, families and series sorted by name. The
-// value functions run without the registry lock, so one that registers a
-// metric cannot deadlock a scrape.
-func (r *Registry) WriteTo(w io.Writer) (int64, error) {
-	type series struct {
-		name  string
-		value func() float64
-	}
-	type snapshot struct {
-		name, help, kind string
-		series           []series
-	}
-	r.mu.Lock()
-	families := make([]snapshot, 0, len(r.metrics))
-	for name, f := range r.metrics {
-		fs := snapshot{name: name, help: f.help, kind: f.kind}
-		for s, v := range f.series {
-			fs.series = append(fs.series, series{s, v})
+	labels := prometheus.Labels{}
+	for rest := m[2]; rest != ""; {
+		pair := labelPair.FindStringSubmatch(rest)
+		if pair == nil {
+			panic(fmt.Sprintf("admin: invalid labels in metric name %q", name))
 		}
-		sort.Slice(fs.series, func(i, j int) bool { return fs.series[i].name < fs.series[j].name })
-		families = append(families, fs)
+		labels[pair[1]] = unescapeLabel(pair[2])
+		rest = rest[len(pair[0]):]
 	}
-	r.mu.Unlock()
-	sort.Slice(families, func(i, j int) bool { return families[i].name < families[j].name })
-
-	var b strings.Builder
-	for _, f := range families {
-		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f.name, escapeHelp(f.help), f.name, f.kind)
-		for _, s := range f.series {
-			b.WriteString(s.name + " " + formatValue(s.value()) + "\n")
-		}
-	}
-	n, err := io.WriteString(w, b.String())
-	return int64(n), err
+	r.registry.MustRegister(&valueCollector{
+		desc:  prometheus.NewDesc(m[1], help, nil, labels),
+		kind:  kind,
+		value: value,
+	})
 }
 
-func escapeHelp(s string) string {
-	return strings.NewReplacer(`\`, `\\`, "\n", `\n`).Replace(s)
+func unescapeLabel(s string) string {
+	return strings.NewReplacer(`\\`, `\`, `\"`, `"`, `\n`, "\n").Replace(s)
 }
 
-func formatValue(v float64) string {
-	switch {
-	case math.IsInf(v, 1):
-		return "+Inf"
-	case math.IsInf(v, -1):
-		return "-Inf"
-	case math.IsNaN(v):
-		return "NaN"
-	}
-	return strconv.FormatFloat(v, 'g', -1, 64)
+// valueCollector is one series whose value is read from the proxy (or the
+// policy store) when Prometheus scrapes, so keeping the number costs the
+// proxy no more than the atomic it already has.
+type valueCollector struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func() float64
+}
+
+func (c *valueCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *valueCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.desc, c.kind, c.value())
 }

@@ -12,7 +12,7 @@
 //	PUT    /api/operator-policies/{vhost}/{name}   set_operator_policy
 //	DELETE /api/operator-policies/{vhost}/{name}   clear_operator_policy
 //	GET    /api/explain?vhost=V&name=Q[&kind=queue|exchange][&exclusive=true]
-//	GET    /metrics                                Prometheus text format
+//	GET    /metrics                                Prometheus text format (client_golang)
 //
 // Every /api/ request needs "Authorization: Bearer <token>", compared in
 // constant time; there is no anonymous access. /metrics is unauthenticated,
@@ -92,12 +92,7 @@ func NewServer(store *config.PolicyStore, token string, logger *slog.Logger, opt
 	// Policy paths are routed by hand on the escaped path: ServeMux
 	// patterns cannot carry the default vhost "/", which arrives as %2F.
 	s.mux.HandleFunc("/api/", s.auth(s.route))
-	s.mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		if _, err := s.registry.WriteTo(w); err != nil {
-			s.logger.Debug("metrics write", "error", err)
-		}
-	})
+	s.mux.Handle("GET /metrics", s.registry.Handler())
 	return s
 }
 
