@@ -1,0 +1,367 @@
+// Package slavelink is the proxy's own connection to the slave copies of
+// mirrored queues: the I/O side of the engine in package mirror, carried out
+// with amqp091-go on the account in the backend's URL (never a client's).
+//
+// A Trimmer keeps one slave copy in step with its master: it consumes the
+// slave's copy and holds every delivery unacknowledged, keyed by the
+// message's identity (mirror.IdentityHeader), until the master's copy of
+// that message is gone (acked, or rejected without requeue, by a client);
+// then it acks the slave's copy. Holding is what lets a slave be promoted
+// with every message the master still had: closing the trimmer's channel
+// requeues them all on the slave.
+package slavelink
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// TrimmerOptions configure a Trimmer; zero values take the defaults.
+type TrimmerOptions struct {
+	// Recycle is how often the trimmer gives back what it holds and consumes
+	// afresh. RabbitMQ closes a channel whose oldest unacknowledged delivery
+	// is older than consumer_timeout (30 minutes by default since 3.8.15);
+	// recycling well inside it means a queue whose messages wait for hours
+	// never trips it. Default 10 minutes.
+	Recycle time.Duration
+	// Retry is the pause before reopening a channel the broker closed, or
+	// retrying a consume that failed. Default 250ms.
+	Retry time.Duration
+	// ConsumerTag names the trimmer's consumer on the slave broker, so that
+	// an operator listing consumers can tell it apart from clients.
+	// Default "amqp-mirror-trimmer".
+	ConsumerTag string
+	Logger      *slog.Logger
+}
+
+func (o TrimmerOptions) withDefaults() TrimmerOptions {
+	if o.Recycle <= 0 {
+		o.Recycle = 10 * time.Minute
+	}
+	if o.Retry <= 0 {
+		o.Retry = 250 * time.Millisecond
+	}
+	if o.ConsumerTag == "" {
+		o.ConsumerTag = "amqp-mirror-trimmer"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Trimmer removes from one slave copy the messages its master no longer
+// holds. One goroutine owns the channel (consume, ack, recycle); Settle may
+// be called from any goroutine and never blocks on the network.
+type Trimmer struct {
+	conn  *amqp.Connection
+	queue string
+	opts  TrimmerOptions
+	log   *slog.Logger
+
+	mu sync.Mutex
+	// held maps the identity of each delivery on the current channel to its
+	// delivery tag; settled holds identities settled at the master that the
+	// slave has not delivered yet (its copy is still on the way, or behind
+	// other messages).
+	held    map[mirror.MessageID]uint64
+	settled map[mirror.MessageID]struct{}
+	// outstanding is every unacknowledged delivery of the current channel in
+	// tag order; the front of it decides when one multiple ack settles many.
+	outstanding []outstandingTag
+	// toAck are deliveries to ack at the next flush.
+	toAck []pendingAck
+	// unidentified counts held deliveries without an identity (published
+	// past the proxy): they are never trimmed.
+	unidentified int
+
+	// channelsLost counts channels the broker closed under the trimmer
+	// (consumer_timeout, a channel error), recycles not included.
+	channelsLost atomic.Int64
+
+	wake chan struct{} // capacity one: a flush is wanted
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+type outstandingTag struct {
+	tag   uint64
+	acked bool // an ack covering it was decided (sent, or sent at the next flush)
+}
+
+type pendingAck struct {
+	tag uint64
+	id  mirror.MessageID
+}
+
+// StartTrimmer starts trimming queue (on the broker conn is connected to).
+// The first consume is attempted before it returns, so a missing queue or a
+// refused account is reported at once; later failures are retried until
+// Close.
+func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Trimmer, error) {
+	opts = opts.withDefaults()
+	t := &Trimmer{
+		conn:    conn,
+		queue:   queue,
+		opts:    opts,
+		log:     opts.Logger.With("queue", queue, "component", "trimmer"),
+		held:    make(map[mirror.MessageID]uint64),
+		settled: make(map[mirror.MessageID]struct{}),
+		wake:    make(chan struct{}, 1),
+		done:    make(chan struct{}),
+	}
+	ch, deliveries, err := t.consume()
+	if err != nil {
+		return nil, err
+	}
+	t.wg.Add(1)
+	go t.run(ch, deliveries)
+	return t, nil
+}
+
+// Settle records that the master's copies of ids are gone: the slave's
+// copies are acked as soon as the trimmer holds them.
+func (t *Trimmer) Settle(ids ...mirror.MessageID) {
+	t.mu.Lock()
+	for _, id := range ids {
+		if tag, ok := t.held[id]; ok {
+			delete(t.held, id)
+			t.toAck = append(t.toAck, pendingAck{tag: tag, id: id})
+			continue
+		}
+		t.settled[id] = struct{}{}
+	}
+	t.mu.Unlock()
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Stats says what the trimmer holds: deliveries kept unacknowledged (the
+// slave's copies of messages the master still has) and identities settled
+// at the master whose slave copy has not arrived.
+func (t *Trimmer) Stats() (held, waiting int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.held) + t.unidentified, len(t.settled)
+}
+
+// ChannelsLost is how many of its channels the broker closed under the
+// trimmer (each one was replaced).
+func (t *Trimmer) ChannelsLost() int64 { return t.channelsLost.Load() }
+
+// Close stops the trimmer. Its channel closes, so the broker requeues every
+// delivery it held: the slave copy keeps all the messages not trimmed yet.
+func (t *Trimmer) Close() {
+	select {
+	case <-t.done:
+	default:
+		close(t.done)
+	}
+	t.wg.Wait()
+}
+
+func (t *Trimmer) consume() (*amqp.Channel, <-chan amqp.Delivery, error) {
+	ch, err := t.conn.Channel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("trimmer for queue %q: opening a channel: %w", t.queue, err)
+	}
+	deliveries, err := ch.Consume(t.queue, t.opts.ConsumerTag, false, false, false, false, nil)
+	if err != nil {
+		ch.Close()
+		return nil, nil, fmt.Errorf("trimmer for queue %q: consuming: %w", t.queue, err)
+	}
+	return ch, deliveries, nil
+}
+
+// run owns the channel: it records deliveries, flushes acks, and replaces
+// the channel when the broker closes it or when it is time to recycle.
+func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
+	defer t.wg.Done()
+	for {
+		reason := t.serve(ch, deliveries)
+		ch.Close() // requeues what is held; an error means it is closed already
+		t.forgetChannel()
+		switch reason {
+		case stopClosed:
+			return
+		case stopChannelLost:
+			t.channelsLost.Add(1)
+		}
+		var err error
+		for {
+			if ch, deliveries, err = t.consume(); err == nil {
+				break
+			}
+			t.log.Warn("trimmer cannot consume; retrying", "err", err, "retry", t.opts.Retry)
+			select {
+			case <-t.done:
+				return
+			case <-time.After(t.opts.Retry):
+			}
+		}
+	}
+}
+
+type stopReason int
+
+const (
+	stopClosed stopReason = iota
+	stopRecycle
+	stopChannelLost
+)
+
+func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopReason {
+	recycle := time.NewTimer(t.opts.Recycle)
+	defer recycle.Stop()
+	for {
+		select {
+		case <-t.done:
+			t.flush(ch)
+			return stopClosed
+		case <-recycle.C:
+			t.flush(ch)
+			return stopRecycle
+		case <-t.wake:
+			if err := t.flush(ch); err != nil {
+				t.log.Warn("trimmer lost its channel", "err", err)
+				return stopChannelLost
+			}
+		case d, ok := <-deliveries:
+			if !ok {
+				t.log.Warn("trimmer's channel was closed by the broker; consuming again")
+				return stopChannelLost
+			}
+			t.hold(d)
+			// Take the rest of the burst before flushing: one flush (and
+			// where the order allows one multiple ack) for many deliveries.
+			for more := true; more; {
+				select {
+				case d, ok := <-deliveries:
+					if !ok {
+						return stopChannelLost
+					}
+					t.hold(d)
+				default:
+					more = false
+				}
+			}
+			if err := t.flush(ch); err != nil {
+				t.log.Warn("trimmer lost its channel", "err", err)
+				return stopChannelLost
+			}
+		}
+	}
+}
+
+// hold records one delivery of the slave copy; one already settled at the
+// master is acked at the next flush.
+func (t *Trimmer) hold(d amqp.Delivery) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.outstanding = append(t.outstanding, outstandingTag{tag: d.DeliveryTag})
+	value, _ := d.Headers[mirror.IdentityHeader].(string)
+	id, ok := mirror.ParseMessageID(value)
+	if !ok {
+		t.unidentified++
+		return
+	}
+	if _, gone := t.settled[id]; gone {
+		delete(t.settled, id)
+		t.toAck = append(t.toAck, pendingAck{tag: d.DeliveryTag, id: id})
+		return
+	}
+	t.held[id] = d.DeliveryTag
+}
+
+// flush sends the acks decided since the last flush: one multiple ack for
+// the run of settled deliveries at the front of the channel's unacked
+// deliveries, single acks for the rest.
+func (t *Trimmer) flush(ch *amqp.Channel) error {
+	t.mu.Lock()
+	if len(t.toAck) == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	acks := t.toAck
+	t.toAck = nil
+	for _, a := range acks {
+		i, found := slices.BinarySearchFunc(t.outstanding, a.tag, func(o outstandingTag, tag uint64) int {
+			return compareTags(o.tag, tag)
+		})
+		if found {
+			t.outstanding[i].acked = true
+		}
+	}
+	front := 0
+	for front < len(t.outstanding) && t.outstanding[front].acked {
+		front++
+	}
+	var upTo uint64 // the multiple ack's tag, 0 for none
+	if front > 0 {
+		upTo = t.outstanding[front-1].tag
+		t.outstanding = slices.Delete(t.outstanding, 0, front)
+	}
+	t.mu.Unlock()
+
+	if upTo > 0 {
+		if err := ch.Ack(upTo, true); err != nil {
+			return t.requeueAcks(acks, fmt.Errorf("ack up to %d: %w", upTo, err))
+		}
+	}
+	for _, a := range acks {
+		if a.tag <= upTo {
+			continue
+		}
+		if err := ch.Ack(a.tag, false); err != nil {
+			return t.requeueAcks(acks, fmt.Errorf("ack %d: %w", a.tag, err))
+		}
+	}
+	return nil
+}
+
+// requeueAcks puts the identities of acks that may not have reached the
+// broker back into the settled set: when the channel is gone its deliveries
+// come again, and must be acked again.
+func (t *Trimmer) requeueAcks(acks []pendingAck, err error) error {
+	t.mu.Lock()
+	for _, a := range acks {
+		t.settled[a.id] = struct{}{}
+	}
+	t.mu.Unlock()
+	return err
+}
+
+// forgetChannel drops what belonged to a closed channel: its delivery tags
+// are void, and every delivery it held comes again on the next one. Acks
+// that were decided but not sent are kept as settled identities.
+func (t *Trimmer) forgetChannel() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, a := range t.toAck {
+		t.settled[a.id] = struct{}{}
+	}
+	t.toAck = nil
+	clear(t.held)
+	t.outstanding = t.outstanding[:0]
+	t.unidentified = 0
+}
+
+func compareTags(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

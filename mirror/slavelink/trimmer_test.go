@@ -1,0 +1,276 @@
+package slavelink
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+)
+
+// broker is one real RabbitMQ node, started once for the package. Its
+// consumer_timeout is short, so that a trimmer holding messages meets it
+// within the test.
+var broker *localbroker.Node
+
+const consumerTimeout = 2 * time.Second
+
+func TestMain(m *testing.M) {
+	os.Exit(testutil.Main(m, localbroker.Options{
+		Names:       []string{"slavelink"},
+		ExtraConfig: fmt.Sprintf("consumer_timeout = %d\n", consumerTimeout.Milliseconds()),
+	}, func(c *localbroker.Cluster) { broker = c.Nodes()[0] }))
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func dial(t *testing.T) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.Dial(broker.URL())
+	if err != nil {
+		t.Fatalf("dial %s: %v", broker.URL(), err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func messageID(n int) mirror.MessageID {
+	var id mirror.MessageID
+	binary.BigEndian.PutUint64(id[8:], uint64(n))
+	return id
+}
+
+// declareWithMessages declares a fresh queue holding count messages with
+// identities 0..count-1.
+func declareWithMessages(t *testing.T, conn *amqp.Connection, count int) string {
+	t.Helper()
+	queue := declare(t, conn)
+	publish(t, conn, queue, count)
+	return queue
+}
+
+func declare(t *testing.T, conn *amqp.Connection) string {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclare("", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, err := conn.Channel(); err == nil {
+			c.QueueDelete(q.Name, false, false, false)
+			c.Close()
+		}
+	})
+	return q.Name
+}
+
+// publish publishes count messages with identities 0..count-1, with
+// confirms, so that all are in the queue when it returns.
+func publish(t *testing.T, conn *amqp.Connection, queue string, count int) {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for n := range count {
+		id := messageID(n)
+		confirmation, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
+			Headers: amqp.Table{mirror.IdentityHeader: string(id[:])},
+			Body:    []byte(fmt.Sprint(n)),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == count-1 {
+			if ok, err := confirmation.WaitContext(ctx); !ok || err != nil {
+				t.Fatalf("last publish not confirmed: %v %v", ok, err)
+			}
+		}
+	}
+}
+
+// remaining returns the identities left in the queue once nothing holds
+// them: it consumes everything with a fresh channel and requeues it.
+func remaining(t *testing.T, conn *amqp.Connection, queue string) map[int]bool {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	left := make(map[int]bool)
+	for {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return left
+		}
+		value, _ := d.Headers[mirror.IdentityHeader].(string)
+		id, _ := mirror.ParseMessageID(value)
+		left[int(binary.BigEndian.Uint64(id[8:]))] = true
+	}
+}
+
+// readyCount is the number of ready messages in the queue (those a trimmer
+// holds are not ready).
+func readyCount(conn *amqp.Connection, queue string) (int, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	return q.Messages, err
+}
+
+func TestTrimmerRemovesSettledMessages(t *testing.T) {
+	const total = 1000
+	tests := []struct {
+		name string
+		// settleFirst settles half the identities before their copies
+		// reach the slave (the master's ack overtook the slave's copy).
+		settleFirst bool
+		shuffle     bool // settle out of order: single acks, not one multiple
+		recycle     time.Duration
+	}{
+		{name: "in order"},
+		{name: "out of order", shuffle: true},
+		{name: "settled before the slave copy arrived", settleFirst: true, shuffle: true},
+		{name: "recycling while settling", shuffle: true, recycle: 20 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn := dial(t)
+			queue := declare(t, conn)
+			if !tt.settleFirst {
+				publish(t, conn, queue, total)
+			}
+			settle := make([]int, 0, total)
+			for n := range total {
+				if n%5 != 0 { // keep every fifth message
+					settle = append(settle, n)
+				}
+			}
+			if tt.shuffle {
+				rand.Shuffle(len(settle), func(i, j int) { settle[i], settle[j] = settle[j], settle[i] })
+			}
+			settleAll := func(tr *Trimmer, ns []int) {
+				for i := 0; i < len(ns); i += 50 {
+					batch := make([]mirror.MessageID, 0, 50)
+					for _, n := range ns[i:min(i+50, len(ns))] {
+						batch = append(batch, messageID(n))
+					}
+					tr.Settle(batch...)
+				}
+			}
+
+			tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{Recycle: tt.recycle, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			if tt.settleFirst {
+				early := settle[:len(settle)/2]
+				settle = settle[len(settle)/2:]
+				settleAll(tr, early)
+				if _, waiting := tr.Stats(); waiting != len(early) {
+					t.Errorf("%d identities wait for their copies, want %d", waiting, len(early))
+				}
+				publish(t, conn, queue, total)
+			}
+			settleAll(tr, settle)
+			want := total / 5
+			testutil.Eventually(t, 20*time.Second, func() error {
+				held, waiting := tr.Stats()
+				if held != want || waiting != 0 {
+					return fmt.Errorf("trimmer holds %d (want %d), %d settled identities not seen yet (want 0)", held, want, waiting)
+				}
+				return nil
+			})
+			tr.Close()
+
+			left := remaining(t, conn, queue)
+			if len(left) != want {
+				t.Errorf("%d messages left on the slave, want %d", len(left), want)
+			}
+			for n := range left {
+				if n%5 != 0 {
+					t.Errorf("message %d was settled at the master but is still on the slave", n)
+				}
+			}
+		})
+	}
+}
+
+func TestTrimmerSurvivesConsumerTimeout(t *testing.T) {
+	if err := shortenChannelTick(); err != nil {
+		t.Fatalf("making the broker check consumer_timeout often: %v", err)
+	}
+	conn := dial(t)
+	queue := declareWithMessages(t, conn, 100)
+	trimmerConn := dial(t)
+
+	// Without recycling, the broker closes the trimmer's channel once it
+	// held the messages for consumer_timeout; the trimmer consumes again and
+	// still trims what is settled afterwards.
+	tr, err := StartTrimmer(trimmerConn, queue, TrimmerOptions{Recycle: time.Hour, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	time.Sleep(3 * consumerTimeout) // let the broker's timeout fire: that is the condition under test
+	if trimmerConn.IsClosed() {
+		t.Fatal("the consumer timeout closed the whole connection")
+	}
+	if tr.ChannelsLost() == 0 {
+		t.Fatal("the broker never closed the trimmer's channel: consumer_timeout was not exercised")
+	}
+	for n := range 50 {
+		tr.Settle(messageID(n))
+	}
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if held, waiting := tr.Stats(); held != 50 || waiting != 0 {
+			return fmt.Errorf("trimmer holds %d, %d waiting; want 50, 0", held, waiting)
+		}
+		return nil
+	})
+	tr.Close()
+	if n, err := readyCount(conn, queue); err != nil || n != 50 {
+		t.Errorf("after close the queue has %d ready messages (%v), want 50", n, err)
+	}
+}
+
+// shortenChannelTick makes the broker's channels check consumer_timeout
+// every 200ms instead of every minute, for channels opened from now on.
+func shortenChannelTick() error {
+	out, err := exec.Command("/usr/lib/rabbitmq/bin/rabbitmqctl", "-n", broker.ErlangName, "eval",
+		"application:set_env(rabbit, channel_tick_interval, 200).").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	return nil
+}
