@@ -1,4 +1,4 @@
-package slavelink
+package controllink
 
 import (
 	"context"
@@ -28,7 +28,7 @@ const consumerTimeout = 2 * time.Second
 
 func TestMain(m *testing.M) {
 	os.Exit(testutil.Main(m, localbroker.Options{
-		Names:       []string{"slavelink"},
+		Names:       []string{"controllink"},
 		ExtraConfig: fmt.Sprintf("consumer_timeout = %d\n", consumerTimeout.Milliseconds()),
 	}, func(c *localbroker.Cluster) { broker = c.Nodes()[0] }))
 }

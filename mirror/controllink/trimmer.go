@@ -1,15 +1,16 @@
-// Package slavelink is the proxy's own connection to the slave copies of
-// mirrored queues: the I/O side of the engine in package mirror, carried out
-// with amqp091-go on the account in the backend's URL (never a client's).
+// Package controllink is the proxy's own links to the backends, on the
+// account in each backend's URL (never a client's), carried out with
+// amqp091-go: the I/O side of the engine in package mirror.
 //
-// A Trimmer keeps one slave copy in step with its master: it consumes the
-// slave's copy and holds every delivery unacknowledged, keyed by the
-// message's identity (mirror.IdentityHeader), until the master's copy of
-// that message is gone (acked, or rejected without requeue, by a client);
-// then it acks the slave's copy. Holding is what lets a slave be promoted
-// with every message the master still had: closing the trimmer's channel
-// requeues them all on the slave.
-package slavelink
+// A Watcher keeps one connection to each backend and says when a backend
+// goes down and comes back. A Trimmer keeps one slave copy in step with its
+// master: it consumes the slave's copy and holds every delivery
+// unacknowledged, keyed by the message's identity (mirror.IdentityHeader),
+// until the master's copy of that message is gone (acked, or rejected
+// without requeue, by a client); then it acks the slave's copy. Holding is
+// what lets a slave be promoted with every message the master still had:
+// closing the trimmer's channel requeues them all on the slave.
+package controllink
 
 import (
 	"fmt"
