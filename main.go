@@ -285,56 +285,10 @@ func proxyBackend(cfg *config.Config) (proxy.Backend, error) {
 	return backend, nil
 }
 
+// runCtl is `amqp-mirror ctl`; admin.Main parses its flags, which may
+// stand before or after the command as in rabbitmqctl.
 func runCtl(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("ctl", `Usage: amqp-mirror ctl [--config FILE | --admin URL --token TOKEN] COMMAND [ARGS]
-
-Administers a running proxy through its admin API, like rabbitmqctl.
-With --config, the admin address (listen.admin) and the credential
-(admin_token, or the token generated into state_dir) come from the file.
-Run "amqp-mirror ctl help" for the commands.`, stdout)
-	fs.SetInterspersed(false)
-	configPath := fs.String("config", "", "the proxy's YAML config file: finds the admin address and credential")
-	adminURL := fs.String("admin", "", "the admin API's base URL or host:port (default: listen.admin of --config, else 127.0.0.1:15680)")
-	token := fs.String("token", "", "the admin credential (default: from --config, else $AMQP_MIRROR_ADMIN_TOKEN)")
-	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the admin API")
-	vhost := fs.StringP("vhost", "p", "", "the virtual host, before the command as in rabbitmqctl -p VHOST COMMAND (the same as -p after it)")
-	if code, ok := parseFlags(fs, args, stderr); !ok {
-		return code
-	}
-	ctlArgs := fs.Args()
-	if *vhost != "" && len(ctlArgs) > 0 {
-		// Every command takes -p; one given after the command still wins.
-		ctlArgs = append([]string{ctlArgs[0], "--vhost", *vhost}, ctlArgs[1:]...)
-	}
-	client := &admin.Client{BaseURL: *adminURL, Token: *token}
-	if *configPath != "" {
-		cfg, err := config.Load(*configPath, nil)
-		if err != nil {
-			fmt.Fprintf(stderr, "amqp-mirror ctl: %v\n", err)
-			return admin.ExitUsage
-		}
-		if client.BaseURL == "" {
-			client.BaseURL = cfg.Listen.Admin
-		}
-		if client.Token == "" {
-			if client.Token, err = config.LoadAdminToken(cfg); err != nil {
-				fmt.Fprintf(stderr, "amqp-mirror ctl: %v\n", err)
-				return admin.ExitNoPerm
-			}
-		}
-	}
-	if client.BaseURL == "" {
-		client.BaseURL = "127.0.0.1:15680"
-	}
-	if !strings.Contains(client.BaseURL, "://") {
-		client.BaseURL = "http://" + client.BaseURL
-	}
-	if client.Token == "" {
-		client.Token = os.Getenv("AMQP_MIRROR_ADMIN_TOKEN")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	return admin.RunCtl(ctx, ctlArgs, client, stdout, stderr)
+	return admin.Main(args, os.Getenv, stdout, stderr)
 }
 
 func runDemo(args []string, stdout, stderr io.Writer) int {

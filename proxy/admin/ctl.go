@@ -2,12 +2,14 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/spf13/pflag"
@@ -23,25 +25,39 @@ const (
 	ExitNoPerm      = 77 // wrong or missing token
 )
 
+// DefaultAdminAddress is where ctl looks for the admin API when neither
+// --admin nor --config says.
+const DefaultAdminAddress = "127.0.0.1:15680"
+
 type command struct {
 	usage   string
+	brief   string // one line, for the command list
 	summary string
 	args    int // positional arguments required
 	run     func(ctx context.Context, c *Client, o *ctlOptions, args []string) error
 }
 
 type ctlOptions struct {
-	vhost    string
-	priority int
-	applyTo  string
-	explain  string
-	quiet    bool
-	stdout   io.Writer
+	vhost     string
+	priority  int
+	applyTo   string
+	explain   string
+	quiet     bool
+	formatter string
+	stdout    io.Writer
 }
+
+// Output formats of the list commands, as rabbitmqctl names them: table
+// is tab-separated with a header line; json is an array of objects.
+const (
+	formatTable = "table"
+	formatJSON  = "json"
+)
 
 var commands = map[string]command{
 	"set_policy": {
 		usage:   "set_policy [-p VHOST] [--priority N] [--apply-to queues|exchanges|all] NAME PATTERN DEFINITION",
+		brief:   "sets a policy (DEFINITION is JSON, as for rabbitmqctl)",
 		summary: "Sets a policy: objects whose name matches PATTERN (a regular expression) get DEFINITION,\na JSON object such as '{\"ha-mode\":\"exactly\",\"ha-params\":2}'. The highest priority matching policy wins.",
 		args:    3,
 		run: func(ctx context.Context, c *Client, o *ctlOptions, a []string) error {
@@ -51,6 +67,7 @@ var commands = map[string]command{
 	},
 	"clear_policy": {
 		usage:   "clear_policy [-p VHOST] NAME",
+		brief:   "clears a runtime policy",
 		summary: "Clears a runtime policy. Policies from the config file are changed in the file.",
 		args:    1,
 		run: func(ctx context.Context, c *Client, o *ctlOptions, a []string) error {
@@ -59,7 +76,8 @@ var commands = map[string]command{
 		},
 	},
 	"list_policies": {
-		usage:   "list_policies [-p VHOST] [--explain QUEUE]",
+		usage:   "list_policies [-p VHOST] [--explain QUEUE] [--formatter table|json]",
+		brief:   "lists the policies of a vhost, or explains which one applies to a queue",
 		summary: "Lists the policies of a vhost with their source (file, runtime). With --explain, tells\nwhich policy and operator policy apply to QUEUE, and why.",
 		run: func(ctx context.Context, c *Client, o *ctlOptions, _ []string) error {
 			if o.explain != "" {
@@ -67,19 +85,23 @@ var commands = map[string]command{
 				if err != nil {
 					return err
 				}
+				if o.formatter == formatJSON {
+					return o.json(r)
+				}
 				fmt.Fprint(o.stdout, r.String())
 				return nil
 			}
 			o.say("Listing policies for vhost %q ...", o.vhost)
 			list, err := c.ListPolicies(ctx, o.vhost)
-			if err == nil {
-				o.table(list)
+			if err != nil {
+				return err
 			}
-			return err
+			return o.list(list)
 		},
 	},
 	"set_operator_policy": {
 		usage:   "set_operator_policy [-p VHOST] [--priority N] [--apply-to queues|exchanges|all] NAME PATTERN DEFINITION",
+		brief:   "sets an operator policy, merged with the user policy",
 		summary: "Sets an operator policy, merged with the user policy (ha-mode all > exactly > nodes, larger\nha-params, operator's ha-sync-mode, smaller limits). Keys: ha-mode, ha-params, ha-sync-mode,\nexpires, message-ttl, max-length, max-length-bytes, max-in-memory-length, max-in-memory-bytes, delivery-limit.",
 		args:    3,
 		run: func(ctx context.Context, c *Client, o *ctlOptions, a []string) error {
@@ -89,6 +111,7 @@ var commands = map[string]command{
 	},
 	"clear_operator_policy": {
 		usage:   "clear_operator_policy [-p VHOST] NAME",
+		brief:   "clears a runtime operator policy",
 		summary: "Clears a runtime operator policy.",
 		args:    1,
 		run: func(ctx context.Context, c *Client, o *ctlOptions, a []string) error {
@@ -97,23 +120,57 @@ var commands = map[string]command{
 		},
 	},
 	"list_operator_policies": {
-		usage:   "list_operator_policies [-p VHOST]",
+		usage:   "list_operator_policies [-p VHOST] [--formatter table|json]",
+		brief:   "lists the operator policies of a vhost",
 		summary: "Lists the operator policies of a vhost with their source.",
 		run: func(ctx context.Context, c *Client, o *ctlOptions, _ []string) error {
 			o.say("Listing operator policy overrides for vhost %q ...", o.vhost)
 			list, err := c.ListOperatorPolicies(ctx, o.vhost)
-			if err == nil {
-				o.table(list)
+			if err != nil {
+				return err
 			}
-			return err
+			return o.list(list)
 		},
 	},
 }
 
 func (o *ctlOptions) say(format string, args ...any) {
-	if !o.quiet {
+	// JSON output is for programs: nothing but the document on stdout.
+	if !o.quiet && o.formatter != formatJSON {
 		fmt.Fprintf(o.stdout, format+"\n", args...)
 	}
+}
+
+// policyRow is one policy in --formatter json output: rabbitmqctl's
+// list_policies keys in its column order, plus where the policy comes from.
+type policyRow struct {
+	VHost         string            `json:"vhost"`
+	Name          string            `json:"name"`
+	Pattern       string            `json:"pattern"`
+	ApplyTo       string            `json:"apply-to"`
+	Definition    config.Definition `json:"definition"`
+	Priority      int               `json:"priority"`
+	Source        string            `json:"source"`
+	OverridesFile bool              `json:"overrides_file"`
+}
+
+// list prints policies in the chosen format.
+func (o *ctlOptions) list(list []config.Policy) error {
+	if o.formatter == formatJSON {
+		rows := make([]policyRow, 0, len(list))
+		for _, p := range list {
+			rows = append(rows, policyRow{p.VHost, p.Name, p.Pattern, p.ApplyTo.String(), p.Definition, p.Priority, p.Source, p.OverridesFile})
+		}
+		return o.json(rows)
+	}
+	o.table(list)
+	return nil
+}
+
+func (o *ctlOptions) json(v any) error {
+	enc := json.NewEncoder(o.stdout)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
 }
 
 // table prints rabbitmqctl's list_policies columns plus source.
@@ -128,33 +185,71 @@ func (o *ctlOptions) table(list []config.Policy) {
 	}
 }
 
+// connection is how ctl reaches the admin API, from its flags.
+type connection struct {
+	configPath, admin, token string
+	timeout                  time.Duration
+}
+
+// globalValueFlags are the flags every command takes that carry a value,
+// so that the command word can be told from a flag's value wherever the
+// flags stand: `ctl --config FILE list_policies` and `ctl list_policies
+// --config FILE` are the same.
+var globalValueFlags = []string{"config", "admin", "token", "timeout", "vhost", "p", "formatter"}
+
+// commandValueFlags are the commands' own flags that carry a value.
+var commandValueFlags = []string{"priority", "apply-to", "explain"}
+
+// Main runs `amqp-mirror ctl ARGS`: it finds the admin API and the
+// credential from --config, or --admin and --token (else getenv's
+// AMQP_MIRROR_ADMIN_TOKEN), runs the command and returns the exit code.
+// Every flag may stand before or after the command, as in rabbitmqctl.
+func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	return runCtl(context.Background(), args, nil, getenv, stdout, stderr)
+}
+
 // RunCtl runs one ctl command (args without the program and "ctl" words)
 // against client, printing rabbitmqctl-style output, and returns the exit
 // code. Commands: set_policy, clear_policy, list_policies,
 // set_operator_policy, clear_operator_policy, list_operator_policies, help.
+// The connection flags (--config, --admin, --token) are accepted and
+// ignored: client is used.
 func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "help" || args[0] == "--help" || args[0] == "-h" {
-		if len(args) > 1 {
-			if cmd, ok := commands[args[1]]; ok {
+	return runCtl(ctx, args, client, func(string) string { return "" }, stdout, stderr)
+}
+
+func runCtl(ctx context.Context, args []string, client *Client, getenv func(string) string, stdout, stderr io.Writer) int {
+	name, rest := splitCommand(args)
+	switch name {
+	case "":
+		if contains(rest, "-h", "--help") {
+			printUsage(stdout)
+			return ExitOK
+		}
+		fmt.Fprintln(stderr, "Error: no command given")
+		printUsage(stderr)
+		return ExitUsage
+	case "help":
+		for _, a := range rest {
+			if cmd, ok := commands[a]; ok {
 				fmt.Fprintf(stdout, "Usage: amqp-mirror ctl %s\n\n%s\n", cmd.usage, cmd.summary)
 				return ExitOK
 			}
 		}
 		printUsage(stdout)
-		if len(args) == 0 {
-			return ExitUsage
-		}
 		return ExitOK
 	}
-	cmd, ok := commands[args[0]]
+	cmd, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(stderr, "Error: unknown command %q\n\n", args[0])
+		fmt.Fprintf(stderr, "Error: unknown command %q\n\n", name)
 		printUsage(stderr)
 		return ExitUsage
 	}
 	o := &ctlOptions{stdout: stdout}
-	fs := pflag.NewFlagSet(args[0], pflag.ContinueOnError)
+	var conn connection
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
 	fs.StringVarP(&o.vhost, "vhost", "p", "/", "virtual host")
 	fs.BoolVarP(&o.quiet, "quiet", "q", false, "print only results")
 	help := fs.BoolP("help", "h", false, "show this help")
@@ -162,10 +257,14 @@ func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr i
 		fs.IntVar(&o.priority, "priority", 0, "priority; the highest matching policy wins")
 		fs.StringVar(&o.applyTo, "apply-to", "all", "queues, exchanges or all")
 	}
-	if args[0] == "list_policies" {
+	if name == "list_policies" {
 		fs.StringVar(&o.explain, "explain", "", "explain which policies apply to this queue")
 	}
-	if err := fs.Parse(args[1:]); err != nil {
+	if strings.HasPrefix(name, "list_") {
+		fs.StringVar(&o.formatter, "formatter", formatTable, "output format: table (tab-separated, with a header) or json (an array of objects)")
+	}
+	addConnectionFlags(fs, &conn)
+	if err := fs.Parse(rest); err != nil {
 		fmt.Fprintf(stderr, "Error: %v\nUsage: amqp-mirror ctl %s\n", err, cmd.usage)
 		return ExitUsage
 	}
@@ -173,15 +272,106 @@ func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr i
 		fmt.Fprintf(stdout, "Usage: amqp-mirror ctl %s\n\n%s\n\nOptions:\n%s", cmd.usage, cmd.summary, fs.FlagUsages())
 		return ExitOK
 	}
+	if o.formatter != "" && o.formatter != formatTable && o.formatter != formatJSON {
+		fmt.Fprintf(stderr, "Error: --formatter: expected table or json, found %q\n", o.formatter)
+		return ExitUsage
+	}
 	if fs.NArg() != cmd.args {
 		fmt.Fprintf(stderr, "Error: expected %d argument(s), found %d\nUsage: amqp-mirror ctl %s\n", cmd.args, fs.NArg(), cmd.usage)
 		return ExitUsage
 	}
+	if client == nil {
+		var code int
+		var err error
+		if client, code, err = conn.client(getenv); err != nil {
+			fmt.Fprintf(stderr, "Error: %v\n", err)
+			return code
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
+	defer cancel()
 	if err := cmd.run(ctx, client, o, fs.Args()); err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitCode(err)
 	}
 	return ExitOK
+}
+
+func addConnectionFlags(fs *pflag.FlagSet, c *connection) {
+	fs.StringVar(&c.configPath, "config", "", "the proxy's YAML config file: finds the admin address (listen.admin) and credential (admin_token, or state_dir/admin.token)")
+	fs.StringVar(&c.admin, "admin", "", "the admin API's base URL or host:port (default: listen.admin of --config, else "+DefaultAdminAddress+")")
+	fs.StringVar(&c.token, "token", "", "the admin credential (default: from --config, else $AMQP_MIRROR_ADMIN_TOKEN)")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "how long to wait for the admin API")
+}
+
+// client resolves the admin address and credential: flags first, then the
+// config file, then the defaults.
+func (c connection) client(getenv func(string) string) (*Client, int, error) {
+	client := &Client{BaseURL: c.admin, Token: c.token}
+	if c.configPath != "" {
+		cfg, err := config.Load(c.configPath, nil)
+		if err != nil {
+			return nil, ExitUsage, err
+		}
+		if client.BaseURL == "" {
+			client.BaseURL = cfg.Listen.Admin
+		}
+		if client.Token == "" {
+			if client.Token, err = config.LoadAdminToken(cfg); err != nil {
+				return nil, ExitNoPerm, err
+			}
+		}
+	}
+	if client.BaseURL == "" {
+		client.BaseURL = DefaultAdminAddress
+	}
+	if !strings.Contains(client.BaseURL, "://") {
+		client.BaseURL = "http://" + client.BaseURL
+	}
+	if client.Token == "" {
+		client.Token = getenv("AMQP_MIRROR_ADMIN_TOKEN")
+	}
+	return client, ExitOK, nil
+}
+
+// splitCommand finds the command word among args, skipping flags and the
+// values of the flags that take one, and returns it with the other
+// arguments in their order. name is "" when there is none.
+func splitCommand(args []string) (name string, rest []string) {
+	takesValue := func(arg string) bool {
+		if strings.Contains(arg, "=") {
+			return false
+		}
+		return contains(append(globalValueFlags, commandValueFlags...), strings.TrimLeft(arg, "-"))
+	}
+	for i := 0; i < len(args); i++ {
+		arg := args[i]
+		switch {
+		case arg == "--":
+			if i+1 < len(args) {
+				return args[i+1], append(append([]string{}, args[:i]...), args[i+2:]...)
+			}
+			return "", args[:i]
+		case strings.HasPrefix(arg, "-") && len(arg) > 1:
+			if takesValue(arg) {
+				i++
+			}
+		default:
+			return arg, append(append([]string{}, args[:i]...), args[i+1:]...)
+		}
+	}
+	return "", args
+}
+
+func contains(list []string, values ...string) bool {
+	for _, s := range list {
+		for _, v := range values {
+			if s == v {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func exitCode(err error) int {
@@ -201,15 +391,36 @@ func exitCode(err error) int {
 	return ExitSoftware
 }
 
+// printUsage lists every command with one line each, then the options
+// every command takes.
 func printUsage(w io.Writer) {
 	names := make([]string, 0, len(commands))
+	width := 0
 	for n := range commands {
 		names = append(names, n)
+		width = max(width, len(n))
 	}
 	sort.Strings(names)
-	fmt.Fprintln(w, "Usage: amqp-mirror ctl <command> [options] [arguments]\n\nCommands:")
+	fmt.Fprintln(w, `Usage: amqp-mirror ctl [options] <command> [arguments]
+
+Administers a running proxy through its admin API, like rabbitmqctl. Options
+may stand before or after the command.
+
+Commands:`)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %s\n", commands[n].usage)
+		fmt.Fprintf(w, "  %-*s  %s\n", width, n, commands[n].brief)
 	}
-	fmt.Fprintln(w, "\namqp-mirror ctl help <command> (or <command> --help) describes one command.")
+	fmt.Fprintf(w, "  %-*s  %s\n", width, "help", "describes a command: help <command>, or <command> --help")
+	var conn connection
+	fs := pflag.NewFlagSet("ctl", pflag.ContinueOnError)
+	fs.SortFlags = false
+	addConnectionFlags(fs, &conn)
+	fs.StringP("vhost", "p", "/", "the virtual host")
+	fs.BoolP("quiet", "q", false, "print only results")
+	fs.String("formatter", formatTable, "list_* output: table (tab-separated, with a header) or json (an array of objects)")
+	fmt.Fprintf(w, "\nOptions:\n%s", fs.FlagUsages())
+	fmt.Fprintln(w, `
+With --config the admin address and credential come from the proxy's file.
+Exit codes: 64 usage, 65 refused input, 69 admin API unreachable, 77 wrong
+or missing credential.`)
 }

@@ -3,11 +3,14 @@ package admin
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
-func runCtl(t *testing.T, c *Client, args ...string) (code int, stdout, stderr string) {
+func ctl(t *testing.T, c *Client, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
 	code = RunCtl(context.Background(), args, c, &out, &errOut)
@@ -49,13 +52,20 @@ func TestRunCtl(t *testing.T) {
 		{"missing argument", []string{"set_policy", "x", "."}, ExitUsage, nil, "expected 3 argument(s), found 2", nil},
 		{"unknown flag", []string{"clear_policy", "--priority", "1", "x"}, ExitUsage, nil, "unknown flag: --priority", nil},
 		{"unknown command", []string{"list_queues"}, ExitUsage, nil, "unknown command \"list_queues\"", nil},
-		{"help", []string{"help"}, 0, []string{"set_operator_policy [-p VHOST]", "list_policies [-p VHOST] [--explain QUEUE]"}, "", nil},
+		{"help", []string{"help"}, 0, []string{"  set_operator_policy     sets an operator policy", "  list_policies           lists the policies of a vhost", "--formatter string"}, "", nil},
+		{"list_policies --formatter json", []string{"list_policies", "--formatter", "json"}, 0, []string{
+			`[{"vhost":"/","name":"ha-all","pattern":"^all_","apply-to":"all","definition":{"ha-mode":"all","ha-sync-mode":"automatic"},"priority":1,"source":"runtime","overrides_file":false},`,
+		}, "", nil},
+		{"--formatter before the command", []string{"--formatter=json", "-p", "/", "list_operator_policies"}, 0, []string{"[]\n"}, "", nil},
+		{"--explain --formatter json", []string{"list_policies", "--explain", "all_1", "--formatter", "json"}, 0, []string{`"winner":"ha-all"`}, "", nil},
+		{"unknown formatter", []string{"list_policies", "--formatter", "csv"}, ExitUsage, nil, "--formatter: expected table or json", nil},
+		{"formatter on a command that lists nothing", []string{"clear_policy", "--formatter", "json", "x"}, ExitUsage, nil, "unknown flag: --formatter", nil},
 		{"help command", []string{"help", "clear_policy"}, 0, []string{"Usage: amqp-mirror ctl clear_policy [-p VHOST] NAME"}, "", nil},
 		{"--help", []string{"set_policy", "--help"}, 0, []string{"--apply-to string", "--priority int", "ha-params"}, "", nil},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
-			code, out, errOut := runCtl(t, f.client, s.args...)
+			code, out, errOut := ctl(t, f.client, s.args...)
 			if code != s.code {
 				t.Errorf("exit code: got %d, want %d (stderr %q)", code, s.code, errOut)
 			}
@@ -75,11 +85,94 @@ func TestRunCtlErrors(t *testing.T) {
 	f := newFixture(t)
 	bad := *f.client
 	bad.Token = "nope"
-	if code, _, errOut := runCtl(t, &bad, "list_policies"); code != ExitNoPerm || !strings.Contains(errOut, "admin token") {
+	if code, _, errOut := ctl(t, &bad, "list_policies"); code != ExitNoPerm || !strings.Contains(errOut, "admin token") {
 		t.Errorf("wrong token: code %d, stderr %q", code, errOut)
 	}
 	down := &Client{BaseURL: "http://127.0.0.1:1", Token: testToken}
-	if code, _, _ := runCtl(t, down, "list_policies"); code != ExitUnavailable {
+	if code, _, _ := ctl(t, down, "list_policies"); code != ExitUnavailable {
 		t.Errorf("unreachable server: code %d, want %d", code, ExitUnavailable)
+	}
+}
+
+// TestCtlJSONIsOnlyJSON checks that --formatter json prints one JSON
+// document and nothing else, so programs can read it.
+func TestCtlJSONIsOnlyJSON(t *testing.T) {
+	f := newFixture(t)
+	code, out, errOut := ctl(t, f.client, "list_policies", "--formatter", "json")
+	if code != 0 {
+		t.Fatalf("exit code %d, stderr %q", code, errOut)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("stdout is not a JSON array: %v\n%s", err, out)
+	}
+	if len(rows) != 1 || rows[0]["name"] != "from-file" || rows[0]["source"] != "file" {
+		t.Errorf("got %v, want the one file policy", rows)
+	}
+	if def, ok := rows[0]["definition"].(map[string]any); !ok || def["ha-mode"] != "all" {
+		t.Errorf("definition: got %#v, want the object {\"ha-mode\":\"all\"}", rows[0]["definition"])
+	}
+}
+
+func TestSplitCommand(t *testing.T) {
+	tests := []struct {
+		args     []string
+		wantName string
+		wantRest []string
+	}{
+		{[]string{"list_policies"}, "list_policies", []string{}},
+		{[]string{"--config", "f.yaml", "list_policies"}, "list_policies", []string{"--config", "f.yaml"}},
+		{[]string{"list_policies", "--config", "f.yaml"}, "list_policies", []string{"--config", "f.yaml"}},
+		{[]string{"-p", "/x", "-q", "set_policy", "n", "p", "{}"}, "set_policy", []string{"-p", "/x", "-q", "n", "p", "{}"}},
+		{[]string{"--admin=h:1", "--token", "t", "clear_policy", "n"}, "clear_policy", []string{"--admin=h:1", "--token", "t", "n"}},
+		{[]string{"--priority", "2", "set_policy"}, "set_policy", []string{"--priority", "2"}},
+		{[]string{"--formatter", "json", "--", "list_policies"}, "list_policies", []string{"--formatter", "json"}},
+		{[]string{"--config", "f.yaml"}, "", []string{"--config", "f.yaml"}},
+		{[]string{"--help"}, "", []string{"--help"}},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			name, rest := splitCommand(tc.args)
+			if name != tc.wantName || strings.Join(rest, " ") != strings.Join(tc.wantRest, " ") {
+				t.Errorf("got %q %q, want %q %q", name, rest, tc.wantName, tc.wantRest)
+			}
+		})
+	}
+}
+
+// TestMainConnectionFlags checks that the connection flags work after the
+// command as well as before it, each resolving the same admin API.
+func TestMainConnectionFlags(t *testing.T) {
+	f := newFixture(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "amqp-mirror.yaml")
+	admin := strings.TrimPrefix(f.url, "http://")
+	body := "listen: {admin: \"" + admin + "\"}\nadmin_token: " + testToken + "\nbackends: [{name: a, url: \"amqp://h/\"}]\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noEnv := func(string) string { return "" }
+	tests := []struct {
+		name string
+		args []string
+		code int
+	}{
+		{"--config before", []string{"--config", path, "list_policies"}, 0},
+		{"--config after", []string{"list_policies", "--config", path}, 0},
+		{"--admin and --token after", []string{"list_policies", "--admin", admin, "--token", testToken}, 0},
+		{"-p and --formatter after --config after", []string{"list_policies", "--config", path, "-p", "/", "--formatter", "json"}, 0},
+		{"wrong token after", []string{"list_policies", "--admin", admin, "--token", "nope"}, ExitNoPerm},
+		{"missing config file", []string{"list_policies", "--config", filepath.Join(dir, "none.yaml")}, ExitUsage},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := Main(tc.args, noEnv, &out, &errOut); code != tc.code {
+				t.Errorf("exit code: got %d, want %d; stderr %q", code, tc.code, errOut.String())
+			}
+			if tc.code == 0 && !strings.Contains(out.String(), "from-file") {
+				t.Errorf("stdout lacks the file policy:\n%s", out.String())
+			}
+		})
 	}
 }
