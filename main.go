@@ -1,9 +1,11 @@
-// Command amqp-mirror is an AMQP 0-9-1 proxy that brings RabbitMQ's classic
-// mirrored queues to plain, unclustered brokers.
+// Command amqp-mirror is an AMQP 0-9-1 proxy meant to bring RabbitMQ's
+// classic mirrored queues to plain, unclustered brokers. Today it is a
+// transparent proxy in front of one broker that stores and matches
+// policies; mirroring is not built yet.
 //
-//	amqp-mirror serve --config amqp-mirror.yaml   run the proxy
-//	amqp-mirror ctl   --config amqp-mirror.yaml list_policies
-//	amqp-mirror demo                              local brokers + proxy
+//	amqp-mirror serve --config amqp-mirror.example.yaml   run the proxy
+//	amqp-mirror ctl list_policies --config amqp-mirror.example.yaml
+//	amqp-mirror demo                                      local brokers + proxy
 package main
 
 import (
@@ -30,15 +32,20 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
 )
 
-const usage = `amqp-mirror: an AMQP 0-9-1 proxy that adds RabbitMQ-style classic mirrored
+const usage = `amqp-mirror: an AMQP 0-9-1 proxy meant to add RabbitMQ-style classic mirrored
 queues to plain, unclustered brokers.
+
+Today it is a transparent proxy in front of one broker (the node backend, or
+the first one listed) that stores and matches policies; mirroring, failover
+and the cluster of proxies are not built yet, so ha-* policies have no effect.
 
 Usage:
   amqp-mirror serve [--config FILE] [flags]    run the proxy
-  amqp-mirror ctl [--config FILE] COMMAND ...  administer a running proxy (like rabbitmqctl)
+  amqp-mirror ctl COMMAND [--config FILE] ...  administer a running proxy (like rabbitmqctl)
   amqp-mirror demo [flags]                     start local RabbitMQ nodes and the proxy
   amqp-mirror help [COMMAND]                   show help
 
+Start from amqp-mirror.example.yaml, which explains every key.
 Run "amqp-mirror COMMAND --help" for the flags of a command.
 `
 
@@ -97,14 +104,23 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("serve", `Usage: amqp-mirror serve [--config FILE] [flags]
 
 Runs the proxy: clients connect to listen.amqp (and listen.amqps with TLS) and
-are served by the backend brokers of the config file. Every config key can
-also be set by a flag named after its key path, or by an environment
-variable AMQP_MIRROR_<KEY> (dots as underscores); flags win over the
-environment, which wins over the file.
+are served by one backend broker of the config file: the node backend, or the
+first one listed. Policies are stored and matched (ctl list_policies
+--explain) but have no effect: mirroring is not built yet. The keys
+cluster.*, failover_grace and queue_master_locator are accepted and
+validated, and change nothing today.
+
+Every config key can also be set by a flag named after its key path, or by an
+environment variable AMQP_MIRROR_<KEY> (dots as underscores); flags win over
+the environment, which wins over the file. amqp-mirror.example.yaml explains
+every key.
 
 Signals: SIGTERM and SIGINT shut down gracefully (clients get connection.close
-320, up to shutdown_timeout); SIGHUP reloads the policies from the file.`, stdout)
-	configPath := fs.String("config", "", "the YAML config file (see the README for every key)")
+320, up to shutdown_timeout). SIGHUP, or saving the file, reloads the whole
+file: policies, operator policies and log.level apply live; a change to any
+other key is logged as "restart required" and needs a restart. An invalid
+file is refused and the running configuration stays.`, stdout)
+	configPath := fs.String("config", "", "the YAML config file (amqp-mirror.example.yaml explains every key)")
 	config.RegisterFlags(fs)
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
