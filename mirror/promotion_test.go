@@ -175,8 +175,7 @@ func TestSeedWalkthrough(t *testing.T) {
 		// The queues are empty, so each new slave is synchronised at once.
 		m := plan.Meta
 		for _, b := range plan.Add {
-			const joinMark = 0 // nothing was published yet
-			if CaughtUp(joinMark, 0, true) {
+			if (Backlog{Held: 0}).CaughtUp(true) {
 				m, _ = MarkSynchronised(m, b)
 			}
 		}

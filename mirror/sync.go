@@ -4,41 +4,55 @@ import "github.com/amqp-mirror/amqp-mirror/config"
 
 // Synchronisation decisions.
 //
-// A new slave starts empty and receives every message published after it
+// A new slave starts empty, receives every message published after it
 // joined, and loses every message acked after it joined; so it always holds
 // a subset of the master's messages, and it is synchronised exactly when
-// the master holds no message older than its join.
+// the master holds none of the messages it held when the slave joined (its
+// backlog). Under ha-sync-mode automatic, and after `ctl sync_queue`, a sync
+// copies the backlog and then marks the slave synchronised; under manual, a
+// slave that never synced waits until the backlog is gone (CaughtUp).
 //
-// "Older than its join" is measured with the proxy's publish sequence of
-// the queue: each message published to the queue through the proxy gets
-// the next number of one per-queue sequence (the message identity the
-// proxy adds at publish carries it). When a slave joins, the shell records
-// its join mark: the highest sequence published before the slave was a
-// publish target, so every message above the mark reached the slave. The
-// slave is then synchronised once the oldest message the master still holds
-// has a sequence above the mark, or the master is empty. Messages that were
-// on the master before the proxy adopted the queue have no sequence and
-// count as 0, older than every mark.
+// The backlog is counted, not named: when the slave becomes a publish
+// target the shell records how many messages the master holds (ready plus
+// delivered and not yet acknowledged), then counts those of them that the
+// master settles (acked, or rejected without requeue). It can tell them
+// apart without a queue-wide sequence, which publishes through several
+// proxies do not have: the master delivers in queue order and every
+// message published after the join queues behind the backlog, so the
+// backlog is what was delivered and unacknowledged at the join plus the
+// first Held-minus-that distinct messages delivered after it (a requeued
+// message keeps its place and is the same message when redelivered).
+// Priority queues (x-max-priority) break that order: for them the shell
+// counts nothing and waits for the master to be empty, which is always
+// enough; so does a slave whose backlog the broker shrinks by itself
+// (message TTL, max-length), which the proxy does not see.
 //
 // Why not compare queue depths, as RabbitMQ does inside one Erlang
-// process? Across independent brokers the two depths are read at
-// different instants: a master that has just dropped an acked message
-// while the slave's ack is still in flight shows the same depth as a slave
-// that lacks an old message, and the slave would be called synchronised
-// too early. Sequences do not race that way.
-//
-// The same rule serves both sync modes: under automatic (and after `ctl
-// sync_queue`) the sync copies the messages at or below the mark to the
-// slave and then marks it synchronised; under manual the slave waits for
-// CaughtUp.
+// process? Across independent brokers the two depths are read at different
+// instants: a master that has just dropped an acked message while the
+// slave's ack is still in flight shows the same depth as a slave that lacks
+// an old message, and the slave would be called synchronised too early.
 
-// CaughtUp reports whether a slave whose join mark is joinMark holds every
-// message the master holds, given the sequence of the oldest message the
-// master still holds (ignored when masterEmpty). An unsynchronised slave of
-// an empty master is synchronised at once, as a new RabbitMQ mirror of an
-// empty queue is.
-func CaughtUp(joinMark, oldestOnMaster uint64, masterEmpty bool) bool {
-	return masterEmpty || oldestOnMaster > joinMark
+// Backlog is what a slave that waits to catch up is waiting for.
+type Backlog struct {
+	// Held is how many messages the master held when the slave joined.
+	Held int
+	// Settled is how many of them the master has settled since.
+	Settled int
+}
+
+// Settle returns the backlog with n more of its messages settled.
+func (b Backlog) Settle(n int) Backlog {
+	b.Settled += n
+	return b
+}
+
+// CaughtUp reports whether a slave with this backlog holds every message
+// the master holds: every message of the backlog was settled, or the master
+// is empty now. A slave that joins an empty queue (Held 0) is synchronised
+// at once, as a new RabbitMQ mirror of an empty queue is.
+func (b Backlog) CaughtUp(masterEmpty bool) bool {
+	return masterEmpty || b.Settled >= b.Held
 }
 
 // MarkSynchronised returns the metadata with the slave on backend marked

@@ -6,26 +6,24 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/config"
 )
 
-func TestCaughtUp(t *testing.T) {
+func TestBacklogCaughtUp(t *testing.T) {
 	tests := []struct {
-		name           string
-		joinMark       uint64
-		oldestOnMaster uint64
-		masterEmpty    bool
-		want           bool
+		name        string
+		backlog     Backlog
+		masterEmpty bool
+		want        bool
 	}{
-		{name: "empty master: synchronised at once", joinMark: 10, masterEmpty: true, want: true},
-		{name: "empty queue when the slave joined", joinMark: 0, masterEmpty: true, want: true},
-		{name: "master still holds a message from before the join", joinMark: 10, oldestOnMaster: 4, want: false},
-		{name: "master still holds the last message before the join", joinMark: 10, oldestOnMaster: 10, want: false},
-		{name: "every message from before the join is gone", joinMark: 10, oldestOnMaster: 11, want: true},
-		{name: "messages adopted from before the proxy count as 0", joinMark: 0, oldestOnMaster: 0, want: false},
-		{name: "slave joined before anything was published, master holds new messages", joinMark: 0, oldestOnMaster: 1, want: true},
+		{name: "joined an empty queue", backlog: Backlog{}, want: true},
+		{name: "nothing of the backlog settled", backlog: Backlog{Held: 3}, want: false},
+		{name: "part of the backlog settled", backlog: Backlog{Held: 3}.Settle(2), want: false},
+		{name: "the whole backlog settled, newer messages remain", backlog: Backlog{Held: 3}.Settle(2).Settle(1), want: true},
+		{name: "master empty, whatever was counted", backlog: Backlog{Held: 3}, masterEmpty: true, want: true},
+		{name: "more settled than held (a miscount): caught up, not stuck", backlog: Backlog{Held: 1}.Settle(2), want: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := CaughtUp(tt.joinMark, tt.oldestOnMaster, tt.masterEmpty); got != tt.want {
-				t.Errorf("CaughtUp(joinMark %d, oldest %d, empty %v) = %v, want %v", tt.joinMark, tt.oldestOnMaster, tt.masterEmpty, got, tt.want)
+			if got := tt.backlog.CaughtUp(tt.masterEmpty); got != tt.want {
+				t.Errorf("%+v.CaughtUp(master empty %v) = %v, want %v", tt.backlog, tt.masterEmpty, got, tt.want)
 			}
 		})
 	}
