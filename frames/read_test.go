@@ -43,6 +43,10 @@ func TestReadFrame(t *testing.T) {
 		{name: "one over negotiated max", input: rawFrame(3, 1, 4096-7, nil, FrameEnd), max: 4096, wantErr: ErrFrameTooLarge, wantCode: FrameError},
 		{name: "heartbeat on a channel", input: rawFrame(8, 1, 0, nil, FrameEnd), wantErr: ErrBadHeartbeat, wantCode: UnexpectedFrame},
 		{name: "heartbeat with payload", input: rawFrame(8, 0, 1, []byte{0}, FrameEnd), wantErr: ErrBadHeartbeat, wantCode: FrameError},
+		// RabbitMQ's order: the size first, then the frame-end, then the rest.
+		{name: "heartbeat on a channel with a bad frame-end", input: rawFrame(8, 1, 0, nil, 0), wantErr: ErrBadFrameEnd, wantCode: FrameError},
+		{name: "unknown type with a bad frame-end", input: rawFrame(9, 1, 2, []byte{1, 2}, 0), wantErr: ErrBadFrameEnd, wantCode: FrameError},
+		{name: "unknown type over max", input: rawFrame(9, 1, 4096, nil, FrameEnd), max: 4096, wantErr: ErrFrameTooLarge, wantCode: FrameError},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,6 +78,38 @@ func TestReadFrame(t *testing.T) {
 				if !errors.As(err, &e) || e.Code != tt.wantCode || !e.Hard() {
 					t.Errorf("error %#v, want a hard *Error with code %d", err, tt.wantCode)
 				}
+			}
+		})
+	}
+}
+
+// TestReadFrameStaysInStep: a frame refused for its type or shape is read
+// through its frame-end octet before the error, as RabbitMQ reads it, so the
+// next ReadFrame returns the peer's next frame (the close-ok a client sends
+// after the error's connection.close), not the rest of the refused one.
+func TestReadFrameStaysInStep(t *testing.T) {
+	closeOk := rawFrame(FrameMethod, 0, 4, []byte{0, 10, 0, 51}, FrameEnd)
+	tests := []struct {
+		name    string
+		refused []byte
+		wantErr error
+	}{
+		{"heartbeat on channel 5", rawFrame(FrameHeartbeat, 5, 0, nil, FrameEnd), ErrBadHeartbeat},
+		{"heartbeat with a payload", rawFrame(FrameHeartbeat, 0, 3, []byte{1, 2, 3}, FrameEnd), ErrBadHeartbeat},
+		{"unknown frame type", rawFrame(9, 1, 5, []byte{1, 2, 3, 4, 5}, FrameEnd), ErrUnknownFrameType},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewReader(bytes.NewReader(append(tt.refused, closeOk...)), 4096)
+			if _, err := r.ReadFrame(); !errors.Is(err, tt.wantErr) {
+				t.Fatalf("first ReadFrame: error %v, want %v", err, tt.wantErr)
+			}
+			got, err := r.ReadFrame()
+			if err != nil {
+				t.Fatalf("ReadFrame after the refused frame: %v, want the close-ok", err)
+			}
+			if got.Type != FrameMethod || got.Channel != 0 || !bytes.Equal(got.Payload, closeOk[7:11]) {
+				t.Errorf("ReadFrame after the refused frame: %+v, want connection.close-ok on channel 0", got)
 			}
 		})
 	}
@@ -148,7 +184,9 @@ func TestReadProtocolHeader(t *testing.T) {
 		wantErr error
 	}{
 		{name: "0-9-1", input: "AMQP\x00\x00\x09\x01"},
+		{name: "0-9, which RabbitMQ serves as 0-9-1", input: "AMQP\x01\x01\x00\x09"},
 		{name: "0-8", input: "AMQP\x01\x01\x08\x00", wantErr: ErrBadProtocolHeader},
+		{name: "0-9-0", input: "AMQP\x00\x00\x09\x00", wantErr: ErrBadProtocolHeader},
 		{name: "http", input: "GET / HTTP/1.1\r\n", wantErr: ErrBadProtocolHeader},
 		{name: "short", input: "AMQP", wantErr: ErrBadProtocolHeader},
 		{name: "nothing", input: "", wantErr: io.EOF},
