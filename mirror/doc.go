@@ -40,7 +40,8 @@
 // their own broker's routing. Every backend channel is in confirm mode,
 // whether or not the client asked: a broker's confirm is how the proxy knows
 // what it accepted. The client's confirm (ack) is sent once the master and
-// every synchronised slave confirmed; a nack as soon as the master nacks.
+// every synchronised slave confirmed; a nack as soon as the master (or a
+// synchronised slave, whose copy the ack would otherwise promise) nacks.
 // The proxy's publisherConfirms (package proxy) already keeps one sequence
 // per backend and answers the client's sequence from all of them.
 //
@@ -154,5 +155,23 @@
 //
 // Built: the proxy data path (package proxy) with the proxy's own delivery
 // tags and confirm sequences per backend, the configuration and policy
-// matching (package config). Not yet built: everything else in this comment.
+// matching (package config), and the pure decisions of this package, which
+// nothing carries out yet:
+//
+//   - placement.go: ResolveLocator (x-queue-master-locator argument, then
+//     policy, then config, default min-masters) and Placement.Master
+//     (min-masters, client-local falling back to min-masters, random from
+//     an injected source; live backends only);
+//   - reconcile.go: Reconcile turns a queue's metadata and its effective
+//     policy into a Plan (slaves to add in ring order, slaves to drop, the
+//     ha-mode nodes hand-over, slaves to sync under automatic);
+//   - promotion.go: Promote (oldest live synchronised slave, else
+//     ha-promote-on-failure / -on-shutdown), SlaveLost, and Rejoin (a
+//     returning old master or slave becomes the youngest slave, purged);
+//   - quorum.go: AppendPublishTargets, AppendConfirmQuorum and
+//     DecideConfirm, allocation-free for the per-publish path;
+//   - sync.go: Backlog.CaughtUp (a manual slave is synchronised once the
+//     master's backlog at its join is settled) and MarkSynchronised.
+//
+// Not yet built: everything else in this comment.
 package mirror
