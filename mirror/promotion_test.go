@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -236,5 +237,33 @@ func TestSeedWalkthrough(t *testing.T) {
 		if got := describe(q); got != wantBack[i] {
 			t.Errorf("%s with rabbit2 back: %s, want %s", q.ID.Name, got, wantBack[i])
 		}
+	}
+}
+
+// ha-mode exactly 2 over the seed's three backends, through a failure and a
+// return: the promoted slave gets a replacement mirror on the third
+// backend, and the old master, back and purged, is the copy too many.
+func TestExactlyTwoThroughFailover(t *testing.T) {
+	two := exactly(2)
+	live := NewLiveSet(seedBackends...)
+	m := Reconcile(queue("rabbit1"), two, seedBackends, live).Meta
+	m, _ = MarkSynchronised(m, "rabbit2")
+	if got, want := describe(m), "master rabbit1 rabbit2+, epoch 0"; got != want {
+		t.Fatalf("mirrored: %s, want %s", got, want)
+	}
+
+	delete(live, "rabbit1")
+	p := Promote(m, live, CauseFailure, two)
+	plan := Reconcile(p.Meta, two, seedBackends, live)
+	if got, want := describe(plan.Meta), "master rabbit2 rabbit3, epoch 1"; got != want || !slices.Equal(plan.Add, []string{"rabbit3"}) {
+		t.Fatalf("after rabbit1 failed: %s adding %v, want %s adding [rabbit3]", got, plan.Add, want)
+	}
+	m, _ = MarkSynchronised(plan.Meta, "rabbit3")
+
+	live["rabbit1"] = true
+	r := Rejoin(m, "rabbit1")
+	plan = Reconcile(r.Meta, two, seedBackends, live)
+	if got, want := describe(plan.Meta), "master rabbit2 rabbit3+, epoch 1"; got != want || !slices.Equal(plan.Drop, []string{"rabbit1"}) {
+		t.Errorf("after rabbit1 returned: %s dropping %v, want %s dropping [rabbit1]", got, plan.Drop, want)
 	}
 }
