@@ -24,7 +24,7 @@ const backendIndex = 0
 func (c *clientConn) backendLoop() {
 	defer close(c.backendDone)
 	defer c.backend.conn.Close()
-	c.backend.beforeRead = func() { c.client.flush() }
+	c.backend.whenDry(func() { c.client.flush() })
 	for {
 		f, err := c.backend.in.ReadFrame()
 		if err != nil {

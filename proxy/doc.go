@@ -9,11 +9,12 @@
 // during the handshake with the client's credentials and vhost. Client
 // channel N is backend channel N. Three goroutines run per connection: the
 // client read loop (client → backend), the backend read loop (backend →
-// client) and a heartbeat loop. A read loop writes frames straight into the
-// opposite socket's buffered writer and flushes when its own input runs dry,
-// so a burst of frames costs one system call, and a slow reader on either
-// side slows the other side through TCP flow control: the proxy buffers at
-// most its socket buffers and one frame per direction.
+// client) and a heartbeat loop. A read loop queues frames on the opposite
+// socket's writer (socketWriter) and flushes when its own socket runs dry, so
+// a burst of frames costs one system call, and flushes that meet a write in
+// flight join it. A slow reader on either side slows the other side through
+// TCP flow control: the proxy buffers at most two write buffers and one frame
+// per direction, and sockets hold pooled buffers only while they have data.
 //
 // The client sees the proxy's own delivery tags and confirm sequence
 // numbers (deliveryTags, publisherConfirms), each mapped to a backend and
@@ -37,8 +38,9 @@
 // # Locks
 //
 // Lock order: Server.mu, then clientConn.mu, then channelState.mu, then
-// channelTable.mu, then socket.mu. socket.mu is held while writing to the
-// socket (it may block on a slow peer), so nothing else is taken under it.
+// channelTable.mu, then socketWriter.mu. socketWriter.mu is never held
+// during a system call (the writer releases it around each write), and
+// nothing else is taken under it.
 // Per-frame state that both read loops check (close state, channel lookup)
 // is atomic.
 package proxy

@@ -33,10 +33,7 @@ func (c *clientConn) handshake() error {
 		var fe *frames.Error
 		if errors.As(err, &fe) {
 			// As the spec says: answer with the header we speak, then close.
-			c.client.mu.Lock()
-			c.client.out.WriteProtocolHeader()
-			c.client.flushLocked()
-			c.client.mu.Unlock()
+			c.client.sendProtocolHeader()
 		}
 		return fmt.Errorf("reading protocol header: %w", err)
 	}
@@ -55,11 +52,7 @@ func (c *clientConn) handshake() error {
 	}
 	backendConn.SetDeadline(deadline)
 
-	c.backend.mu.Lock()
-	c.backend.out.WriteProtocolHeader()
-	err = c.backend.flushLocked()
-	c.backend.mu.Unlock()
-	if err != nil {
+	if err := c.backend.sendProtocolHeader(); err != nil {
 		return c.refuseUnavailable(err)
 	}
 
@@ -356,6 +349,11 @@ func (c *clientConn) expectClient(want uint32) (frames.Frame, error) {
 			continue
 		}
 		gotClass, gotMethod, _, perr := frames.ParseMethodID(f.Payload)
+		if f.Type == frames.FrameMethod && perr == nil && !definedMethod(gotClass, gotMethod) {
+			// RabbitMQ drops the socket, in the handshake as later.
+			resetOnClose(c.client.conn)
+			return f, fmt.Errorf("waiting for %s: %w", keyName(want), undefinedMethod(gotClass, gotMethod))
+		}
 		if f.Type != frames.FrameMethod || perr != nil || f.Channel != 0 || frames.MethodKey(gotClass, gotMethod) != want {
 			got := frameDescription(f)
 			text := fmt.Sprintf("COMMAND_INVALID - expected %s, got %s", keyName(want), got)

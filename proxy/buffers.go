@@ -1,0 +1,56 @@
+package proxy
+
+import "sync"
+
+// Socket buffers exist only while they hold data. A socket's reader takes one
+// when bytes arrive and gives it back when it has parsed them all; a writer
+// takes one when the first frame is queued and gives it back when the socket
+// took the last byte. An idle connection holds none, so thousands of idle
+// connections cost their goroutines and little else, and what a burst of
+// traffic needed goes back to the pools, which the garbage collector empties
+// within two cycles when nobody takes from them.
+//
+// Buffers come in size classes, so that a frame larger than the usual read
+// buffer (a 128 KiB body frame) does not make every later buffer that large.
+
+// bufferClasses are the pooled sizes, ascending. readBufferSize and
+// writeBufferSize are among them.
+var bufferClasses = [...]int{16 << 10, 64 << 10, 256 << 10, 1 << 20}
+
+// readBufferSize is the least a reader takes: one read system call fetches up
+// to this much, so a burst of small frames costs one call.
+const readBufferSize = 64 << 10
+
+// writeBufferSize is the most a writer queues before the producer that adds
+// more waits for the socket: with the frame being written, it bounds the
+// memory a slow peer can pin per socket.
+const writeBufferSize = 64 << 10
+
+// buffer is a pooled byte slice; b always has its class's full length.
+type buffer struct{ b []byte }
+
+var bufferPools [len(bufferClasses)]sync.Pool
+
+// getBuffer returns a buffer of at least n bytes: pooled up to the largest
+// class, allocated beyond it (frames larger than 1 MiB are rare enough).
+func getBuffer(n int) *buffer {
+	for i, size := range bufferClasses {
+		if n <= size {
+			if b, ok := bufferPools[i].Get().(*buffer); ok {
+				return b
+			}
+			return &buffer{b: make([]byte, size)}
+		}
+	}
+	return &buffer{b: make([]byte, n)}
+}
+
+// putBuffer gives b back to its pool. b must not be used afterwards.
+func putBuffer(b *buffer) {
+	for i, size := range bufferClasses {
+		if len(b.b) == size {
+			bufferPools[i].Put(b)
+			return
+		}
+	}
+}
