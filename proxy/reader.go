@@ -86,10 +86,12 @@ func (r *frameReader) ReadFrame() (frames.Frame, error) {
 		return frames.Frame{}, unexpectedEOF(err)
 	}
 	frame := r.buf.b[r.r : r.r+whole]
+	// Consumed before it is judged, as frames.Reader does: after a bad type
+	// or heartbeat the stream stays in step for the peer's close-ok.
+	r.r += whole
 	if err := frames.CheckFrameEnd(typ, channel, size, frame[whole-1]); err != nil {
 		return frames.Frame{}, err
 	}
-	r.r += whole
 	return frames.Frame{Type: typ, Channel: channel, Payload: frame[headerSize : whole-1]}, nil
 }
 
