@@ -49,6 +49,11 @@ type StoreConfig struct {
 	// itself at start, and how quickly a cluster notices a dead leader.
 	// Zero means 500ms.
 	ElectionTimeout time.Duration
+	// JoinCluster leaves a new store without a configuration instead of
+	// bootstrapping it as a single voter: the sidecar cluster either
+	// bootstraps it with every expected voter (Bootstrap) or a leader adds
+	// it. Ignored for a store with existing state.
+	JoinCluster bool
 }
 
 // Store is the queue metadata, replicated through a Raft log
@@ -123,7 +128,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 		bolt.Close()
 		return nil, fmt.Errorf("metadata store: reading %s: %w", cfg.Dir, err)
 	}
-	if !existing {
+	if !existing && !cfg.JoinCluster {
 		boot := raft.Configuration{Servers: []raft.Server{{
 			Suffrage: raft.Voter, ID: conf.LocalID, Address: transport.LocalAddr(),
 		}}}
