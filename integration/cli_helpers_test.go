@@ -626,3 +626,14 @@ func cliFlagDescriptions(usage string) map[string]string {
 	}
 	return described
 }
+
+// cliErrorKeys returns "source: key" of each config error in stderr ("config file F:
+// backends[0].url", "flag --frame_max: frame_max"), in order, repeats included.
+func cliErrorKeys(stderr string) []string {
+	errorLine := regexp.MustCompile(`((?:config file \S+|config \(no file\)|flag --\S+|environment \S+): [a-z_][\w.\-]*(?:\[\d+\][\w.\-]*)*): (?:expected|unknown key|at least)`)
+	var keys []string
+	for _, m := range errorLine.FindAllStringSubmatch(stderr, -1) {
+		keys = append(keys, m[1])
+	}
+	return keys
+}

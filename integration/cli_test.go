@@ -7,10 +7,14 @@ package integration
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -581,8 +585,8 @@ func TestCLIServeConfigErrors(t *testing.T) {
 			name: "several errors in the file",
 			file: `
 listen:
-  amqp: 127.0.0.1:0
-  admn: 127.0.0.1:0
+  amqp: 127.0.0.1:5672
+  admn: 127.0.0.1:15680
 backends:
   - {name: rabbit1, url: "amqp://guest:guest@127.0.0.1:1/"}
   - {name: rabbit1, url: "amqp://guest:guest@127.0.0.1:2/"}
@@ -607,8 +611,49 @@ backends:
 `,
 			want: []string{
 				`heartbeat: expected a duration of whole seconds from 0s (off) to 65535s, such as 60s, found "1500ms" (string)`,
-				"frame_max: expected an integer from 4096 to 4294967295, found 100 (integer)",
-				`backends[0].url: expected an amqp:// or amqps:// URL, found scheme "http"`,
+				"frame_max: expected an integer from 4096 to 4294967295, found 100, below the minimum 4096",
+				`backends[0].url: expected an amqp:// or amqps:// URL, found scheme "http" in "http://u1:xxxxx@127.0.0.1:1/"`,
+			},
+		},
+		{
+			name: "an unparseable backend URL is shown without its password",
+			file: `
+backends:
+  - {name: rabbit1, url: "amqp://mirror:` + cliSecret + `@[::1/"}
+  - {name: rabbit2, url: "amqp://mirror:` + cliSecret + `/x@127.0.0.1/"}
+`,
+			want: []string{
+				`backends[0].url: expected an amqp:// or amqps:// URL, found "amqp://mirror:xxxxx@[::1/" (missing ']' in host)`,
+				`backends[1].url: expected an amqp:// or amqps:// URL, found "amqp://mirror:xxxxx@127.0.0.1/" (a character in the user name or password`,
+			},
+		},
+		{
+			name: "ports outside 1-65535",
+			file: `
+listen:
+  admin: 127.0.0.1:70000
+backends:
+  - {name: rabbit1, url: "amqp://mirror:` + cliSecret + `@127.0.0.1:99999/"}
+`,
+			args: []string{"--listen.amqp", "127.0.0.1:0"},
+			want: []string{
+				`backends[0].url: expected a port from 1 to 65535, found 99999 in "amqp://mirror:xxxxx@127.0.0.1:99999/"`,
+				`listen.admin: expected an address host:port such as 0.0.0.0:5672 with a port from 1 to 65535, found "127.0.0.1:70000"`,
+				`flag --listen.amqp: listen.amqp: expected an address host:port such as 0.0.0.0:5672 with a port from 1 to 65535, found "127.0.0.1:0"`,
+			},
+		},
+		{
+			name: "a YAML syntax error names its line",
+			file: "node: rabbit1\nbackends: [{name: rabbit1, url: \"amqp://mirror:" + cliSecret + "@127.0.0.1/\"}\n",
+			want: []string{`line 2: did not find expected ',' or ']' (YAML syntax)`},
+		},
+		{
+			name: "a number flag is judged as a number",
+			file: "backends: [{name: rabbit1, url: \"" + rabbit.URL() + "\"}]\n",
+			args: []string{"--frame_max", "100", "--channel_max", "many"},
+			want: []string{
+				"flag --frame_max: frame_max: expected an integer from 4096 to 4294967295, found 100, below the minimum 4096",
+				`flag --channel_max: channel_max: expected an integer from 1 to 65535, found "many"`,
 			},
 		},
 		{
@@ -617,9 +662,14 @@ backends:
 			env:  []string{"AMQP_MIRROR_CHANNEL_MAX=0"},
 			args: []string{"--listen.amqp", "nowhere"},
 			want: []string{
-				`environment AMQP_MIRROR_CHANNEL_MAX: channel_max: expected an integer from 1 to 65535, found "0" (string)`,
-				`flag --listen.amqp: listen.amqp: expected an address host:port such as 0.0.0.0:5672, found "nowhere" (string)`,
+				`environment AMQP_MIRROR_CHANNEL_MAX: channel_max: expected an integer from 1 to 65535, found 0, below the minimum 1`,
+				`flag --listen.amqp: listen.amqp: expected an address host:port such as 0.0.0.0:5672, found "nowhere"`,
 			},
+		},
+		{
+			name: "a backend without a url gets one error",
+			file: "backends: [{name: rabbit1}]\n",
+			want: []string{"backends[0].url: expected an amqp:// or amqps:// URL, found nothing (null)"},
 		},
 		{
 			name: "no config file and no backend",
@@ -655,6 +705,17 @@ backends:
 			}
 			if strings.Contains(r.stderr, cliSecret) {
 				t.Errorf("stderr shows the backend password:\n%s", r.stderr)
+			}
+			// One error per key, and text from a flag or the environment is not called a string.
+			for _, line := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+				if (strings.Contains(line, "flag --") || strings.Contains(line, "environment ")) && strings.Contains(line, "(string)") {
+					t.Errorf("a flag or environment value is called a string: %s", line)
+				}
+			}
+			for _, key := range cliErrorKeys(r.stderr) {
+				if n := strings.Count(r.stderr, key+": "); n > 1 {
+					t.Errorf("%d errors for %s, want one:\n%s", n, key, r.stderr)
+				}
 			}
 		})
 	}
@@ -725,6 +786,7 @@ func TestCLIHelp(t *testing.T) {
 	config.RegisterFlags(serveFlags)
 	wantServe := []string{"config"}
 	serveFlags.VisitAll(func(f *pflag.Flag) { wantServe = append(wantServe, f.Name) })
+	ctlFlags := []string{"config", "admin", "token", "timeout", "vhost", "quiet", "formatter"}
 
 	cases := []struct {
 		name      string
@@ -734,13 +796,13 @@ func TestCLIHelp(t *testing.T) {
 	}{
 		{name: "serve --help", args: []string{"serve", "--help"}, wantFlags: wantServe, wantOut: []string{"Usage: amqp-mirror serve", "SIGHUP"}},
 		{name: "help serve", args: []string{"help", "serve"}, wantFlags: wantServe, wantOut: []string{"Usage: amqp-mirror serve"}},
-		{name: "ctl --help", args: []string{"ctl", "--help"}, wantFlags: []string{"config", "admin", "token", "timeout", "vhost"}, wantOut: []string{"Usage: amqp-mirror ctl"}},
+		{name: "ctl --help", args: []string{"ctl", "--help"}, wantFlags: ctlFlags, wantOut: []string{"Usage: amqp-mirror ctl"}},
+		{name: "help ctl", args: []string{"help", "ctl"}, wantFlags: ctlFlags, wantOut: []string{"Usage: amqp-mirror ctl", "before or after the command"}},
 		{name: "demo --help", args: []string{"demo", "--help"}, wantFlags: []string{"nodes", "listen", "admin", "dir"}, wantOut: []string{"Usage: amqp-mirror demo"}},
-		{name: "ctl help", args: []string{"ctl", "help"}, wantOut: []string{
-			"set_policy [-p VHOST]", "clear_policy", "list_policies", "set_operator_policy", "clear_operator_policy", "list_operator_policies",
-		}},
+		{name: "ctl help", args: []string{"ctl", "help"}, wantFlags: ctlFlags},
+		{name: "ctl help set_policy", args: []string{"ctl", "help", "set_policy"}, wantOut: []string{"Usage: amqp-mirror ctl set_policy [-p VHOST]"}},
 		{name: "ctl set_policy --help", args: []string{"ctl", "set_policy", "--help"}, wantFlags: []string{"vhost", "quiet", "help", "priority", "apply-to"}},
-		{name: "ctl list_policies --help", args: []string{"ctl", "list_policies", "--help"}, wantFlags: []string{"vhost", "quiet", "help", "explain"}},
+		{name: "ctl list_policies --help", args: []string{"ctl", "list_policies", "--help"}, wantFlags: []string{"vhost", "quiet", "help", "explain", "formatter", "config", "admin", "token"}},
 		{name: "help", args: []string{"help"}, wantOut: []string{"amqp-mirror serve", "amqp-mirror ctl", "amqp-mirror demo"}},
 	}
 	for _, tc := range cases {
@@ -763,6 +825,46 @@ func TestCLIHelp(t *testing.T) {
 		})
 	}
 
+	// help ctl lists every command, one line each: the name, then what it does.
+	for _, args := range [][]string{{"help", "ctl"}, {"ctl", "help"}, {"ctl", "--help"}} {
+		r := cli.run(t, nil, args...)
+		for _, command := range []string{"set_policy", "clear_policy", "list_policies", "set_operator_policy", "clear_operator_policy", "list_operator_policies", "help"} {
+			if !regexp.MustCompile(`(?m)^  ` + command + `\s{2,}\w.*$`).MatchString(r.stdout) {
+				t.Errorf("%s: no line for %s with what it does; got:\n%s", strings.Join(args, " "), command, r.stdout)
+			}
+		}
+	}
+
+	// Help and README tell the same story: what is not used yet, and what a reload does.
+	r := cli.run(t, nil, "help", "serve")
+	described := cliFlagDescriptions(r.stdout)
+	for _, name := range []string{"cluster.bind", "cluster.join", "failover_grace", "queue_master_locator"} {
+		if !strings.Contains(described[name], config.NotUsedYet) {
+			t.Errorf("--%s: description %q does not say %q", name, described[name], config.NotUsedYet)
+		}
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat := func(s string) string { return strings.Join(strings.Fields(strings.ReplaceAll(s, "`", "")), " ") }
+	for _, same := range []string{
+		"reloads the whole file",
+		"policies, operator policies and log.level apply live",
+		"cluster.*, failover_grace and queue_master_locator are accepted and validated",
+		"mirroring is not built yet",
+	} {
+		if !strings.Contains(flat(r.stdout), same) {
+			t.Errorf("help serve does not say %q; got:\n%s", same, r.stdout)
+		}
+		if !strings.Contains(strings.ToLower(flat(string(readme))), strings.ToLower(same)) {
+			t.Errorf("README does not say %q", same)
+		}
+	}
+	if strings.Contains(r.stdout, "reloads the policies") {
+		t.Errorf("help serve still says SIGHUP reloads only the policies:\n%s", r.stdout)
+	}
+
 	failures := []struct {
 		name    string
 		args    []string
@@ -771,6 +873,7 @@ func TestCLIHelp(t *testing.T) {
 		{name: "no arguments", wantErr: []string{"Usage:", "amqp-mirror serve", "amqp-mirror ctl", "amqp-mirror demo"}},
 		{name: "unknown command", args: []string{"server"}, wantErr: []string{`unknown command "server"`, "Usage:"}},
 		{name: "unknown flag", args: []string{"serve", "--listen-amqp", "x"}, wantErr: []string{"unknown flag: --listen-amqp"}},
+		{name: "ctl without a command", args: []string{"ctl", "--config", "x.yaml"}, wantErr: []string{"no command given", "Commands:"}},
 	}
 	for _, tc := range failures {
 		t.Run(tc.name, func(t *testing.T) {
@@ -873,4 +976,159 @@ func TestCLIServesAMQPS(t *testing.T) {
 		t.Fatalf("publish: %v", err)
 	}
 	awaitMessage(t, ch, q.Name, "tls")
+}
+
+func TestCLICtlOptionsAfterTheCommand(t *testing.T) {
+	cli := newCLI(t)
+	rabbit := node(t, "rabbit1")
+	settings := newCLIConfig(t, rabbit)
+	settings.Extra = `
+policies:
+  - {name: ha-file, pattern: "^file_", apply-to: queues, definition: {ha-mode: all}}
+`
+	p := cli.serveConfig(t, settings)
+	path := p.configPath
+	steps := []struct {
+		name    string
+		args    []string // after "ctl"
+		wantOut []string
+	}{
+		{"--config after the command", []string{"list_policies", "--config", path},
+			[]string{"vhost\tname\tpattern\tapply-to\tdefinition\tpriority\tsource\n", "/\tha-file\t^file_\tqueues\t{\"ha-mode\":\"all\"}\t0\tfile\n"}},
+		{"set_policy with --config and --priority after its arguments", []string{"set_policy", "ha-two", "^q", `{"ha-mode":"exactly","ha-params":2}`, "--config", path, "--priority", "2"},
+			[]string{`Setting policy "ha-two" for pattern "^q"`, `with priority "2"`}},
+		{"--admin, --token and -p after the command", []string{"list_policies", "--admin", p.adminAddr, "--token", p.token, "-p", "/"},
+			[]string{"/\tha-two\t^q\tall\t{\"ha-mode\":\"exactly\",\"ha-params\":2}\t2\truntime\n"}},
+		{"options on both sides", []string{"-p", "/", "list_policies", "--config", path, "-q"},
+			[]string{"/\tha-file\t"}},
+	}
+	for _, step := range steps {
+		t.Run(step.name, func(t *testing.T) {
+			cli.run(t, nil, append([]string{"ctl"}, step.args...)...).check(t, 0, step.wantOut, nil, nil)
+		})
+	}
+
+	t.Run("--formatter json", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"ctl", "list_policies", "--config", path, "--formatter", "json"},
+			{"ctl", "--formatter=json", "--config", path, "list_policies"},
+		} {
+			r := cli.run(t, nil, args...)
+			r.check(t, 0, nil, nil, nil)
+			var rows []map[string]any
+			if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil {
+				t.Fatalf("%s: stdout is not a JSON array: %v\n%s", strings.Join(args, " "), err, r.stdout)
+			}
+			byName := map[string]map[string]any{}
+			for _, row := range rows {
+				byName[fmt.Sprint(row["name"])] = row
+			}
+			file, runtime := byName["ha-file"], byName["ha-two"]
+			if len(rows) != 2 || file == nil || runtime == nil {
+				t.Fatalf("got %v, want ha-file and ha-two", rows)
+			}
+			checks := []struct {
+				name      string
+				got, want any
+			}{
+				{"vhost", file["vhost"], "/"},
+				{"pattern", file["pattern"], "^file_"},
+				{"apply-to", file["apply-to"], "queues"},
+				{"definition", fmt.Sprint(file["definition"]), "map[ha-mode:all]"},
+				{"priority", runtime["priority"], 2.0},
+				{"file source", file["source"], "file"},
+				{"runtime source", runtime["source"], "runtime"},
+			}
+			for _, c := range checks {
+				if c.got != c.want {
+					t.Errorf("%s: %s: got %v, want %v", strings.Join(args, " "), c.name, c.got, c.want)
+				}
+			}
+		}
+		r := cli.run(t, nil, "ctl", "list_policies", "--explain", "file_1", "--config", path, "--formatter", "json")
+		r.check(t, 0, nil, nil, nil)
+		var report struct {
+			Policy struct {
+				Winner string `json:"winner"`
+			} `json:"policy"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &report); err != nil || report.Policy.Winner != "ha-file" {
+			t.Errorf("--explain --formatter json: got %v %q, want the winner ha-file", err, r.stdout)
+		}
+		cli.run(t, nil, "ctl", "list_policies", "--config", path, "--formatter", "xml").check(t, 64, nil, []string{"--formatter: expected table or json"}, nil)
+	})
+}
+
+func TestCLIMetrics(t *testing.T) {
+	cli := newCLI(t)
+	rabbit := node(t, "rabbit1")
+	p := cli.serveConfig(t, newCLIConfig(t, rabbit))
+	conn, err := amqp.Dial(p.url("guest", "guest"))
+	if err != nil {
+		t.Fatalf("dial the proxy: %v", err)
+	}
+	conn.Close()
+
+	scrape := func() (string, error) {
+		// No credential: /metrics is open like RabbitMQ's Prometheus endpoint.
+		resp, err := http.Get("http://" + p.adminAddr + "/metrics")
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("GET /metrics: %s\n%s", resp.Status, body)
+		}
+		return string(body), err
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		body, err := scrape()
+		if err != nil {
+			return err
+		}
+		for _, want := range []string{
+			"# TYPE amqp_mirror_client_connections gauge\namqp_mirror_client_connections 0\n",
+			"# TYPE amqp_mirror_client_connections_opened_total counter\namqp_mirror_client_connections_opened_total 1\n",
+			"# TYPE amqp_mirror_client_connections_closed_total counter\n",
+			`amqp_mirror_client_connections_closed_total{reason="client_closed"} 1` + "\n",
+			`amqp_mirror_client_connections_closed_total{reason="backend_lost"} 0` + "\n",
+			`amqp_mirror_policies{kind="policy"} 0` + "\n",
+			`amqp_mirror_policies{kind="operator_policy"} 0` + "\n",
+			"# TYPE amqp_mirror_policy_changes_total counter\namqp_mirror_policy_changes_total 0\n",
+			"# TYPE go_goroutines gauge\n",
+			"# TYPE go_gc_duration_seconds summary\n",
+			"# TYPE process_resident_memory_bytes gauge\n",
+			"# TYPE process_cpu_seconds_total counter\n",
+			"# TYPE process_open_fds gauge\n",
+		} {
+			if !strings.Contains(body, want) {
+				return fmt.Errorf("/metrics lacks %q; got:\n%s", want, body)
+			}
+		}
+		return nil
+	})
+}
+
+// TestCLIServesTheShippedExample runs the real binary on the example file the README
+// points at, with only the listeners and state_dir moved by environment variables.
+func TestCLIServesTheShippedExample(t *testing.T) {
+	cli := newCLI(t)
+	example, err := filepath.Abs("../amqp-mirror.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stateDir := t.TempDir()
+	p := cli.serve(t, example, []string{
+		"AMQP_MIRROR_LISTEN_AMQP=" + cliFreeAddr(t),
+		"AMQP_MIRROR_LISTEN_ADMIN=" + cliFreeAddr(t),
+		"AMQP_MIRROR_STATE_DIR=" + stateDir,
+	})
+	token, err := os.ReadFile(filepath.Join(stateDir, config.AdminTokenFile))
+	if err != nil {
+		t.Fatalf("the admin token: %v", err)
+	}
+	cli.run(t, nil, "ctl", "list_policies", "--admin", p.adminAddr, "--token", strings.TrimSpace(string(token))).
+		check(t, 0, []string{"/\tha-queues\t^queue_\tqueues\t{\"ha-mode\":\"exactly\",\"ha-params\":2,\"ha-sync-mode\":\"automatic\"}\t0\tfile\n"}, nil, nil)
+	p.stop(t, syscall.SIGTERM)
 }
