@@ -1,0 +1,352 @@
+package controllink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Backend is a broker the watcher keeps a link to.
+type Backend struct {
+	Name string
+	// URL is the backend's AMQP URL with the proxy's own account.
+	URL string
+}
+
+// State is what the watcher knows of a backend.
+type State int
+
+const (
+	// Unknown: the first connection attempt has not ended yet.
+	Unknown State = iota
+	// Up: the watcher's connection is open and the broker answers.
+	Up
+	// Down: the broker refused or reset the connection, closed it, or did
+	// not answer within the grace period.
+	Down
+)
+
+var stateNames = []string{"unknown", "up", "down"}
+
+func (s State) String() string {
+	if s < 0 || int(s) >= len(stateNames) {
+		return fmt.Sprintf("State(%d)", int(s))
+	}
+	return stateNames[s]
+}
+
+// Cause says why a backend went down; failover treats them differently
+// (ha-promote-on-failure versus ha-promote-on-shutdown).
+type Cause int
+
+const (
+	// CauseNone: the event is not a failure (a backend came up).
+	CauseNone Cause = iota
+	// CauseLost: the connection was refused, reset or cut. RabbitMQ
+	// promotes at once when it sees a node go down, and so does the proxy.
+	CauseLost
+	// CauseUnresponsive: the connection is open but the broker did not
+	// answer a probe within the grace period (a frozen process, a host gone
+	// behind a live network).
+	CauseUnresponsive
+	// CauseShutdown: the broker closed the connection with 320
+	// CONNECTION_FORCED, as RabbitMQ does when it is stopped cleanly.
+	CauseShutdown
+)
+
+var causeNames = []string{"none", "connection lost", "unresponsive", "shutdown"}
+
+func (c Cause) String() string {
+	if c < 0 || int(c) >= len(causeNames) {
+		return fmt.Sprintf("Cause(%d)", int(c))
+	}
+	return causeNames[c]
+}
+
+// Event is a change of a backend's state.
+type Event struct {
+	Backend string
+	State   State
+	Cause   Cause
+	// At is when the change was seen.
+	At time.Time
+	// Err is the failure behind a Down event.
+	Err error
+	// Generation counts the watcher's connections to this backend; it rises
+	// with every Up, so that work done on an older connection is recognised.
+	Generation uint64
+}
+
+// WatcherOptions configure a Watcher; zero values take the defaults.
+type WatcherOptions struct {
+	// Grace is how long a broker that keeps its connection open but stops
+	// answering is waited for before it is declared down (the config's
+	// failover_grace). Default 2s.
+	Grace time.Duration
+	// ProbeInterval is how often the broker is asked a question. Default
+	// Grace/4, so that a freeze is noticed within Grace plus one interval.
+	ProbeInterval time.Duration
+	// Retry bounds the pause between connection attempts to a backend that
+	// is down (it starts at a tenth of it and doubles). Default 1s.
+	Retry  time.Duration
+	Logger *slog.Logger
+}
+
+func (o WatcherOptions) withDefaults() WatcherOptions {
+	if o.Grace <= 0 {
+		o.Grace = 2 * time.Second
+	}
+	if o.ProbeInterval <= 0 {
+		o.ProbeInterval = max(o.Grace/4, 50*time.Millisecond)
+	}
+	if o.Retry <= 0 {
+		o.Retry = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Watcher keeps one connection of the proxy's own to each backend, probes
+// it, and reports every change of state on Events. One goroutine per
+// backend owns that backend's connection; the current connection is handed
+// to others (trimmers, syncs) through Conn.
+type Watcher struct {
+	opts   WatcherOptions
+	log    *slog.Logger
+	events chan Event
+	done   chan struct{}
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	links map[string]*watchedLink
+}
+
+type watchedLink struct {
+	state      State
+	conn       *amqp.Connection // nil unless Up
+	generation uint64
+}
+
+// NewWatcher starts watching backends. A backend that is down now is not an
+// error: it is reported Down and watched until it comes up.
+func NewWatcher(backends []Backend, opts WatcherOptions) *Watcher {
+	opts = opts.withDefaults()
+	w := &Watcher{
+		opts:   opts,
+		log:    opts.Logger.With("component", "backend-watcher"),
+		events: make(chan Event, 4*len(backends)+4),
+		done:   make(chan struct{}),
+		links:  make(map[string]*watchedLink, len(backends)),
+	}
+	for _, b := range backends {
+		w.links[b.Name] = &watchedLink{}
+		w.wg.Add(1)
+		go w.watch(b)
+	}
+	return w
+}
+
+// Events delivers every change of state, in order per backend. The reader
+// must keep reading: a watcher whose events are not taken stops probing
+// until they are (changes are rare; they must not be dropped).
+func (w *Watcher) Events() <-chan Event { return w.events }
+
+// State returns a backend's current state.
+func (w *Watcher) State(backend string) State {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if l := w.links[backend]; l != nil {
+		return l.state
+	}
+	return Unknown
+}
+
+// Conn returns the current connection to a backend and its generation, or
+// nil when the backend is not up. The connection belongs to the watcher:
+// open channels on it, never close it.
+func (w *Watcher) Conn(backend string) (*amqp.Connection, uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if l := w.links[backend]; l != nil && l.state == Up {
+		return l.conn, l.generation
+	}
+	return nil, 0
+}
+
+// Close stops watching and closes every connection.
+func (w *Watcher) Close() {
+	select {
+	case <-w.done:
+	default:
+		close(w.done)
+	}
+	w.wg.Wait()
+}
+
+// watch is one backend's goroutine: connect, probe until the connection
+// fails, report, and connect again.
+func (w *Watcher) watch(b Backend) {
+	defer w.wg.Done()
+	log := w.log.With("backend", b.Name)
+	retry := w.opts.Retry / 10
+	for {
+		conn, ch, err := w.connect(b)
+		if err != nil {
+			w.transition(b.Name, Down, causeOf(err), err, nil)
+			log.Debug("backend unreachable", "err", err, "retry", retry)
+			select {
+			case <-w.done:
+				return
+			case <-time.After(retry):
+			}
+			retry = min(2*retry, w.opts.Retry)
+			continue
+		}
+		retry = w.opts.Retry / 10
+		w.transition(b.Name, Up, CauseNone, nil, conn)
+		cause, err := w.probe(conn, ch)
+		// A frozen broker never answers the close handshake: do not wait.
+		conn.CloseDeadline(time.Now())
+		if cause == CauseNone { // the watcher is closing
+			return
+		}
+		w.transition(b.Name, Down, cause, err, nil)
+		log.Warn("backend down", "cause", cause.String(), "err", err)
+	}
+}
+
+// connect opens the connection and the channel the probes use, both within
+// the grace period: a frozen broker must not hold the watcher.
+func (w *Watcher) connect(b Backend) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := w.dial(b)
+	if err != nil {
+		return nil, nil, err
+	}
+	opened := make(chan error, 1)
+	var ch *amqp.Channel
+	go func() {
+		var err error
+		ch, err = conn.Channel()
+		opened <- err
+	}()
+	timeout := time.NewTimer(w.opts.Grace)
+	defer timeout.Stop()
+	select {
+	case err = <-opened:
+	case <-timeout.C:
+		err = fmt.Errorf("opening a channel: %w", context.DeadlineExceeded)
+	}
+	if err != nil {
+		conn.CloseDeadline(time.Now()) // also ends the goroutine's wait
+		return nil, nil, err
+	}
+	return conn, ch, nil
+}
+
+func (w *Watcher) dial(b Backend) (*amqp.Connection, error) {
+	// The dial must not outlast the grace either: a frozen broker accepts
+	// TCP connections (the kernel does) but never answers the handshake.
+	dialer := &net.Dialer{Timeout: w.opts.Grace}
+	return amqp.DialConfig(b.URL, amqp.Config{
+		Heartbeat: 10 * time.Second,
+		Locale:    "en_US",
+		Dial: func(network, addr string) (net.Conn, error) {
+			conn, err := dialer.Dial(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// Bound the AMQP handshake; amqp091-go clears the deadline once
+			// the connection is open.
+			conn.SetDeadline(time.Now().Add(w.opts.Grace))
+			return conn, nil
+		},
+		Properties: amqp.Table{"connection_name": "amqp-mirror backend watcher"},
+	})
+}
+
+// probe asks the broker a cheap question every ProbeInterval until the
+// connection fails or the broker stops answering within Grace. It returns
+// CauseNone only when the watcher is closing.
+func (w *Watcher) probe(conn *amqp.Connection, ch *amqp.Channel) (Cause, error) {
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	answers := make(chan error, 1)
+	ask := func() {
+		// A passive declare of a built-in exchange: a round trip through
+		// the broker's channel process that changes nothing.
+		answers <- ch.ExchangeDeclarePassive("amq.direct", "direct", true, false, false, false, nil)
+	}
+	tick := time.NewTicker(w.opts.ProbeInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.done:
+			return CauseNone, nil
+		case amqpErr := <-closed:
+			return closeCause(amqpErr)
+		case <-tick.C:
+		}
+		go ask()
+		deadline := time.NewTimer(w.opts.Grace)
+		select {
+		case <-w.done:
+			deadline.Stop()
+			return CauseNone, nil
+		case amqpErr := <-closed:
+			deadline.Stop()
+			return closeCause(amqpErr)
+		case err := <-answers:
+			deadline.Stop()
+			if err != nil {
+				return causeOf(err), fmt.Errorf("probe: %w", err)
+			}
+		case <-deadline.C:
+			return CauseUnresponsive, fmt.Errorf("no answer to a probe within %s", w.opts.Grace)
+		}
+	}
+}
+
+// transition records a backend's new state and reports it when it changed.
+func (w *Watcher) transition(backend string, state State, cause Cause, err error, conn *amqp.Connection) {
+	w.mu.Lock()
+	l := w.links[backend]
+	if l.state == state && state != Up {
+		w.mu.Unlock()
+		return
+	}
+	l.state, l.conn = state, conn
+	if state == Up {
+		l.generation++
+	}
+	ev := Event{Backend: backend, State: state, Cause: cause, At: time.Now(), Err: err, Generation: l.generation}
+	w.mu.Unlock()
+	select {
+	case w.events <- ev:
+	case <-w.done:
+	}
+}
+
+func closeCause(e *amqp.Error) (Cause, error) {
+	if e == nil { // closed without an error: by us, which only happens at Close
+		return CauseLost, errors.New("connection closed")
+	}
+	if e.Server && e.Code == amqp.ConnectionForced {
+		return CauseShutdown, e
+	}
+	return CauseLost, e
+}
+
+func causeOf(err error) Cause {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
+		return CauseUnresponsive
+	}
+	return CauseLost
+}
