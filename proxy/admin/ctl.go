@@ -260,9 +260,10 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 	if name == "list_policies" {
 		fs.StringVar(&o.explain, "explain", "", "explain which policies apply to this queue")
 	}
-	if strings.HasPrefix(name, "list_") {
-		fs.StringVar(&o.formatter, "formatter", formatTable, "output format: table (tab-separated, with a header) or json (an array of objects)")
-	}
+	// Every command takes --formatter, as in rabbitmqctl, so that scripts can
+	// pass it to all; only the list commands have a table to format, and the
+	// others print no banner with json.
+	fs.StringVar(&o.formatter, "formatter", formatTable, "output format of list commands: table (tab-separated, with a header) or json (an array of objects)")
 	addConnectionFlags(fs, &conn)
 	if err := fs.Parse(rest); err != nil {
 		fmt.Fprintf(stderr, "Error: %v\nUsage: amqp-mirror ctl %s\n", err, cmd.usage)
@@ -272,7 +273,7 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 		fmt.Fprintf(stdout, "Usage: amqp-mirror ctl %s\n\n%s\n\nOptions:\n%s", cmd.usage, cmd.summary, fs.FlagUsages())
 		return ExitOK
 	}
-	if o.formatter != "" && o.formatter != formatTable && o.formatter != formatJSON {
+	if o.formatter != formatTable && o.formatter != formatJSON {
 		fmt.Fprintf(stderr, "Error: --formatter: expected table or json, found %q\n", o.formatter)
 		return ExitUsage
 	}

@@ -59,7 +59,8 @@ func TestRunCtl(t *testing.T) {
 		{"--formatter before the command", []string{"--formatter=json", "-p", "/", "list_operator_policies"}, 0, []string{"[]\n"}, "", nil},
 		{"--explain --formatter json", []string{"list_policies", "--explain", "all_1", "--formatter", "json"}, 0, []string{`"winner":"ha-all"`}, "", nil},
 		{"unknown formatter", []string{"list_policies", "--formatter", "csv"}, ExitUsage, nil, "--formatter: expected table or json", nil},
-		{"formatter on a command that lists nothing", []string{"clear_policy", "--formatter", "json", "x"}, ExitUsage, nil, "unknown flag: --formatter", nil},
+		{"formatter on a command that lists nothing", []string{"set_policy", "--formatter", "json", "fmt", "^fmt", `{"ha-mode":"all"}`}, 0, nil, "", nil},
+		{"clear it", []string{"clear_policy", "fmt"}, 0, nil, "", nil},
 		{"help command", []string{"help", "clear_policy"}, 0, []string{"Usage: amqp-mirror ctl clear_policy [-p VHOST] NAME"}, "", nil},
 		{"--help", []string{"set_policy", "--help"}, 0, []string{"--apply-to string", "--priority int", "ha-params"}, "", nil},
 	}
@@ -111,6 +112,15 @@ func TestCtlJSONIsOnlyJSON(t *testing.T) {
 	}
 	if def, ok := rows[0]["definition"].(map[string]any); !ok || def["ha-mode"] != "all" {
 		t.Errorf("definition: got %#v, want the object {\"ha-mode\":\"all\"}", rows[0]["definition"])
+	}
+	// A command with nothing to list prints no banner either.
+	for _, args := range [][]string{
+		{"set_policy", "--formatter", "json", "p", "^p", `{"ha-mode":"all"}`},
+		{"--formatter=json", "clear_policy", "p"},
+	} {
+		if code, out, errOut := ctl(t, f.client, args...); code != 0 || out != "" {
+			t.Errorf("%v: got exit code %d, stdout %q (stderr %q), want 0 and nothing", args, code, out, errOut)
+		}
 	}
 }
 
