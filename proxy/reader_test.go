@@ -288,4 +288,3 @@ func BenchmarkSocketWriter(b *testing.B) {
 		b.Fatal(err)
 	}
 }
-
