@@ -1,0 +1,451 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+	"github.com/hashicorp/serf/serf"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// Cluster is this proxy's membership in the sidecar cluster: a serf member
+// and a raft voter of the metadata log (Store).
+type Cluster struct {
+	cfg   Config
+	log   *slog.Logger
+	serf  *serf.Serf
+	store *mirror.Store
+
+	// serfEvents is serf's event channel; eventLoop drains it.
+	serfEvents chan serf.Event
+	// reconcile asks reconcileLoop to compare voters with members; one
+	// pending request stands for many.
+	reconcile chan struct{}
+
+	mu sync.Mutex
+	// reaped holds members serf forgot (EventReap) whose voter the leader
+	// must still remove; reaped members vanish from serf.Members.
+	reaped map[string]bool
+	// bootstrapped is set once the log has a configuration here.
+	bootstrapped bool
+
+	stop         chan struct{}
+	wg           sync.WaitGroup
+	shutdownOnce sync.Once
+	shutdownErr  error
+	leaveOnce    sync.Once
+	leaveErr     error
+}
+
+// Start opens the metadata log in cfg.DataDir with a raft transport on
+// cfg.RaftBind, starts the serf member on cfg.Bind and joins cfg.Join in
+// the background. It returns once both listen. The log has no leader until
+// the cluster is bootstrapped (BootstrapExpect) or a leader adds this node;
+// use Store().WaitLeader before the first write.
+func Start(cfg Config) (*Cluster, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	log := cfg.Logger.With("component", "cluster", "node", cfg.NodeName)
+
+	transport, err := newRaftTransport(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	store, err := mirror.OpenStore(mirror.StoreConfig{
+		Dir:             cfg.DataDir,
+		NodeID:          cfg.NodeName,
+		Transport:       transport,
+		Logger:          cfg.Logger.With("node", cfg.NodeName),
+		ElectionTimeout: cfg.ElectionTimeout,
+		JoinCluster:     true,
+	})
+	if err != nil {
+		transport.Close()
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+
+	c := &Cluster{
+		cfg:        cfg,
+		log:        log,
+		store:      store,
+		serfEvents: make(chan serf.Event, 256),
+		reconcile:  make(chan struct{}, 1),
+		reaped:     make(map[string]bool),
+		stop:       make(chan struct{}),
+	}
+	c.serf, err = c.startSerf(string(transport.LocalAddr()))
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	c.wg.Add(2)
+	go c.eventLoop()
+	go c.reconcileLoop()
+	if len(cfg.Join) > 0 {
+		c.wg.Add(1)
+		go c.joinLoop(cfg.Join)
+	}
+	return c, nil
+}
+
+func newRaftTransport(cfg Config, log *slog.Logger) (*raft.NetworkTransport, error) {
+	ln, err := net.Listen("tcp", cfg.RaftBind)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: raft listener: %w", err)
+	}
+	advertise := ln.Addr()
+	if cfg.RaftAdvertise != "" {
+		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("cluster: raft advertise: %w", err)
+		}
+	}
+	var layer raft.StreamLayer = newTCPStreamLayer(ln, advertise)
+	if cfg.network != nil {
+		layer = cfg.network.raft(layer)
+	}
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  layer,
+		MaxPool: 3,
+		Timeout: 2 * time.Second,
+		Logger:  hcLogger(log.With("component", "raft-net"), "raft-net"),
+	}), nil
+}
+
+// tcpStreamLayer is raft's TCP stream layer (what raft.NewTCPTransport
+// builds), kept as our own type so that tests can wrap it, and so that
+// closing it also closes every connection: raft's transport closes only its
+// listener, which would leave the goroutines serving accepted connections
+// blocked until the peer hangs up, and peers talking to a node that is gone.
+type tcpStreamLayer struct {
+	net.Listener
+	advertise net.Addr
+
+	mu     sync.Mutex
+	conns  map[*layerConn]struct{}
+	closed bool
+}
+
+func newTCPStreamLayer(ln net.Listener, advertise net.Addr) *tcpStreamLayer {
+	return &tcpStreamLayer{Listener: ln, advertise: advertise, conns: make(map[*layerConn]struct{})}
+}
+
+func (l *tcpStreamLayer) Addr() net.Addr { return l.advertise }
+
+func (l *tcpStreamLayer) Accept() (net.Conn, error) {
+	conn, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return l.track(conn)
+}
+
+func (l *tcpStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	conn, err := net.DialTimeout("tcp", string(address), timeout)
+	if err != nil {
+		return nil, err
+	}
+	return l.track(conn)
+}
+
+func (l *tcpStreamLayer) track(conn net.Conn) (net.Conn, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		conn.Close()
+		return nil, net.ErrClosed
+	}
+	lc := &layerConn{Conn: conn, layer: l}
+	l.conns[lc] = struct{}{}
+	return lc, nil
+}
+
+// Close closes the listener and every connection accepted or dialed.
+func (l *tcpStreamLayer) Close() error {
+	l.mu.Lock()
+	l.closed = true
+	conns := make([]*layerConn, 0, len(l.conns))
+	for c := range l.conns {
+		conns = append(conns, c)
+	}
+	l.mu.Unlock()
+	err := l.Listener.Close()
+	for _, c := range conns {
+		c.Close()
+	}
+	return err
+}
+
+type layerConn struct {
+	net.Conn
+	layer *tcpStreamLayer
+}
+
+func (c *layerConn) Close() error {
+	c.layer.mu.Lock()
+	delete(c.layer.conns, c)
+	c.layer.mu.Unlock()
+	return c.Conn.Close()
+}
+
+func (c *Cluster) startSerf(raftAddr string) (*serf.Serf, error) {
+	cfg := c.cfg
+	host, port, _ := splitHostPort(cfg.Bind)
+	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
+		BindAddrs: []string{host},
+		BindPort:  port,
+		Logger:    stdLogger(c.log.With("component", "memberlist")),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: serf listener on %s: %w", cfg.Bind, err)
+	}
+	port = nt.GetAutoBindPort()
+	var transport memberlist.NodeAwareTransport = nt
+	if cfg.network != nil {
+		transport = cfg.network.gossip(nt)
+	}
+
+	ml := memberlist.DefaultLANConfig()
+	ml.Transport = transport
+	ml.BindAddr, ml.BindPort = host, port
+	ml.AdvertisePort = port
+	if cfg.Advertise != "" {
+		ml.AdvertiseAddr, ml.AdvertisePort, _ = splitHostPort(cfg.Advertise)
+	}
+	ml.Logger = stdLogger(c.log.With("component", "memberlist"))
+	// Failure detection: see "Failure detection" in doc.go for the sums.
+	ml.ProbeInterval = cfg.ProbeInterval
+	ml.ProbeTimeout = cfg.ProbeTimeout
+	ml.SuspicionMult = cfg.SuspicionMult
+	ml.GossipInterval = 100 * time.Millisecond
+	ml.TCPTimeout = 2 * time.Second
+	ml.PushPullInterval = 15 * time.Second
+
+	sc := serf.DefaultConfig()
+	sc.NodeName = cfg.NodeName
+	sc.Tags = map[string]string{
+		tagAMQP:    cfg.AMQP,
+		tagAdmin:   cfg.Admin,
+		tagBackend: cfg.Backend,
+		tagRaft:    raftAddr,
+		tagExpect:  strconv.Itoa(cfg.BootstrapExpect),
+	}
+	sc.EventCh = c.serfEvents
+	sc.MemberlistConfig = ml
+	sc.LogOutput = nil
+	sc.Logger = stdLogger(c.log.With("component", "serf"))
+	sc.ReconnectTimeout = cfg.ReconnectTimeout
+	sc.TombstoneTimeout = max(cfg.ReconnectTimeout, 24*time.Hour)
+	// Peers stop probing a leaving node once they heard of the leave; a
+	// few probe intervals are enough for that on a LAN.
+	sc.LeavePropagateDelay = 5 * cfg.ProbeInterval
+	// Two proxies must never share a name (it is the raft ID); serf
+	// resolves a conflict by majority vote and shuts the loser down.
+	sc.EnableNameConflictResolution = true
+
+	s, err := serf.Create(sc)
+	if err != nil {
+		nt.Shutdown()
+		return nil, fmt.Errorf("cluster: starting serf: %w", err)
+	}
+	return s, nil
+}
+
+// joinLoop joins the given proxies, retrying every second until one
+// answers: at a whole-cluster start the others may come up later.
+func (c *Cluster) joinLoop(addrs []string) {
+	defer c.wg.Done()
+	for attempt := 1; ; attempt++ {
+		n, err := c.serf.Join(addrs, true)
+		if n > 0 {
+			c.log.Info("joined the cluster", "contacted", n)
+			return
+		}
+		level := slog.LevelDebug
+		if attempt%10 == 1 {
+			level = slog.LevelWarn
+		}
+		c.log.Log(context.Background(), level, "joining the cluster failed, retrying", "join", addrs, "attempt", attempt, "error", err)
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// Join contacts the given serf addresses now and returns how many answered.
+func (c *Cluster) Join(addrs ...string) (int, error) {
+	n, err := c.serf.Join(addrs, true)
+	if err != nil {
+		return n, fmt.Errorf("cluster: joining %v: %w", addrs, err)
+	}
+	return n, nil
+}
+
+// eventLoop turns serf's events into Events: it records what the voter
+// reconciliation needs, wakes it, then hands the events to Config.Events.
+func (c *Cluster) eventLoop() {
+	defer c.wg.Done()
+	for {
+		var se serf.Event
+		select {
+		case <-c.stop:
+			return
+		case se = <-c.serfEvents:
+		}
+		events := eventsFromSerf(se)
+		c.mu.Lock()
+		for _, e := range events {
+			switch e.Kind {
+			case EventReap:
+				c.reaped[e.Member.Name] = true
+			case EventJoin:
+				delete(c.reaped, e.Member.Name)
+			}
+		}
+		c.mu.Unlock()
+		c.wake()
+		for _, e := range events {
+			c.log.Info("member "+e.Kind.String(), "member", e.Member.Name, "status", e.Member.Status)
+			if c.cfg.Events == nil {
+				continue
+			}
+			select {
+			case c.cfg.Events <- e:
+			case <-c.stop:
+				return
+			}
+		}
+	}
+}
+
+func (c *Cluster) wake() {
+	select {
+	case c.reconcile <- struct{}{}:
+	default:
+	}
+}
+
+// Store is the metadata log this node votes in.
+func (c *Cluster) Store() *mirror.Store { return c.store }
+
+// Members returns every member serf knows, this one included, sorted by
+// name.
+func (c *Cluster) Members() []Member { return membersFromSerf(c.serf.Members()) }
+
+// LocalMember returns this proxy as the others see it.
+func (c *Cluster) LocalMember() Member { return memberFromSerf(c.serf.LocalMember()) }
+
+// Majority reports whether this node is on a side of the cluster that can
+// commit to the metadata log: it leads, or it follows a leader whose
+// heartbeats still arrive. A follower forgets its leader one to two
+// ElectionTimeouts after the heartbeats stop, and a leader that cannot
+// reach a majority steps down after half an ElectionTimeout, so a minority
+// side answers false within about two ElectionTimeouts of a partition. The
+// proxy stops serving mirrored queues while it is false (pause_minority).
+// Store().LeaderChanges signals when to ask again.
+func (c *Cluster) Majority() bool {
+	id, _ := c.store.Leader()
+	return id != ""
+}
+
+// Leader returns the member that leads the metadata log, as far as this
+// node knows; false when it knows no leader or serf does not know it.
+func (c *Cluster) Leader() (Member, bool) {
+	id, _ := c.store.Leader()
+	if id == "" {
+		return Member{}, false
+	}
+	for _, m := range c.Members() {
+		if m.Name == id {
+			return m, true
+		}
+	}
+	return Member{}, false
+}
+
+// Leave departs gracefully and then shuts down: a leader first removes its
+// own voter (handing leadership to the others), a follower announces its
+// leave and waits up to LeaveTimeout for the leader to remove its voter.
+// Peers see the member as left, not failed, and the quorum shrinks with
+// it. Use Shutdown instead to stop without leaving (a restart), keeping
+// the vote.
+func (c *Cluster) Leave() error {
+	c.leaveOnce.Do(func() {
+		c.leaveErr = errors.Join(c.leave(), c.Shutdown())
+	})
+	return c.leaveErr
+}
+
+func (c *Cluster) leave() error {
+	var errs []error
+	voters, err := c.store.Voters()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if c.store.IsLeader() && len(voters) > 1 {
+		// Not an error yet when it fails (leadership lost mid-commit, which
+		// may still commit): the next leader removes a member that left,
+		// and the wait below tells.
+		if err := c.store.RemoveVoter(c.cfg.NodeName); err != nil {
+			c.log.Warn("leader removing its own voter", "error", err)
+		}
+	}
+	if err := c.serf.Leave(); err != nil {
+		errs = append(errs, fmt.Errorf("cluster: announcing the leave: %w", err))
+	}
+	if len(voters) > 1 {
+		deadline := time.Now().Add(c.cfg.LeaveTimeout)
+		for c.isVoter() {
+			if time.Now().After(deadline) {
+				errs = append(errs, fmt.Errorf("cluster: leaving: still a voter after %v", c.cfg.LeaveTimeout))
+				break
+			}
+			select {
+			case <-time.After(50 * time.Millisecond):
+			case <-c.stop:
+				return errors.Join(errs...)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Cluster) isVoter() bool {
+	voters, err := c.store.Voters()
+	if err != nil {
+		return false
+	}
+	for _, v := range voters {
+		if v.ID == c.cfg.NodeName {
+			return true
+		}
+	}
+	return false
+}
+
+// Shutdown stops serf and raft without leaving: peers see a failure, and
+// this node stays a voter, as after a crash. It is idempotent.
+func (c *Cluster) Shutdown() error {
+	c.shutdownOnce.Do(func() {
+		// serf first, while eventLoop still drains its events: serf sends
+		// member events without a timeout.
+		serfErr := c.serf.Shutdown()
+		close(c.stop)
+		c.wg.Wait()
+		c.shutdownErr = errors.Join(serfErr, c.store.Close())
+	})
+	return c.shutdownErr
+}

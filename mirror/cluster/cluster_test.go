@@ -1,0 +1,137 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+func TestClusterFormsAndReplicates(t *testing.T) {
+	nodes := startCluster(t, 3)
+	want := names(nodes)
+
+	for _, n := range nodes {
+		members := n.Members()
+		var got []string
+		for _, m := range members {
+			got = append(got, m.Name)
+			peer := nodes[slices.Index(want, m.Name)]
+			if m.Raft != peer.LocalMember().Raft || m.Backend != m.Name || m.AMQP != "127.0.0.1:5672" || m.Expect != 3 {
+				t.Errorf("%s sees %+v, want the tags %s publishes", n.cfg.NodeName, m, m.Name)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s sees members %v, want %v", n.cfg.NodeName, got, want)
+		}
+		if !n.Majority() {
+			t.Errorf("%s: Majority() = false in a healthy cluster", n.cfg.NodeName)
+		}
+	}
+
+	leader := waitLeader(t, nodes)
+	if got, ok := nodes[1].Leader(); !ok || got.Name != leader.cfg.NodeName || got.Admin != "127.0.0.1:15680" {
+		t.Errorf("Leader() = %+v, %v; want member %s", got, ok, leader.cfg.NodeName)
+	}
+	written := put(t, leader, queueMeta("queue_1", "rabbit1", "rabbit2", "rabbit3"))
+	waitReplicated(t, nodes, written)
+
+	for _, n := range without(nodes, leader) {
+		_, err := n.Store().Put(context.Background(), queueMeta("queue_2", "rabbit2"), 0)
+		if !errors.Is(err, mirror.ErrNotLeader) {
+			t.Errorf("put through follower %s: err = %v, want ErrNotLeader", n.cfg.NodeName, err)
+		}
+	}
+}
+
+// A dead node (its proxy killed, no leave) is noticed within about a
+// second, keeps its vote, and catches up when it comes back with its data.
+func TestFailedNodeKeepsItsVoteAndCatchesUp(t *testing.T) {
+	nodes := startCluster(t, 3)
+	all := names(nodes)
+	leader := waitLeader(t, nodes)
+	before := put(t, leader, queueMeta("before", "rabbit1"))
+	waitReplicated(t, nodes, before)
+	survivors := without(nodes, leader)
+
+	killed := time.Now()
+	if err := leader.Shutdown(); err != nil {
+		t.Fatalf("shutdown of the leader: %v", err)
+	}
+	for _, n := range survivors {
+		noticed := waitEvent(t, n, EventFail, leader.cfg.NodeName, 5*time.Second)
+		detection := noticed.Sub(killed)
+		t.Logf("%s noticed the failure of %s after %v", n.cfg.NodeName, leader.cfg.NodeName, detection)
+		// The goal is about a second (probe interval 200ms, timeout 100ms,
+		// suspicion 2×200ms); the bound leaves room for a loaded machine.
+		if detection > 2500*time.Millisecond {
+			t.Errorf("%s noticed the failure after %v, want about a second", n.cfg.NodeName, detection)
+		}
+	}
+	newLeader := waitLeader(t, survivors)
+	t.Logf("new leader %s elected %v after the kill", newLeader.cfg.NodeName, time.Since(killed))
+	if elapsed := time.Since(killed); elapsed > 5*time.Second {
+		t.Errorf("new leader after %v, want within a few seconds", elapsed)
+	}
+	// The reconciliation runs at once on a new leader and on the failure
+	// event; give it a few passes, then check the dead node still votes.
+	waitMembers(t, survivors, names(survivors), []string{leader.cfg.NodeName})
+	waitVoters(t, survivors, all)
+	missed := put(t, newLeader, queueMeta("missed", "rabbit2", "rabbit3"))
+	waitReplicated(t, survivors, missed)
+
+	back := leader.restart(t, survivors[0].LocalMember().Gossip)
+	nodes = append(survivors, back)
+	waitMembers(t, nodes, all, nil)
+	waitReplicated(t, nodes, missed)
+	waitReplicated(t, nodes, before)
+	waitVoters(t, nodes, all)
+	waitLeader(t, nodes)
+}
+
+// A graceful leave removes the node's vote, so the quorum shrinks with it:
+// the two that stay still commit, and one more could leave or fail.
+func TestLeaveRemovesVoter(t *testing.T) {
+	tests := []struct {
+		name   string
+		leader bool // the leaving node leads the log
+	}{
+		{name: "follower leaves"},
+		{name: "leader leaves", leader: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nodes := startCluster(t, 3)
+			leader := waitLeader(t, nodes)
+			leaving := leader
+			if !tt.leader {
+				leaving = without(nodes, leader)[0]
+			}
+			stay := without(nodes, leaving)
+
+			if err := leaving.Leave(); err != nil {
+				t.Fatalf("Leave: %v", err)
+			}
+			for _, n := range stay {
+				waitEvent(t, n, EventLeave, leaving.cfg.NodeName, 5*time.Second)
+			}
+			testutil.Eventually(t, 5*time.Second, func() error {
+				for _, n := range stay {
+					for _, m := range n.Members() {
+						if m.Name == leaving.cfg.NodeName && m.Status != StatusLeft {
+							return errors.New(n.cfg.NodeName + " sees the leaver as " + m.Status.String())
+						}
+					}
+				}
+				return nil
+			})
+			waitVoters(t, stay, names(stay))
+			written := put(t, waitLeader(t, stay), queueMeta("after_leave", stay[0].cfg.NodeName))
+			waitReplicated(t, stay, written)
+		})
+	}
+}

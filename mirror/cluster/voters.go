@@ -1,0 +1,169 @@
+package cluster
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// Voters follow membership as in Consul: serf says who exists, the raft
+// leader turns that into configuration changes, one at a time through the
+// log.
+//
+//   - alive member with a raft address, not a voter (or at another address):
+//     the leader adds it (AddVoter also updates a changed address);
+//   - member that left gracefully, or was reaped after ReconnectTimeout:
+//     the leader removes its voter, and the quorum shrinks with it;
+//   - failed member: nothing. It keeps its vote, so a failure never shrinks
+//     the quorum: with five voters, two sides of a partition cannot each
+//     shrink the quorum to their own size and elect two leaders.
+//
+// reconcileLoop runs on every node, but only the leader changes voters; the
+// others only bootstrap (once, see maybeBootstrap). It runs after each serf
+// event, each leadership change and every ReconcileInterval, so an event
+// missed during an election is handled by the next leader's first pass.
+func (c *Cluster) reconcileLoop() {
+	defer c.wg.Done()
+	leaderChanges, stopLeaderChanges := c.store.LeaderChanges()
+	defer stopLeaderChanges()
+	ticker := time.NewTicker(c.cfg.ReconcileInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-c.reconcile:
+		case <-leaderChanges:
+		case <-ticker.C:
+		}
+		members := c.Members()
+		c.maybeBootstrap(members)
+		if c.store.IsLeader() {
+			c.reconcileVoters(members)
+		}
+	}
+}
+
+func (c *Cluster) reconcileVoters(members []Member) {
+	voters, err := c.store.Voters()
+	if err != nil {
+		c.log.Warn("reading voters", "error", err)
+		return
+	}
+	address := make(map[string]string, len(voters))
+	for _, v := range voters {
+		address[v.ID] = v.Address
+	}
+	status := make(map[string]Status, len(members))
+	for _, m := range members {
+		status[m.Name] = m.Status
+		switch {
+		case m.Raft == "":
+			// Not a proxy of this cluster (no raft tag): never a voter.
+		case m.Status == StatusAlive && address[m.Name] != m.Raft:
+			c.changeVoters("adding voter", m.Name, c.store.AddVoter(mirror.Voter{ID: m.Name, Address: m.Raft}))
+		case m.Status == StatusLeft && address[m.Name] != "" && m.Name != c.cfg.NodeName:
+			c.changeVoters("removing voter of a member that left", m.Name, c.store.RemoveVoter(m.Name))
+		}
+	}
+
+	c.mu.Lock()
+	reaped := make([]string, 0, len(c.reaped))
+	for name := range c.reaped {
+		reaped = append(reaped, name)
+	}
+	c.mu.Unlock()
+	for _, name := range reaped {
+		if s, known := status[name]; known && s == StatusAlive {
+			continue // back again
+		}
+		if address[name] != "" && name != c.cfg.NodeName {
+			err := c.store.RemoveVoter(name)
+			c.changeVoters("removing voter of a reaped member", name, err)
+			if err != nil {
+				continue
+			}
+		}
+		c.mu.Lock()
+		delete(c.reaped, name)
+		c.mu.Unlock()
+	}
+}
+
+func (c *Cluster) changeVoters(what, member string, err error) {
+	if err != nil {
+		// Lost leadership or timed out; the next leader's pass retries.
+		c.log.Warn(what, "member", member, "error", err)
+		return
+	}
+	c.log.Info(what, "member", member)
+}
+
+// maybeBootstrap forms a new cluster, once, the bootstrap_expect way: when
+// BootstrapExpect alive members with the same BootstrapExpect are seen, the
+// one with the lowest name bootstraps the log with all of them as voters;
+// the others wait without a configuration (a node without one never starts
+// an election) until that leader contacts them. A single bootstrapper
+// cannot race another with a different member list. Split brain would
+// need two groups of BootstrapExpect fresh nodes each, which the operator
+// rules out by giving every node of a cluster the cluster's size.
+//
+// Not guarded against: a node with a wrong BootstrapExpect that is lowest
+// among fresh nodes gossiping with an existing cluster; it would bootstrap
+// a configuration the existing voters ignore (it cannot win their votes,
+// but it does not join them either). Start nodes added later with 0.
+func (c *Cluster) maybeBootstrap(members []Member) {
+	expect := c.cfg.BootstrapExpect
+	c.mu.Lock()
+	done := c.bootstrapped
+	c.mu.Unlock()
+	if expect == 0 || done {
+		return
+	}
+	if voters, err := c.store.Voters(); err != nil || len(voters) > 0 {
+		if err == nil {
+			c.setBootstrapped()
+		}
+		return
+	}
+	var peers []mirror.Voter
+	for _, m := range members {
+		if m.Status != StatusAlive || m.Raft == "" {
+			continue
+		}
+		if m.Expect != expect {
+			c.log.Error("not bootstrapping: members disagree on bootstrap_expect",
+				"member", m.Name, "its_expect", m.Expect, "our_expect", expect)
+			return
+		}
+		peers = append(peers, mirror.Voter{ID: m.Name, Address: m.Raft})
+	}
+	if len(peers) < expect {
+		return
+	}
+	slices.SortFunc(peers, func(a, b mirror.Voter) int { return strings.Compare(a.ID, b.ID) })
+	if peers[0].ID != c.cfg.NodeName {
+		return // the lowest name bootstraps; this node waits to be contacted
+	}
+	err := c.store.Bootstrap(peers)
+	switch {
+	case err == nil:
+		c.log.Info("bootstrapped the metadata log", "voters", len(peers))
+	case errors.Is(err, raft.ErrCantBootstrap):
+	default:
+		c.log.Error("bootstrapping the metadata log", "error", err)
+		return
+	}
+	c.setBootstrapped()
+}
+
+func (c *Cluster) setBootstrapped() {
+	c.mu.Lock()
+	c.bootstrapped = true
+	c.mu.Unlock()
+}
