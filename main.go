@@ -27,6 +27,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
@@ -203,6 +204,20 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 
 	serveCtx, cancelServe := context.WithCancel(context.Background())
 	defer cancelServe()
+	backendWatcher := controllink.NewWatcher(watchedBackends(cfg), controllink.WatcherOptions{Grace: cfg.FailoverGrace, Logger: logger})
+	defer backendWatcher.Close()
+	go func() {
+		// Nothing acts on backend events yet (failover is not built): the
+		// watcher logs them and its state feeds /metrics. Taking them keeps
+		// it probing.
+		for {
+			select {
+			case <-backendWatcher.Events():
+			case <-serveCtx.Done():
+				return
+			}
+		}
+	}()
 	errs := make(chan error, len(listeners)+1)
 	running := 0
 	if cfg.Listen.Admin != "" {
@@ -218,6 +233,7 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 		}
 		adminSrv := admin.NewServer(store, token, logger)
 		srv.RegisterMetrics(adminSrv.Registry())
+		registerBackendMetrics(adminSrv.Registry(), cfg, backendWatcher)
 		running++
 		go func() { errs <- adminSrv.Serve(serveCtx, adminLn) }()
 		logger.Info("admin API listening", "addr", adminLn.Addr().String())
@@ -299,6 +315,36 @@ func proxyBackend(cfg *config.Config) (proxy.Backend, error) {
 		backend.Addr = net.JoinHostPort(u.Hostname(), port)
 	}
 	return backend, nil
+}
+
+// watchedBackends is every configured backend, reached with the proxy's own
+// account in its URL.
+func watchedBackends(cfg *config.Config) []controllink.Backend {
+	out := make([]controllink.Backend, 0, len(cfg.Backends))
+	for _, b := range cfg.Backends {
+		wb := controllink.Backend{Name: b.Name, URL: b.URL}
+		if u, err := url.Parse(b.URL); err == nil && u.Scheme == "amqps" {
+			wb.TLS = &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
+		}
+		out = append(out, wb)
+	}
+	return out
+}
+
+// registerBackendMetrics publishes what the backend watcher knows.
+func registerBackendMetrics(m admin.Metrics, cfg *config.Config, w *controllink.Watcher) {
+	for _, b := range cfg.Backends {
+		labels := fmt.Sprintf("{backend=%q}", b.Name)
+		m.Gauge("amqp_mirror_backend_up"+labels, "1 while the proxy's own connection to the backend is open and the broker answers its probes.",
+			func() float64 {
+				if w.State(b.Name) == controllink.Up {
+					return 1
+				}
+				return 0
+			})
+		m.Counter("amqp_mirror_backend_down_total"+labels, "Times the backend was found down: connection refused or reset, clean shutdown, or no answer within failover_grace.",
+			func() float64 { return float64(w.Downs(b.Name)) })
+	}
 }
 
 // runCtl is `amqp-mirror ctl`; admin.Main parses its flags, which may
