@@ -1096,6 +1096,9 @@ func TestCLIMetrics(t *testing.T) {
 			`amqp_mirror_policies{kind="policy"} 0` + "\n",
 			`amqp_mirror_policies{kind="operator_policy"} 0` + "\n",
 			"# TYPE amqp_mirror_policy_changes_total counter\namqp_mirror_policy_changes_total 0\n",
+			// The proxy's own link to the backend, with the account in its URL.
+			`amqp_mirror_backend_up{backend="rabbit1"} 1` + "\n",
+			`amqp_mirror_backend_down_total{backend="rabbit1"} 0` + "\n",
 			"# TYPE go_goroutines gauge\n",
 			"# TYPE go_gc_duration_seconds summary\n",
 			"# TYPE process_resident_memory_bytes gauge\n",

@@ -2,6 +2,7 @@ package controllink
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,9 @@ type Backend struct {
 	Name string
 	// URL is the backend's AMQP URL with the proxy's own account.
 	URL string
+	// TLS configures an amqps:// URL's connection; nil takes the system's
+	// roots and the URL's host name.
+	TLS *tls.Config
 }
 
 // State is what the watcher knows of a backend.
@@ -133,6 +137,7 @@ type watchedLink struct {
 	state      State
 	conn       *amqp.Connection // nil unless Up
 	generation uint64
+	downs      uint64 // transitions to Down, for metrics
 }
 
 // NewWatcher starts watching backends. A backend that is down now is not an
@@ -181,6 +186,17 @@ func (w *Watcher) Conn(backend string) (*amqp.Connection, uint64) {
 	return nil, 0
 }
 
+// Downs returns how many times a backend went down since the watcher
+// started (a backend down at start counts once).
+func (w *Watcher) Downs(backend string) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if l := w.links[backend]; l != nil {
+		return l.downs
+	}
+	return 0
+}
+
 // Close stops watching and closes every connection.
 func (w *Watcher) Close() {
 	select {
@@ -200,8 +216,9 @@ func (w *Watcher) watch(b Backend) {
 	for {
 		conn, ch, err := w.connect(b)
 		if err != nil {
-			w.transition(b.Name, Down, causeOf(err), err, nil)
-			log.Debug("backend unreachable", "err", err, "retry", retry)
+			if w.transition(b.Name, Down, causeOf(err), err, nil) {
+				logUnreachable(log, err)
+			}
 			select {
 			case <-w.done:
 				return
@@ -212,6 +229,7 @@ func (w *Watcher) watch(b Backend) {
 		}
 		retry = w.opts.Retry / 10
 		w.transition(b.Name, Up, CauseNone, nil, conn)
+		log.Info("backend up", "generation", w.generation(b.Name))
 		cause, err := w.probe(conn, ch)
 		// A frozen broker never answers the close handshake: do not wait.
 		conn.CloseDeadline(time.Now())
@@ -252,20 +270,24 @@ func (w *Watcher) connect(b Backend) (*amqp.Connection, *amqp.Channel, error) {
 }
 
 func (w *Watcher) dial(b Backend) (*amqp.Connection, error) {
-	// The dial must not outlast the grace either: a frozen broker accepts
-	// TCP connections (the kernel does) but never answers the handshake.
-	dialer := &net.Dialer{Timeout: w.opts.Grace}
+	// The handshake is bounded, since a frozen broker accepts TCP
+	// connections (the kernel does) but never answers. The bound is not the
+	// grace: a dial runs only while the backend is already down (or not yet
+	// known), and RabbitMQ answers a wrong password by closing the socket
+	// after three seconds, which must read as a refusal, not as a freeze.
+	handshake := max(w.opts.Grace, 5*time.Second)
+	dialer := &net.Dialer{Timeout: handshake}
 	return amqp.DialConfig(b.URL, amqp.Config{
-		Heartbeat: 10 * time.Second,
-		Locale:    "en_US",
+		TLSClientConfig: b.TLS,
+		Heartbeat:       10 * time.Second,
+		Locale:          "en_US",
 		Dial: func(network, addr string) (net.Conn, error) {
 			conn, err := dialer.Dial(network, addr)
 			if err != nil {
 				return nil, err
 			}
-			// Bound the AMQP handshake; amqp091-go clears the deadline once
-			// the connection is open.
-			conn.SetDeadline(time.Now().Add(w.opts.Grace))
+			// amqp091-go clears the deadline once the connection is open.
+			conn.SetDeadline(time.Now().Add(handshake))
 			return conn, nil
 		},
 		Properties: amqp.Table{"connection_name": "amqp-mirror backend watcher"},
@@ -313,17 +335,21 @@ func (w *Watcher) probe(conn *amqp.Connection, ch *amqp.Channel) (Cause, error) 
 	}
 }
 
-// transition records a backend's new state and reports it when it changed.
-func (w *Watcher) transition(backend string, state State, cause Cause, err error, conn *amqp.Connection) {
+// transition records a backend's new state and reports it, returning
+// whether it changed.
+func (w *Watcher) transition(backend string, state State, cause Cause, err error, conn *amqp.Connection) bool {
 	w.mu.Lock()
 	l := w.links[backend]
 	if l.state == state && state != Up {
 		w.mu.Unlock()
-		return
+		return false
 	}
 	l.state, l.conn = state, conn
-	if state == Up {
+	switch state {
+	case Up:
 		l.generation++
+	case Down:
+		l.downs++
 	}
 	ev := Event{Backend: backend, State: state, Cause: cause, At: time.Now(), Err: err, Generation: l.generation}
 	w.mu.Unlock()
@@ -331,6 +357,25 @@ func (w *Watcher) transition(backend string, state State, cause Cause, err error
 	case w.events <- ev:
 	case <-w.done:
 	}
+	return true
+}
+
+func (w *Watcher) generation(backend string) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.links[backend].generation
+}
+
+// logUnreachable says why a backend cannot be reached, once per outage. A
+// broker that refuses the proxy's own account is a configuration error, not
+// an outage, and says so.
+func logUnreachable(log *slog.Logger, err error) {
+	var amqpErr *amqp.Error
+	if errors.Is(err, amqp.ErrCredentials) || errors.As(err, &amqpErr) && amqpErr.Code == amqp.AccessRefused {
+		log.Error("backend refuses the proxy's account: check the user and password in this backend's url", "err", err)
+		return
+	}
+	log.Warn("backend unreachable; retrying", "err", err)
 }
 
 func closeCause(e *amqp.Error) (Cause, error) {

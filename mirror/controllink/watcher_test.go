@@ -2,9 +2,13 @@ package controllink
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 const testGrace = time.Second
@@ -167,5 +171,19 @@ func TestStateAndCauseNames(t *testing.T) {
 		if tt.got != tt.want {
 			t.Errorf("got %q, want %q", tt.got, tt.want)
 		}
+	}
+}
+
+func TestWatcherReportsARefusedAccount(t *testing.T) {
+	url := strings.Replace(broker.URL(), "guest:guest@", "guest:wrong@", 1)
+	w := NewWatcher([]Backend{{Name: "rabbit1", URL: url}}, WatcherOptions{Grace: testGrace, Logger: quietLogger()})
+	defer w.Close()
+	ev := expectEvent(t, w, 10*time.Second, Down, CauseLost)
+	var amqpErr *amqp.Error
+	if !errors.Is(ev.Err, amqp.ErrCredentials) && !(errors.As(ev.Err, &amqpErr) && amqpErr.Code == amqp.AccessRefused) {
+		t.Errorf("down event's error = %v, want the broker's refusal of the credentials", ev.Err)
+	}
+	if got := w.Downs("rabbit1"); got != 1 {
+		t.Errorf("Downs = %d, want 1", got)
 	}
 }
