@@ -23,7 +23,9 @@ const confirmDrainTimeout = 10 * time.Second
 
 // loadSpec is one throughput/latency load.
 type loadSpec struct {
-	scenario   string
+	scenario string
+	// raw runs the load with rawClient instead of amqp091-go (see rawload.go).
+	raw        bool
 	publishers int
 	consumers  int
 	// window is how many unconfirmed messages a publisher may have; 1 waits for each.
@@ -236,15 +238,20 @@ func runLoad(ctx context.Context, spec loadSpec, url string, procs watched) (run
 		result.Consumed += c.delivered.count
 		deliveries = append(deliveries, c.delivered.latencies)
 	}
-	result.PublishRate = float64(result.Published) / result.Seconds
-	result.ConsumeRate = float64(result.Consumed) / result.Seconds
-	if procs.proxy != 0 && result.Consumed > 0 {
-		result.ProxyReadsPerMessage = float64(cpuTo.proxyCalls.reads-cpuFrom.proxyCalls.reads) / float64(result.Consumed)
-		result.ProxyWritesPerMessage = float64(cpuTo.proxyCalls.writes-cpuFrom.proxyCalls.writes) / float64(result.Consumed)
-	}
+	result.finish(cpuFrom, cpuTo, procs)
 	result.Confirm = summarize(confirms...)
 	result.Deliver = summarize(deliveries...)
 	return result, nil
+}
+
+// finish derives the rates and the forwarder's system calls per message from the counts.
+func (r *runResult) finish(cpuFrom, cpuTo cpuSnapshot, procs watched) {
+	r.PublishRate = float64(r.Published) / r.Seconds
+	r.ConsumeRate = float64(r.Consumed) / r.Seconds
+	if procs.proxy != 0 && r.Consumed > 0 {
+		r.ProxyReadsPerMessage = float64(cpuTo.proxyCalls.reads-cpuFrom.proxyCalls.reads) / float64(r.Consumed)
+		r.ProxyWritesPerMessage = float64(cpuTo.proxyCalls.writes-cpuFrom.proxyCalls.writes) / float64(r.Consumed)
+	}
 }
 
 // sleepUntil waits until t and reports whether ctx was still live then.

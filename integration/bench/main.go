@@ -60,6 +60,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -75,6 +77,10 @@ type config struct {
 	proxyCmd  string
 	jsonPath  string
 	verbose   bool
+	// targets are where the load goes, in the order each round runs them: direct,
+	// socat, proxy, baseline.
+	targets     []string
+	baselineCmd string
 
 	publishers    int
 	consumers     int
@@ -93,6 +99,9 @@ type config struct {
 	rssSize     int
 	rssStall    time.Duration
 
+	idleCounts []int
+	idleLinger time.Duration
+
 	proxyCPUProfile string
 	proxyLogLevel   string
 	proxyGOMAXPROCS int
@@ -109,10 +118,12 @@ var hiddenFlags = map[string]bool{"role": true, "backend": true, "listen": true,
 
 func parseFlags(args []string) (config, error) {
 	var cfg config
-	var scenarios string
+	var scenarios, targets, idleCounts string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,light,rss", "comma-separated `list` of scenarios to run: full, light, rss")
-	fs.IntVar(&cfg.rounds, "rounds", 1, "proxy runs per scenario; direct runs are interleaved, one more than proxy runs")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss")
+	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
+	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
+	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
 	fs.StringVar(&cfg.amqpURL, "amqp-url", "", "`URL` of a running broker to use instead of starting a RabbitMQ node, e.g. amqp://guest:guest@127.0.0.1:5672/")
 	fs.StringVar(&cfg.proxyCmd, "proxy-cmd", "", "run this `command` as the proxy instead of the bench's own proxy role; {backend} is replaced by the broker's host:port and the command must print its listen host:port as its first stdout line, and exit when its stdin closes")
 	fs.StringVar(&cfg.jsonPath, "json", "", "also write the results as JSON to `file`")
@@ -120,8 +131,8 @@ func parseFlags(args []string) (config, error) {
 
 	fs.IntVar(&cfg.publishers, "publishers", 2, "full: publishers, each on its own connection")
 	fs.IntVar(&cfg.consumers, "consumers", 2, "full: consumers, each on its own connection")
-	fs.IntVar(&cfg.confirmWindow, "confirm-window", 100, "full: unconfirmed messages each publisher may have outstanding")
-	fs.IntVar(&cfg.prefetch, "prefetch", 100, "full: consumer prefetch (basic.qos)")
+	fs.IntVar(&cfg.confirmWindow, "confirm-window", 256, "full: unconfirmed messages each publisher may have outstanding")
+	fs.IntVar(&cfg.prefetch, "prefetch", 256, "full: consumer prefetch (basic.qos)")
 	fs.IntVar(&cfg.multiAck, "multi-ack", 0, "full: ack with multiple=true every `N` messages; 0 acks each message")
 	fs.IntVar(&cfg.size, "size", 1024, "message body size in bytes, full and light (at least 8: the timestamp)")
 	fs.DurationVar(&cfg.warmup, "warmup", 3*time.Second, "full: load before measuring starts")
@@ -134,6 +145,9 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.rssMessages, "rss-messages", 1024, "rss: messages queued for the stalled consumer")
 	fs.IntVar(&cfg.rssSize, "rss-size", 1<<20, "rss: message body size in bytes")
 	fs.DurationVar(&cfg.rssStall, "rss-stall", 5*time.Second, "rss: how long the consumer does not read")
+
+	fs.StringVar(&idleCounts, "idle-conns", "1000,3000", "idle: comma-separated rising `counts` of idle amqp091-go connections to hold open through the proxy")
+	fs.DurationVar(&cfg.idleLinger, "idle-linger", 30*time.Second, "idle: how long to watch the proxy's RSS after the connections closed")
 
 	fs.StringVar(&cfg.proxyCPUProfile, "proxy-cpuprofile", "", "write a CPU profile of the proxy process of each full and light run, named after `file` with the scenario and run inserted: /tmp/p.pprof gives /tmp/p.full.1.pprof...")
 	fs.StringVar(&cfg.proxyLogLevel, "proxy-log-level", "warn", "proxy process log level: debug, info, warn or error")
@@ -151,12 +165,29 @@ func parseFlags(args []string) (config, error) {
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	for s := range strings.SplitSeq(scenarios, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			cfg.scenarios = append(cfg.scenarios, s)
+	cfg.scenarios = splitList(scenarios)
+	cfg.targets = splitList(targets)
+	var errs []error
+	for _, c := range splitList(idleCounts) {
+		n, err := strconv.Atoi(c)
+		if err != nil || n <= 0 || len(cfg.idleCounts) > 0 && n <= cfg.idleCounts[len(cfg.idleCounts)-1] {
+			errs = append(errs, fmt.Errorf("-idle-conns: %q is not a positive count above the previous one", c))
+			continue
+		}
+		cfg.idleCounts = append(cfg.idleCounts, n)
+	}
+	return cfg, errors.Join(append(errs, cfg.validate())...)
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
 		}
 	}
-	return cfg, cfg.validate()
+	return out
 }
 
 func (cfg config) validate() error {
@@ -171,12 +202,23 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if s != "full" && s != "light" && s != "rss" {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, light or rss", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle or rss", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
 		errs = append(errs, errors.New("-scenario: no scenario given"))
+	}
+	for _, t := range cfg.targets {
+		if !slices.Contains([]string{"direct", "socat", "proxy", "baseline"}, t) {
+			errs = append(errs, fmt.Errorf("-targets: unknown target %q, want direct, socat, proxy or baseline", t))
+		}
+	}
+	if !slices.Contains(cfg.targets, "direct") {
+		errs = append(errs, errors.New("-targets: direct is needed, every ratio is against it"))
+	}
+	if slices.Contains(cfg.targets, "baseline") && cfg.baselineCmd == "" {
+		errs = append(errs, errors.New("-targets: baseline needs -baseline-cmd"))
 	}
 	positive := map[string]int{
 		"-rounds": cfg.rounds, "-publishers": cfg.publishers, "-consumers": cfg.consumers,
@@ -339,6 +381,18 @@ func run(ctx context.Context, cfg config) error {
 			return errors.Join(err, report.print(os.Stdout, cfg))
 		}
 	}
+	if cfg.has("full-raw") {
+		spec := loadSpec{
+			scenario: "full-raw", raw: true, publishers: cfg.publishers, consumers: cfg.consumers,
+			window: cfg.confirmWindow, prefetch: cfg.prefetch, multiAck: cfg.multiAck,
+			size: cfg.size, persistent: true, warmup: cfg.warmup, duration: cfg.duration,
+		}
+		runs, err := runAlternating(ctx, cfg, b, spec)
+		report.Runs = append(report.Runs, runs...)
+		if err != nil {
+			return errors.Join(err, report.print(os.Stdout, cfg))
+		}
+	}
 	if cfg.has("light") {
 		spec := loadSpec{
 			scenario: "light", publishers: 1, consumers: 1, window: 1, rate: cfg.lightRate,
@@ -349,6 +403,20 @@ func run(ctx context.Context, cfg config) error {
 		report.Runs = append(report.Runs, runs...)
 		if err != nil {
 			return errors.Join(err, report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("idle") {
+		// socat forks a process per connection: thousands of them say nothing
+		// about a proxy's memory.
+		for _, target := range cfg.targets {
+			if target != "proxy" && target != "baseline" {
+				continue
+			}
+			idle, err := runIdle(ctx, cfg, b, target)
+			if err != nil {
+				return errors.Join(fmt.Errorf("idle via %s: %w", target, err), report.print(os.Stdout, cfg))
+			}
+			report.Idle = append(report.Idle, idle)
 		}
 	}
 	if cfg.has("rss") {
@@ -371,23 +439,27 @@ func run(ctx context.Context, cfg config) error {
 	return nil
 }
 
-// runAlternating runs spec directly, through the proxy, directly... cfg.rounds proxy runs
-// and one more direct run. Each proxy run has its own proxy process.
+// runAlternating runs spec on every target in cfg.targets' order, cfg.rounds times, and
+// ends with one more direct run: direct, socat, proxy, direct... Each run through a
+// forwarder has its own forwarder process, so every run starts from the same state.
 func runAlternating(ctx context.Context, cfg config, b broker, spec loadSpec) ([]runResult, error) {
 	var results []runResult
-	for i := range 2*cfg.rounds + 1 {
-		proxied := i%2 == 1
-		target, number := "direct", i/2+1
-		if proxied {
-			target = "proxy"
-		}
-		progress("%s load, run %d of %d: %s", spec.scenario, i+1, 2*cfg.rounds+1, target)
+	plan := make([]string, 0, cfg.rounds*len(cfg.targets)+1)
+	for range cfg.rounds {
+		plan = append(plan, cfg.targets...)
+	}
+	plan = append(plan, "direct")
+	runsOf := map[string]int{}
+	for i, target := range plan {
+		runsOf[target]++
+		number := runsOf[target]
+		progress("%s load, run %d of %d: %s", spec.scenario, i+1, len(plan), target)
 		var result runResult
 		var err error
-		if !proxied {
-			result, err = runLoad(ctx, spec, b.url, watched{broker: b.pid})
+		if target == "direct" {
+			result, err = runSpec(ctx, spec, b.url, watched{broker: b.pid})
 		} else {
-			result, err = runLoadThroughProxy(ctx, cfg, b, spec, profileName(cfg.proxyCPUProfile, spec.scenario, number))
+			result, err = runLoadThroughForwarder(ctx, cfg, b, spec, target, profileName(cfg.proxyCPUProfile, spec.scenario, number))
 		}
 		result.Target, result.Run = target, number
 		if err != nil {
@@ -409,12 +481,26 @@ func profileName(base, scenario string, run int) string {
 	return fmt.Sprintf("%s.%s.%d%s", strings.TrimSuffix(base, ext), scenario, run, ext)
 }
 
-func runLoadThroughProxy(ctx context.Context, cfg config, b broker, spec loadSpec, profile string) (runResult, error) {
-	p, err := startProxy(ctx, cfg, b.addr, profile)
+// runLoadThroughForwarder starts target's forwarder (socat, the proxy, the baseline
+// proxy), runs spec through it and stops it. The forwarder's CPU and system calls are
+// counted with its children: socat forks one per connection.
+func runLoadThroughForwarder(ctx context.Context, cfg config, b broker, spec loadSpec, target, profile string) (runResult, error) {
+	var p *proxyProcess
+	var err error
+	switch target {
+	case "socat":
+		p, err = startSocat(ctx, b.addr)
+		profile = ""
+	case "baseline":
+		p, err = startProxyCommand(ctx, cfg, cfg.baselineCmd, b.addr)
+		profile = ""
+	default:
+		p, err = startProxy(ctx, cfg, b.addr, profile)
+	}
 	if err != nil {
 		return runResult{}, err
 	}
-	result, err := runLoad(ctx, spec, proxyURL(b.url, p.addr), watched{broker: b.pid, proxy: p.pid()})
+	result, err := runSpec(ctx, spec, proxyURL(b.url, p.addr), watched{broker: b.pid, proxy: p.pid()})
 	if stopErr := p.stop(); err == nil {
 		err = stopErr
 	}

@@ -145,8 +145,13 @@ func (w watched) snapshot() cpuSnapshot {
 		s.broker, _ = cpuTime(w.broker)
 	}
 	if w.proxy != 0 {
-		s.proxy, _ = cpuTime(w.proxy)
-		s.proxyCalls, _ = readIOCalls(w.proxy)
+		for _, pid := range processTree(w.proxy) {
+			cpu, _ := cpuTime(pid)
+			calls, _ := readIOCalls(pid)
+			s.proxy += cpu
+			s.proxyCalls.reads += calls.reads
+			s.proxyCalls.writes += calls.writes
+		}
 	}
 	s.own, _ = cpuTime(os.Getpid())
 	s.machine, _ = machineBusy()
@@ -180,4 +185,24 @@ func (w watched) between(from, to cpuSnapshot) cpuUse {
 		use.Other = max(0, (to.machine-from.machine).Seconds()/wall-use.Broker-use.Proxy-use.Load)
 	}
 	return use
+}
+
+// processTree is pid and its live descendants: socat serves each connection in a child.
+func processTree(pid int) []int {
+	tree := []int{pid}
+	for i := 0; i < len(tree); i++ {
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", tree[i]))
+		for _, task := range tasks {
+			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", tree[i], task.Name()))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(data)) {
+				if child, err := strconv.Atoi(f); err == nil {
+					tree = append(tree, child)
+				}
+			}
+		}
+	}
+	return tree
 }

@@ -86,9 +86,12 @@ func runProxyRole(cfg config) error {
 	return shutdownErr
 }
 
-// proxyProcess is a running proxy, ours or -proxy-cmd's.
+// proxyProcess is a running forwarder: our proxy, -proxy-cmd's, or socat.
 type proxyProcess struct {
-	cmd      *exec.Cmd
+	cmd *exec.Cmd
+	// group is set for a forwarder that ignores its stdin (socat): stop ends its
+	// process group with SIGTERM instead.
+	group    bool
 	addr     string // host:port clients dial
 	lifeline io.WriteCloser
 	exited   chan struct{} // closed when the process was reaped
@@ -98,26 +101,34 @@ type proxyProcess struct {
 // startProxy starts a proxy in front of backend and waits for its listen address.
 // profile, when set, asks the bench's own proxy role for a CPU profile.
 func startProxy(ctx context.Context, cfg config, backend, profile string) (*proxyProcess, error) {
-	var argv []string
 	if cfg.proxyCmd != "" {
-		argv = strings.Fields(strings.ReplaceAll(cfg.proxyCmd, "{backend}", backend))
 		if profile != "" {
 			progress("  -proxy-cpuprofile is ignored with -proxy-cmd")
 		}
-	} else {
-		self, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("find the bench binary to run the proxy: %w", err)
-		}
-		argv = []string{self, "-role=proxy", "-backend=" + backend, "-listen=127.0.0.1:0",
-			"-proxy-log-level=" + cfg.proxyLogLevel}
-		if profile != "" {
-			argv = append(argv, "-cpuprofile="+profile)
-		}
+		return startProxyCommand(ctx, cfg, cfg.proxyCmd, backend)
 	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find the bench binary to run the proxy: %w", err)
+	}
+	argv := []string{self, "-role=proxy", "-backend=" + backend, "-listen=127.0.0.1:0",
+		"-proxy-log-level=" + cfg.proxyLogLevel}
+	if profile != "" {
+		argv = append(argv, "-cpuprofile="+profile)
+	}
+	return startProxyArgv(ctx, cfg, argv)
+}
+
+// startProxyCommand starts command (-proxy-cmd's contract) with {backend} replaced.
+func startProxyCommand(ctx context.Context, cfg config, command, backend string) (*proxyProcess, error) {
+	argv := strings.Fields(strings.ReplaceAll(command, "{backend}", backend))
 	if len(argv) == 0 {
-		return nil, errors.New("-proxy-cmd is empty")
+		return nil, errors.New("proxy command is empty")
 	}
+	return startProxyArgv(ctx, cfg, argv)
+}
+
+func startProxyArgv(ctx context.Context, cfg config, argv []string) (*proxyProcess, error) {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stderr = os.Stderr
 	if cfg.proxyGOMAXPROCS > 0 {
@@ -182,6 +193,9 @@ func (p *proxyProcess) pid() int { return p.cmd.Process.Pid }
 // gone within 10 seconds. An exit status other than success is an error.
 func (p *proxyProcess) stop() error {
 	p.lifeline.Close()
+	if p.group {
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	}
 	select {
 	case <-p.exited:
 	case <-time.After(10 * time.Second):
@@ -189,8 +203,59 @@ func (p *proxyProcess) stop() error {
 		<-p.exited
 		return errors.New("proxy did not exit within 10s of its stdin closing; killed")
 	}
+	if p.group {
+		return nil // socat's exit status after SIGTERM says nothing
+	}
 	if p.waitErr != nil {
 		return fmt.Errorf("proxy exited: %w", p.waitErr)
 	}
 	return nil
+}
+
+// startSocat starts a plain TCP forwarder to backend: socat, forking one process per
+// connection, as people put in front of a broker. It prints no address, so the bench
+// picks a free port and waits until socat accepts on it.
+func startSocat(ctx context.Context, backend string) (*proxyProcess, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command("socat", fmt.Sprintf("TCP-LISTEN:%d,bind=127.0.0.1,fork,reuseaddr", port), "TCP:"+backend)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	lifeline, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start socat (apt-get install socat): %w", err)
+	}
+	p := &proxyProcess{cmd: cmd, addr: addr, group: true, lifeline: lifeline, exited: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.exited)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			conn.Close()
+			return p, nil
+		}
+		select {
+		case <-p.exited:
+			return nil, fmt.Errorf("socat exited: %v", p.waitErr)
+		case <-ctx.Done():
+			p.stop()
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.stop()
+			return nil, fmt.Errorf("socat does not accept on %s: %w", addr, err)
+		}
+	}
 }

@@ -108,48 +108,51 @@ func median(runs []runResult) runResult {
 	}
 }
 
-// comparison is a scenario's proxy median against its direct median.
+// comparison is a scenario's median through one forwarder against its direct median.
 type comparison struct {
 	Scenario string    `json:"scenario"`
+	Target   string    `json:"target"`
 	Direct   runResult `json:"direct_median"`
-	Proxy    runResult `json:"proxy_median"`
-	// ThroughputRatio is proxy/direct of messages consumed per second.
+	Proxy    runResult `json:"target_median"`
+	// ThroughputRatio is target/direct of messages consumed per second.
 	ThroughputRatio float64 `json:"throughput_ratio"`
-	// The deltas are proxy minus direct, in milliseconds.
+	// The deltas are target minus direct, in milliseconds.
 	ConfirmP50Delta float64 `json:"confirm_p50_delta_ms"`
 	ConfirmP99Delta float64 `json:"confirm_p99_delta_ms"`
 	DeliverP50Delta float64 `json:"delivery_p50_delta_ms"`
 	DeliverP99Delta float64 `json:"delivery_p99_delta_ms"`
-	// ProxyCPUPerMessage is the proxy's CPU time per consumed message, in microseconds:
-	// each message crosses it twice (publish in, delivery out) plus an ack and a confirm.
-	ProxyCPUPerMessage float64 `json:"proxy_cpu_us_per_message"`
+	// ProxyCPUPerMessage is the forwarder's CPU time per consumed message, in
+	// microseconds: each message crosses it twice (publish in, delivery out) plus an ack
+	// and a confirm.
+	ProxyCPUPerMessage float64 `json:"forwarder_cpu_us_per_message"`
 }
 
 func compare(runs []runResult) []comparison {
 	var out []comparison
-	var scenarios []string
+	type key struct{ scenario, target string }
+	var keys []key
 	for _, r := range runs {
-		if !slices.Contains(scenarios, r.Scenario) {
-			scenarios = append(scenarios, r.Scenario)
+		if k := (key{r.Scenario, r.Target}); r.Target != "direct" && !slices.Contains(keys, k) {
+			keys = append(keys, k)
 		}
 	}
-	for _, s := range scenarios {
-		var direct, proxied []runResult
+	for _, k := range keys {
+		var direct, through []runResult
 		for _, r := range runs {
 			switch {
-			case r.Scenario != s:
+			case r.Scenario != k.scenario:
 			case r.Target == "direct":
 				direct = append(direct, r)
-			case r.Target == "proxy":
-				proxied = append(proxied, r)
+			case r.Target == k.target:
+				through = append(through, r)
 			}
 		}
-		if len(direct) == 0 || len(proxied) == 0 {
+		if len(direct) == 0 || len(through) == 0 {
 			continue
 		}
-		d, p := median(direct), median(proxied)
+		d, p := median(direct), median(through)
 		c := comparison{
-			Scenario: s, Direct: d, Proxy: p,
+			Scenario: k.scenario, Target: k.target, Direct: d, Proxy: p,
 			ConfirmP50Delta: p.Confirm.P50 - d.Confirm.P50,
 			ConfirmP99Delta: p.Confirm.P99 - d.Confirm.P99,
 			DeliverP50Delta: p.Deliver.P50 - d.Deliver.P50,
@@ -193,6 +196,7 @@ type report struct {
 	Runs         []runResult         `json:"runs"`
 	Comparisons  []comparison        `json:"comparisons"`
 	Backpressure *backpressureResult `json:"backpressure,omitempty"`
+	Idle         []idleResult        `json:"idle,omitempty"`
 	Elapsed      string              `json:"elapsed"`
 }
 
@@ -206,6 +210,8 @@ func describeConfig(cfg config) map[string]string {
 		"prefetch":         fmt.Sprint(cfg.prefetch),
 		"multi_ack":        fmt.Sprint(cfg.multiAck),
 		"size":             fmt.Sprint(cfg.size),
+		"targets":          strings.Join(cfg.targets, ","),
+		"baseline_cmd":     cfg.baselineCmd,
 		"warmup":           cfg.warmup.String(),
 		"duration":         cfg.duration.String(),
 		"light_rate":       fmt.Sprint(cfg.lightRate),
@@ -228,8 +234,11 @@ func (r *report) print(out io.Writer, cfg config) error {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(r.Runs) > 0 {
 		fmt.Fprintln(out)
-		if cfg.has("full") {
-			fmt.Fprintf(out, "full: %d publishers (confirm window %d), %d consumers (prefetch %d, %s), %d B persistent, %v after %v warm-up\n",
+		if cfg.has("full-raw") {
+			fmt.Fprintf(out, "full-raw: as full, with the bench's raw AMQP client (writes flushed when its reader runs dry) instead of amqp091-go\n")
+		}
+		if cfg.has("full") || cfg.has("full-raw") {
+			fmt.Fprintf(out, "full: amqp091-go, %d publishers (confirm window %d), %d consumers (prefetch %d, %s), %d B persistent, %v after %v warm-up\n",
 				cfg.publishers, cfg.confirmWindow, cfg.consumers, cfg.prefetch, ackMode(cfg.multiAck), cfg.size, cfg.duration, cfg.warmup)
 		}
 		if cfg.has("light") {
@@ -246,22 +255,27 @@ func (r *report) print(out io.Writer, cfg config) error {
 		}
 		fmt.Fprintln(w, "\t\t\t\t\t\t\t\t\t\t\t\t\t")
 		fmt.Fprintln(w, "scenario\tmedian of\t\tconsumed/s\tpublished/s\tconfirm p50\tp99\tdelivery p50\tp99\tcpu broker\tproxy\tbench\tother\t")
-		for _, c := range r.Comparisons {
-			for _, m := range []runResult{c.Direct, c.Proxy} {
+		for i, c := range r.Comparisons {
+			ms := []runResult{c.Proxy}
+			if i == 0 || r.Comparisons[i-1].Scenario != c.Scenario {
+				ms = []runResult{c.Direct, c.Proxy}
+			}
+			for _, m := range ms {
 				fmt.Fprintf(w, "%s\t%s\t\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t%.2f\t%.2f\t\n",
 					m.Scenario, m.Target, m.ConsumeRate, m.PublishRate,
 					m.Confirm.P50, m.Confirm.P99, m.Deliver.P50, m.Deliver.P99, brokerCPU(m, cfg), proxyCPU(m), m.CPU.Load, m.CPU.Other)
 			}
-			fmt.Fprintf(w, "%s\tproxy vs direct\t\t%.2fx\t%.2fx\t%+.2f\t%+.2f\t%+.2f\t%+.2f\t\t\t\t\t\n",
-				c.Scenario, c.ThroughputRatio, ratio(c.Proxy.PublishRate, c.Direct.PublishRate),
+			fmt.Fprintf(w, "%s\t%s vs direct\t\t%.2fx\t%.2fx\t%+.2f\t%+.2f\t%+.2f\t%+.2f\t\t\t\t\t\n",
+				c.Scenario, c.Target, c.ThroughputRatio, ratio(c.Proxy.PublishRate, c.Direct.PublishRate),
 				c.ConfirmP50Delta, c.ConfirmP99Delta, c.DeliverP50Delta, c.DeliverP99Delta)
 		}
 		if err := w.Flush(); err != nil {
 			return err
 		}
+		fmt.Fprintln(out)
 		for _, c := range r.Comparisons {
-			fmt.Fprintf(out, "%s: proxy CPU %.1f µs, %.2f reads and %.2f writes (system calls) per consumed message\n",
-				c.Scenario, c.ProxyCPUPerMessage, c.Proxy.ProxyReadsPerMessage, c.Proxy.ProxyWritesPerMessage)
+			fmt.Fprintf(out, "%s via %s: %.2fx direct; forwarder CPU %.1f µs, %.2f reads and %.2f writes (system calls) per consumed message\n",
+				c.Scenario, c.Target, c.ThroughputRatio, c.ProxyCPUPerMessage, c.Proxy.ProxyReadsPerMessage, c.Proxy.ProxyWritesPerMessage)
 		}
 	}
 	if b := r.Backpressure; b != nil {
@@ -273,6 +287,9 @@ func (r *report) print(out io.Writer, cfg config) error {
 		q := b.InFlight
 		fmt.Fprintf(out, "in flight at the end of the stall: client receive queue %s, proxy→client send queue %s, proxy backend receive queue %s, broker send queue %s; the rest waits in the broker\n",
 			bytesString(q.ClientReceive), bytesString(q.ProxySend), bytesString(q.ProxyReceive), bytesString(q.BrokerSend))
+	}
+	for _, idle := range r.Idle {
+		idle.print(out)
 	}
 	if r.Elapsed != "" {
 		fmt.Fprintf(out, "\nbench took %s\n", r.Elapsed)
@@ -290,7 +307,7 @@ func brokerCPU(r runResult, cfg config) string {
 }
 
 func proxyCPU(r runResult) string {
-	if r.Target != "proxy" {
+	if r.Target == "direct" {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", r.CPU.Proxy)
