@@ -246,6 +246,11 @@ func (c *Cluster) startSerf(raftAddr string) (*serf.Serf, error) {
 	sc.LogOutput = nil
 	sc.Logger = stdLogger(c.log.With("component", "serf"))
 	sc.ReconnectTimeout = cfg.ReconnectTimeout
+	// After a partition heals, both sides hold each other as failed and
+	// only serf's reconnect attempts merge them again (raft heals on its
+	// own: the leader keeps dialling every voter). Serf's default of 30s
+	// would leave the proxies' view of each other stale that long.
+	sc.ReconnectInterval = 2 * time.Second
 	sc.TombstoneTimeout = max(cfg.ReconnectTimeout, 24*time.Hour)
 	// Peers stop probing a leaving node once they heard of the leave; a
 	// few probe intervals are enough for that on a LAN.

@@ -135,3 +135,44 @@ func TestLeaveRemovesVoter(t *testing.T) {
 		})
 	}
 }
+
+// A node started later without BootstrapExpect joins the existing log: the
+// leader adds its voter when serf reports it alive, and raft sends it the
+// metadata written before it came.
+func TestJoiningNodeBecomesVoter(t *testing.T) {
+	nodes := startCluster(t, 3)
+	leader := waitLeader(t, nodes)
+	written := put(t, leader, queueMeta("queue_1", "rabbit1", "rabbit2"))
+
+	late := startNode(t, newConfig(t, "rabbit4", 0, nodes[2].LocalMember().Gossip))
+	nodes = append(nodes, late)
+	waitMembers(t, nodes, names(nodes), nil)
+	waitVoters(t, nodes, names(nodes))
+	waitReplicated(t, nodes, written)
+	if !late.Majority() {
+		t.Errorf("the joined node: Majority() = false")
+	}
+}
+
+// Members that disagree on BootstrapExpect never bootstrap: one of them
+// was started with the wrong cluster size, and bootstrapping with either
+// number could form a cluster the other nodes do not expect.
+func TestBootstrapExpectMismatch(t *testing.T) {
+	first := startNode(t, newConfig(t, "rabbit1", 2))
+	second := startNode(t, newConfig(t, "rabbit2", 3, first.LocalMember().Gossip))
+	nodes := []*testNode{first, second}
+	waitMembers(t, nodes, names(nodes), nil)
+	// Run the bootstrap decision now that both see each other, rather
+	// than waiting for the passes the join events start.
+	for _, n := range nodes {
+		n.maybeBootstrap(n.Members())
+	}
+	for _, n := range nodes {
+		if got := voterNames(t, n); len(got) != 0 {
+			t.Errorf("%s has voters %v, want none", n.cfg.NodeName, got)
+		}
+		if n.Majority() {
+			t.Errorf("%s: Majority() = true without a log", n.cfg.NodeName)
+		}
+	}
+}

@@ -133,8 +133,8 @@ func (c *Cluster) maybeBootstrap(members []Member) {
 	}
 	var peers []mirror.Voter
 	for _, m := range members {
-		if m.Status != StatusAlive || m.Raft == "" {
-			continue
+		if m.Status != StatusAlive || m.Raft == "" || m.Expect == 0 {
+			continue // a node with 0 waits to be added once a leader exists
 		}
 		if m.Expect != expect {
 			c.log.Error("not bootstrapping: members disagree on bootstrap_expect",
