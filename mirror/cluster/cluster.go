@@ -24,6 +24,9 @@ type Cluster struct {
 	log   *slog.Logger
 	serf  *serf.Serf
 	store *mirror.Store
+	// raftLayer dials other nodes' raft ports (wrapped in tests), for
+	// forwarded writes.
+	raftLayer raft.StreamLayer
 
 	// serfEvents is serf's event channel; eventLoop drains it.
 	serfEvents chan serf.Event
@@ -58,7 +61,7 @@ func Start(cfg Config) (*Cluster, error) {
 	cfg = cfg.withDefaults()
 	log := cfg.Logger.With("component", "cluster", "node", cfg.NodeName)
 
-	transport, err := newRaftTransport(cfg, log)
+	transport, base, layer, err := newRaftTransport(cfg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +86,10 @@ func Start(cfg Config) (*Cluster, error) {
 		reconcile:  make(chan struct{}, 1),
 		reaped:     make(map[string]bool),
 		stop:       make(chan struct{}),
+		raftLayer:  layer,
 	}
+	serve := c.serveForward
+	base.forward.Store(&serve)
 	c.serf, err = c.startSerf(string(transport.LocalAddr()))
 	if err != nil {
 		store.Close()
@@ -99,104 +105,33 @@ func Start(cfg Config) (*Cluster, error) {
 	return c, nil
 }
 
-func newRaftTransport(cfg Config, log *slog.Logger) (*raft.NetworkTransport, error) {
+// newRaftTransport listens on cfg.RaftBind and returns raft's transport,
+// the stream layer under it, and that layer as raft sees it (wrapped in
+// tests).
+func newRaftTransport(cfg Config, log *slog.Logger) (*raft.NetworkTransport, *tcpStreamLayer, raft.StreamLayer, error) {
 	ln, err := net.Listen("tcp", cfg.RaftBind)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: raft listener: %w", err)
+		return nil, nil, nil, fmt.Errorf("cluster: raft listener: %w", err)
 	}
 	advertise := ln.Addr()
 	if cfg.RaftAdvertise != "" {
 		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
 			ln.Close()
-			return nil, fmt.Errorf("cluster: raft advertise: %w", err)
+			return nil, nil, nil, fmt.Errorf("cluster: raft advertise: %w", err)
 		}
 	}
-	var layer raft.StreamLayer = newTCPStreamLayer(ln, advertise)
+	base := newTCPStreamLayer(ln, advertise)
+	var layer raft.StreamLayer = base
 	if cfg.network != nil {
 		layer = cfg.network.raft(layer)
 	}
-	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	transport := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  layer,
 		MaxPool: 3,
 		Timeout: 2 * time.Second,
 		Logger:  hcLogger(log.With("component", "raft-net"), "raft-net"),
-	}), nil
-}
-
-// tcpStreamLayer is raft's TCP stream layer (what raft.NewTCPTransport
-// builds), kept as our own type so that tests can wrap it, and so that
-// closing it also closes every connection: raft's transport closes only its
-// listener, which would leave the goroutines serving accepted connections
-// blocked until the peer hangs up, and peers talking to a node that is gone.
-type tcpStreamLayer struct {
-	net.Listener
-	advertise net.Addr
-
-	mu     sync.Mutex
-	conns  map[*layerConn]struct{}
-	closed bool
-}
-
-func newTCPStreamLayer(ln net.Listener, advertise net.Addr) *tcpStreamLayer {
-	return &tcpStreamLayer{Listener: ln, advertise: advertise, conns: make(map[*layerConn]struct{})}
-}
-
-func (l *tcpStreamLayer) Addr() net.Addr { return l.advertise }
-
-func (l *tcpStreamLayer) Accept() (net.Conn, error) {
-	conn, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return l.track(conn)
-}
-
-func (l *tcpStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	conn, err := net.DialTimeout("tcp", string(address), timeout)
-	if err != nil {
-		return nil, err
-	}
-	return l.track(conn)
-}
-
-func (l *tcpStreamLayer) track(conn net.Conn) (net.Conn, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		conn.Close()
-		return nil, net.ErrClosed
-	}
-	lc := &layerConn{Conn: conn, layer: l}
-	l.conns[lc] = struct{}{}
-	return lc, nil
-}
-
-// Close closes the listener and every connection accepted or dialed.
-func (l *tcpStreamLayer) Close() error {
-	l.mu.Lock()
-	l.closed = true
-	conns := make([]*layerConn, 0, len(l.conns))
-	for c := range l.conns {
-		conns = append(conns, c)
-	}
-	l.mu.Unlock()
-	err := l.Listener.Close()
-	for _, c := range conns {
-		c.Close()
-	}
-	return err
-}
-
-type layerConn struct {
-	net.Conn
-	layer *tcpStreamLayer
-}
-
-func (c *layerConn) Close() error {
-	c.layer.mu.Lock()
-	delete(c.layer.conns, c)
-	c.layer.mu.Unlock()
-	return c.Conn.Close()
+	})
+	return transport, base, layer, nil
 }
 
 func (c *Cluster) startSerf(raftAddr string) (*serf.Serf, error) {

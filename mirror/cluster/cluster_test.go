@@ -43,8 +43,55 @@ func TestClusterFormsAndReplicates(t *testing.T) {
 	for _, n := range without(nodes, leader) {
 		_, err := n.Store().Put(context.Background(), queueMeta("queue_2", "rabbit2"), 0)
 		if !errors.Is(err, mirror.ErrNotLeader) {
-			t.Errorf("put through follower %s: err = %v, want ErrNotLeader", n.cfg.NodeName, err)
+			t.Errorf("put on follower %s's own store: err = %v, want ErrNotLeader", n.cfg.NodeName, err)
 		}
+	}
+}
+
+// A write through any node reaches the leader, with the store's errors.
+func TestWritesFromFollowersReachTheLeader(t *testing.T) {
+	nodes := startCluster(t, 3)
+	leader := waitLeader(t, nodes)
+	follower := without(nodes, leader)[0]
+	ctx := context.Background()
+
+	written, err := follower.Put(ctx, queueMeta("queue_1", "rabbit2", "rabbit3"), 0)
+	if err != nil {
+		t.Fatalf("put through follower %s: %v", follower.cfg.NodeName, err)
+	}
+	if written.Version == 0 || written.Master != "rabbit2" {
+		t.Errorf("put through a follower returned %+v, want the record with its version", written)
+	}
+	waitReplicated(t, nodes, written)
+
+	if _, err := follower.Put(ctx, queueMeta("queue_1", "rabbit3"), 0); !errors.Is(err, mirror.ErrConflict) {
+		t.Errorf("forwarded put with a stale version: err = %v, want ErrConflict", err)
+	}
+	if err := follower.Delete(ctx, written.ID, written.Version+1); !errors.Is(err, mirror.ErrConflict) {
+		t.Errorf("forwarded delete with a wrong version: err = %v, want ErrConflict", err)
+	}
+	promoted := written.Clone()
+	promoted.Master, promoted.Slaves, promoted.Epoch = "rabbit3", promoted.Slaves[1:], 1
+	second, err := leader.Put(ctx, promoted, written.Version)
+	if err != nil {
+		t.Fatalf("put through the leader: %v", err)
+	}
+	if err := follower.Delete(ctx, second.ID, second.Version); err != nil {
+		t.Fatalf("delete through a follower: %v", err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		for _, n := range nodes {
+			if _, ok := n.Store().Get(written.ID); ok {
+				return errors.New(n.cfg.NodeName + " still has the deleted queue")
+			}
+		}
+		return nil
+	})
+
+	expired, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := follower.Put(expired, queueMeta("queue_2", "rabbit1"), 0); err == nil {
+		t.Errorf("forwarded put with a cancelled context succeeded")
 	}
 }
 

@@ -66,7 +66,10 @@ func TestPartitionMinorityCannotWrite(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			if _, err := isolated.Store().Put(ctx, queueMeta("minority", isolated.cfg.NodeName), 0); !errors.Is(err, mirror.ErrNotLeader) {
-				t.Errorf("put on the minority side: err = %v, want ErrNotLeader", err)
+				t.Errorf("put on the minority side's store: err = %v, want ErrNotLeader", err)
+			}
+			if _, err := isolated.Put(ctx, queueMeta("minority", isolated.cfg.NodeName), 0); !errors.Is(err, mirror.ErrNotLeader) {
+				t.Errorf("put through the minority side's cluster: err = %v, want ErrNotLeader", err)
 			}
 
 			newLeader := waitLeader(t, majority)
@@ -76,7 +79,12 @@ func TestPartitionMinorityCannotWrite(t *testing.T) {
 					t.Errorf("%s on the majority side: Majority() = false", n.cfg.NodeName)
 				}
 			}
-			during := put(t, newLeader, queueMeta("during", "rabbit3", "rabbit1"))
+			majorityCtx, cancelMajority := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancelMajority()
+			during, err := without(majority, newLeader)[0].Put(majorityCtx, queueMeta("during", "rabbit3", "rabbit1"), 0)
+			if err != nil {
+				t.Fatalf("put through the majority's follower: %v", err)
+			}
 			waitReplicated(t, majority, during)
 			if _, ok := isolated.Store().Get(during.ID); ok {
 				t.Errorf("the isolated node has %s, written after the cut", during.ID)

@@ -1,0 +1,174 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// Writes from any node. Only the raft leader can commit, so a follower
+// sends its write to the leader: it dials the leader's raft address (which
+// raft itself knows, no serf lookup needed), sends forwardByte and one JSON
+// request, and reads one JSON response. One connection per write: metadata
+// writes are rare (a queue declared, deleted, promoted), and a connection
+// of its own cannot be confused with raft's pipelined traffic. The leader
+// applies the write to its own store and never forwards it further, so a
+// request cannot loop between nodes that disagree on the leader.
+
+// forwardTimeout bounds a forwarded write when the caller's context has no
+// deadline.
+const forwardTimeout = 10 * time.Second
+
+type forwardRequest struct {
+	Op      string            `json:"op"` // "put" or "delete"
+	Meta    *mirror.QueueMeta `json:"meta,omitempty"`
+	ID      mirror.QueueID    `json:"id,omitzero"`
+	Expect  uint64            `json:"expect"`
+	Timeout time.Duration     `json:"timeout"`
+}
+
+type forwardResponse struct {
+	Meta  *mirror.QueueMeta `json:"meta,omitempty"`
+	Error string            `json:"error,omitempty"`
+	// Kind names a sentinel the error stands for, so that errors.Is works
+	// on the forwarding side: "conflict", "not_leader" or "closed".
+	Kind string `json:"kind,omitempty"`
+}
+
+// Put writes meta through the leader of the metadata log, on this node or
+// forwarded to it, if the queue's version is still expect (0: it must not
+// exist), and returns the record as written. Errors are those of
+// mirror.Store.Put: ErrConflict (read again, decide again), ErrNotLeader
+// (no leader reachable: this node is on a minority side or an election is
+// under way).
+func (c *Cluster) Put(ctx context.Context, meta mirror.QueueMeta, expect uint64) (mirror.QueueMeta, error) {
+	if c.store.IsLeader() {
+		return c.store.Put(ctx, meta, expect)
+	}
+	resp, err := c.forward(ctx, forwardRequest{Op: "put", Meta: &meta, Expect: expect})
+	if err != nil {
+		return mirror.QueueMeta{}, fmt.Errorf("recording %s: %w", meta.ID, err)
+	}
+	if resp.Meta == nil {
+		return mirror.QueueMeta{}, fmt.Errorf("recording %s: the leader answered without the record", meta.ID)
+	}
+	return *resp.Meta, nil
+}
+
+// Delete removes the queue's metadata through the leader if its version is
+// still expect.
+func (c *Cluster) Delete(ctx context.Context, id mirror.QueueID, expect uint64) error {
+	if c.store.IsLeader() {
+		return c.store.Delete(ctx, id, expect)
+	}
+	if _, err := c.forward(ctx, forwardRequest{Op: "delete", ID: id, Expect: expect}); err != nil {
+		return fmt.Errorf("removing %s: %w", id, err)
+	}
+	return nil
+}
+
+func (c *Cluster) forward(ctx context.Context, req forwardRequest) (forwardResponse, error) {
+	leaderID, leaderAddr := c.store.Leader()
+	if leaderAddr == "" {
+		return forwardResponse{}, fmt.Errorf("%w: no leader known", mirror.ErrNotLeader)
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(forwardTimeout)
+	}
+	req.Timeout = time.Until(deadline)
+	if req.Timeout <= 0 {
+		return forwardResponse{}, context.DeadlineExceeded
+	}
+	conn, err := c.raftLayer.Dial(raft.ServerAddress(leaderAddr), req.Timeout)
+	if err != nil {
+		return forwardResponse{}, fmt.Errorf("%w: forwarding to leader %s at %s: %v", mirror.ErrNotLeader, leaderID, leaderAddr, err)
+	}
+	defer conn.Close()
+	// The context may end before the deadline: closing the connection
+	// ends the exchange.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	conn.SetDeadline(deadline)
+
+	w := bufio.NewWriter(conn)
+	w.WriteByte(forwardByte)
+	if err := json.NewEncoder(w).Encode(req); err != nil {
+		return forwardResponse{}, fmt.Errorf("encoding a forwarded write: %w", err)
+	}
+	if err := w.Flush(); err != nil {
+		return forwardResponse{}, fmt.Errorf("%w: forwarding to leader %s at %s: %v", mirror.ErrNotLeader, leaderID, leaderAddr, err)
+	}
+	var resp forwardResponse
+	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
+		// The write may have committed: the caller must read again.
+		return forwardResponse{}, fmt.Errorf("no answer from leader %s at %s, the write may or may not have committed: %w", leaderID, leaderAddr, err)
+	}
+	switch resp.Kind {
+	case "":
+		if resp.Error != "" {
+			return resp, fmt.Errorf("leader %s: %s", leaderID, resp.Error)
+		}
+		return resp, nil
+	case "conflict":
+		return resp, fmt.Errorf("%w (leader %s)", mirror.ErrConflict, leaderID)
+	case "not_leader", "closed":
+		return resp, fmt.Errorf("%w: %s is no longer the leader: %s", mirror.ErrNotLeader, leaderID, resp.Error)
+	}
+	return resp, fmt.Errorf("leader %s: %s (%s)", leaderID, resp.Error, resp.Kind)
+}
+
+// serveForward applies one forwarded write on this node, which the sender
+// believed to lead, and answers it.
+func (c *Cluster) serveForward(conn net.Conn) {
+	conn.SetDeadline(time.Now().Add(forwardTimeout))
+	var req forwardRequest
+	if err := json.NewDecoder(bufio.NewReader(conn)).Decode(&req); err != nil {
+		c.log.Warn("undecodable forwarded write", "remote", conn.RemoteAddr(), "error", err)
+		return
+	}
+	timeout := min(max(req.Timeout, 0), forwardTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	conn.SetDeadline(time.Now().Add(timeout + time.Second))
+
+	var resp forwardResponse
+	var err error
+	switch req.Op {
+	case "put":
+		if req.Meta == nil {
+			err = errors.New("forwarded put without a record")
+			break
+		}
+		var written mirror.QueueMeta
+		if written, err = c.store.Put(ctx, *req.Meta, req.Expect); err == nil {
+			resp.Meta = &written
+		}
+	case "delete":
+		err = c.store.Delete(ctx, req.ID, req.Expect)
+	default:
+		err = fmt.Errorf("unknown forwarded operation %q", req.Op)
+	}
+	if err != nil {
+		resp.Error = err.Error()
+		switch {
+		case errors.Is(err, mirror.ErrConflict):
+			resp.Kind = "conflict"
+		case errors.Is(err, mirror.ErrNotLeader):
+			resp.Kind = "not_leader"
+		case errors.Is(err, mirror.ErrStoreClosed):
+			resp.Kind = "closed"
+		}
+	}
+	if err := json.NewEncoder(conn).Encode(resp); err != nil {
+		c.log.Warn("answering a forwarded write", "remote", conn.RemoteAddr(), "error", err)
+	}
+}
