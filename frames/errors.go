@@ -82,10 +82,10 @@ func unencodable(format string, args ...any) *Error {
 // NOT_IMPLEMENTED (540) rather than COMMAND_INVALID (503): the spec defines
 // 540 as "functionality that is not implemented in the server", which is
 // what an undefined class or method is, while 503 is for a valid command in
-// an invalid sequence. RabbitMQ's generated framing module cannot look up
-// such an id and the connection fails as a whole (its exact reply code was
-// not verified here); both candidates are hard errors, so the proxy's
-// reaction (connection.close) is the same whichever is chosen.
+// an invalid sequence. RabbitMQ 3.10 itself sends no code at all: its framing
+// module cannot look such an id up, and the connection drops the socket
+// without connection.close (measured; the proxy does the same, so for it the
+// code only reaches logs).
 func unknownMethodError(classID, methodID uint16) *Error {
 	e := newError(NotImplemented, ErrUnknownMethod,
 		"unknown method: class %d, method %d", classID, methodID)
