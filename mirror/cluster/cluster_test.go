@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -96,8 +97,23 @@ func TestWritesFromFollowersReachTheLeader(t *testing.T) {
 }
 
 // A dead node (its proxy killed, no leave) is noticed within about a
-// second, keeps its vote, and catches up when it comes back with its data.
+// second, keeps its vote, and catches up when it comes back with its data,
+// on the same raft port or on another one (the leader updates its voter's
+// address).
 func TestFailedNodeKeepsItsVoteAndCatchesUp(t *testing.T) {
+	tests := []struct {
+		name        string
+		newRaftPort bool
+	}{
+		{name: "same addresses"},
+		{name: "raft on a new port", newRaftPort: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { testFailedNode(t, tt.newRaftPort) })
+	}
+}
+
+func testFailedNode(t *testing.T, newRaftPort bool) {
 	nodes := startCluster(t, 3)
 	all := names(nodes)
 	leader := waitLeader(t, nodes)
@@ -131,12 +147,27 @@ func TestFailedNodeKeepsItsVoteAndCatchesUp(t *testing.T) {
 	missed := put(t, newLeader, queueMeta("missed", "rabbit2", "rabbit3"))
 	waitReplicated(t, survivors, missed)
 
-	back := leader.restart(t, survivors[0].LocalMember().Gossip)
+	back := leader.restart(t, newRaftPort, survivors[0].LocalMember().Gossip)
+	if newRaftPort && back.LocalMember().Raft == leader.LocalMember().Raft {
+		t.Fatalf("restarted on the same raft address %s", back.LocalMember().Raft)
+	}
 	nodes = append(survivors, back)
 	waitMembers(t, nodes, all, nil)
 	waitReplicated(t, nodes, missed)
 	waitReplicated(t, nodes, before)
 	waitVoters(t, nodes, all)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		voters, err := newLeader.Store().Voters()
+		if err != nil {
+			return err
+		}
+		for _, v := range voters {
+			if v.ID == back.cfg.NodeName && v.Address != back.LocalMember().Raft {
+				return fmt.Errorf("voter %s at %s, want %s", v.ID, v.Address, back.LocalMember().Raft)
+			}
+		}
+		return nil
+	})
 	waitLeader(t, nodes)
 }
 

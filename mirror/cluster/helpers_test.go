@@ -82,12 +82,15 @@ func startNode(t *testing.T, cfg Config) *testNode {
 }
 
 // restart starts the node again after a Shutdown, with its data dir and
-// addresses, joining the given proxies.
-func (n *testNode) restart(t *testing.T, join ...string) *testNode {
+// gossip address (serf refuses a known name at a new address for a while),
+// on its raft address or a new one, joining the given proxies.
+func (n *testNode) restart(t *testing.T, newRaftPort bool, join ...string) *testNode {
 	t.Helper()
 	cfg := n.cfg
 	cfg.Bind = n.LocalMember().Gossip
-	cfg.RaftBind = n.LocalMember().Raft
+	if !newRaftPort {
+		cfg.RaftBind = n.LocalMember().Raft
+	}
 	cfg.Join = join
 	return startNode(t, cfg)
 }
