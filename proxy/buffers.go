@@ -10,15 +10,22 @@ import "sync"
 // traffic needed goes back to the pools, which the garbage collector empties
 // within two cycles when nobody takes from them.
 //
-// Buffers come in size classes, so that a frame larger than the usual read
-// buffer (a 128 KiB body frame) does not make every later buffer that large.
+// Buffers come in size classes, and both sides start small and grow only
+// when the traffic needs it: most reads and writes of a quiet connection are
+// a heartbeat or a few small methods, and thousands of connections waking at
+// once (a storm of opens or closes) must not each take 64 KiB. A busy socket
+// works with 64 KiB (a burst of small frames per system call), and a frame
+// larger than that (a 128 KiB body frame) gets a class of its own size
+// without making every later buffer that large.
 
-// bufferClasses are the pooled sizes, ascending. readBufferSize and
-// writeBufferSize are among them.
-var bufferClasses = [...]int{16 << 10, 64 << 10, 256 << 10, 1 << 20}
+// bufferClasses are the pooled sizes, ascending.
+var bufferClasses = [...]int{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20}
 
-// readBufferSize is the least a reader takes: one read system call fetches up
-// to this much, so a burst of small frames costs one call.
+// minBufferSize is the first class: what a reader or writer takes first.
+const minBufferSize = 4 << 10
+
+// readBufferSize is the most a reader asks of one read system call: a
+// reader whose reads fill its buffer moves up a class, up to this.
 const readBufferSize = 64 << 10
 
 // writeBufferSize is the most a writer queues before the producer that adds
@@ -43,6 +50,16 @@ func getBuffer(n int) *buffer {
 		}
 	}
 	return &buffer{b: make([]byte, n)}
+}
+
+// nextClass is the class above size, or size when it is the largest.
+func nextClass(size int) int {
+	for _, c := range bufferClasses {
+		if c > size {
+			return c
+		}
+	}
+	return size
 }
 
 // putBuffer gives b back to its pool. b must not be used afterwards.

@@ -76,8 +76,16 @@ func (c *clientConn) drainClient() {
 			}
 			break
 		}
-		if f.Type == frames.FrameMethod && f.Channel == 0 && isMethod(f.Payload, frames.ConnectionCloseOkKey) {
-			break
+		if f.Type == frames.FrameMethod && f.Channel == 0 {
+			if isMethod(f.Payload, frames.ConnectionCloseOkKey) {
+				break
+			}
+			// A closing RabbitMQ still looks up what comes on channel 0,
+			// and drops the socket for an undefined method.
+			if classID, methodID, _, err := frames.ParseMethodID(f.Payload); err == nil && !definedMethod(classID, methodID) {
+				resetOnClose(c.client.conn)
+				break
+			}
 		}
 	}
 	reason, detail := c.outcome()
@@ -338,6 +346,11 @@ func (c *clientConn) fromClientWhileClosing(st closeState, f frames.Frame) error
 	classID, methodID, _, err := frames.ParseMethodID(f.Payload)
 	if err != nil {
 		return nil
+	}
+	if !definedMethod(classID, methodID) {
+		// Dropped, as by a closing RabbitMQ, which still looks up what
+		// comes on channel 0 (and ignores the other channels).
+		return undefinedMethod(classID, methodID)
 	}
 	key := frames.MethodKey(classID, methodID)
 	reason, detail := c.outcome()

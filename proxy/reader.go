@@ -32,6 +32,9 @@ type frameReader struct {
 
 	buf  *buffer // nil when empty
 	r, w int     // unparsed bytes are buf.b[r:w]
+	// size is the buffer size to take next: it rises a class when a read
+	// fills the buffer and falls back when reads are small.
+	size int
 
 	// whenDry runs when the socket has nothing more to read, before the
 	// reader waits for the peer.
@@ -48,7 +51,7 @@ type frameReader struct {
 }
 
 func newFrameReader(conn net.Conn, waitingSince *atomic.Int64) *frameReader {
-	r := &frameReader{conn: conn, max: frames.DefaultMaxFrameSize, waitingSince: waitingSince}
+	r := &frameReader{conn: conn, max: frames.DefaultMaxFrameSize, size: minBufferSize, waitingSince: waitingSince}
 	if sc, ok := conn.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			r.raw = raw
@@ -133,7 +136,7 @@ func (r *frameReader) ensure(n int) error {
 func (r *frameReader) fill(n int) error {
 	switch {
 	case r.buf == nil:
-		r.buf, r.r, r.w = getBuffer(max(n, readBufferSize)), 0, 0
+		r.buf, r.r, r.w = getBuffer(max(n, r.size)), 0, 0
 	case len(r.buf.b)-r.r < n && n <= len(r.buf.b):
 		// A frame begun at the end of the buffer: move it to the front.
 		r.w = copy(r.buf.b, r.buf.b[r.r:r.w])
@@ -164,8 +167,20 @@ func (r *frameReader) fill(n int) error {
 	if r.readN == 0 {
 		return io.EOF
 	}
+	r.adapt(r.readN, len(r.buf.b)-r.w)
 	r.w += r.readN
 	return nil
+}
+
+// adapt moves the next buffer size a class up when a read of n bytes filled
+// the room it had, and back to the smallest when reads stay small.
+func (r *frameReader) adapt(n, room int) {
+	switch {
+	case n == room && r.size < readBufferSize:
+		r.size = nextClass(r.size)
+	case n < minBufferSize/2:
+		r.size = minBufferSize
+	}
 }
 
 // readOnce is the RawConn callback: one read system call, and on an empty
@@ -175,7 +190,7 @@ func (r *frameReader) fill(n int) error {
 func (r *frameReader) readOnce(fd uintptr) bool {
 	for {
 		if r.buf == nil {
-			r.buf, r.r, r.w = getBuffer(readBufferSize), 0, 0
+			r.buf, r.r, r.w = getBuffer(r.size), 0, 0
 		}
 		n, err := syscall.Read(int(fd), r.buf.b[r.w:])
 		switch err {
@@ -211,8 +226,9 @@ func (r *frameReader) readConn() error {
 	r.waitingSince.Store(time.Now().UnixNano())
 	n, err := r.conn.Read(r.buf.b[r.w:])
 	r.waitingSince.Store(0)
-	r.w += n
 	if n > 0 {
+		r.adapt(n, len(r.buf.b)-r.w)
+		r.w += n
 		return nil
 	}
 	if err == nil {

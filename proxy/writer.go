@@ -27,7 +27,8 @@ import (
 // would cost per batch (the design nats-server's flush coalescing and
 // amqproxy's buffered upstream writes follow, without their dedicated loop).
 //
-// Backpressure: the pending buffer holds at most writeBufferSize bytes. A
+// The pending buffer starts at the smallest class and grows up to
+// writeBufferSize. Backpressure: it holds at most writeBufferSize bytes. A
 // producer whose frame does not fit becomes the writer, or, while another
 // goroutine writes, waits until that write took the buffer. A producer that
 // waits stops reading its own socket, so a slow peer slows its writers'
@@ -150,9 +151,17 @@ func (w *socketWriter) reserveLocked(n int) error {
 			return w.err
 		}
 		if w.pending == nil {
-			w.pending, w.n = getBuffer(writeBufferSize), 0
+			w.pending, w.n = getBuffer(max(n, minBufferSize)), 0
 		}
 		if w.n+n <= len(w.pending.b) {
+			return nil
+		}
+		if w.n+n <= writeBufferSize {
+			// Room within the bound: move to a larger class.
+			larger := getBuffer(max(w.n+n, nextClass(len(w.pending.b))))
+			copy(larger.b, w.pending.b[:w.n])
+			putBuffer(w.pending)
+			w.pending = larger
 			return nil
 		}
 		if w.writing {

@@ -182,6 +182,32 @@ func TestSocketWriterBoundsPendingBytes(t *testing.T) {
 	}
 }
 
+// TestSocketWriterGrowsBeforeWriting: without a flush, frames are written only
+// once writeBufferSize bytes are pending, though the writer started with a
+// small buffer.
+func TestSocketWriterGrowsBeforeWriting(t *testing.T) {
+	conn := &recordingConn{}
+	w := newSocketWriter(conn)
+	payload := make([]byte, 1000)
+	fit := writeBufferSize / (len(payload) + frames.FrameOverhead)
+	for i := range fit {
+		if err := w.writeFrame(frames.FrameBody, 1, payload); err != nil {
+			t.Fatal(err)
+		}
+		if n := len(conn.recorded()); n != 0 {
+			t.Fatalf("%d writes after %d frames (%d bytes), want none below %d bytes",
+				n, i+1, (i+1)*(len(payload)+frames.FrameOverhead), writeBufferSize)
+		}
+	}
+	if err := w.writeFrame(frames.FrameBody, 1, payload); err != nil {
+		t.Fatal(err)
+	}
+	got := conn.recorded()
+	if len(got) != 1 || len(got[0]) != fit*(len(payload)+frames.FrameOverhead) {
+		t.Fatalf("after the frame that did not fit: %d writes, want 1 of the %d frames before it", len(got), fit)
+	}
+}
+
 // TestSocketWriterErrorSticks: the first write error is returned to the
 // writer, to producers waiting for room, and to every later call.
 func TestSocketWriterErrorSticks(t *testing.T) {
