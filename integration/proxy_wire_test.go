@@ -68,6 +68,9 @@ func TestProxyWireAnswersLikeTheBroker(t *testing.T) {
 		// close-ok (it stops reading frames after a bad frame-end); the
 		// timing is then not compared.
 		brokerWaits bool
+		// silent: the client does not answer connection.close, so only
+		// the bytes sent decide when the socket closes.
+		silent bool
 	}{
 		{
 			name: "legacy AMQP 0-9 header: served as 0-9-1", prefix: prefixNone,
@@ -83,6 +86,22 @@ func TestProxyWireAnswersLikeTheBroker(t *testing.T) {
 		{name: "undefined method 999.999 on channel 0", prefix: prefixOpen, bytes: undefined(0, 999, 999), sameBytes: true},
 		{name: "undefined connection method 10.99 on channel 0", prefix: prefixOpen, bytes: undefined(0, 10, 99), sameBytes: true},
 		{name: "undefined method instead of start-ok", prefix: prefixHeader, bytes: undefined(0, 999, 999), sameBytes: true},
+		{
+			name: "undefined method on channel 0 after the client's connection.close", prefix: prefixChannel,
+			bytes:     append(method(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess}), undefined(0, 999, 999)...),
+			sameBytes: true,
+		},
+		{
+			name: "undefined method on channel 0 instead of close-ok", prefix: prefixChannel,
+			bytes:    append(frame(frames.FrameHeartbeat, 5, nil, frames.FrameEnd), undefined(0, 999, 999)...),
+			wantCode: frames.UnexpectedFrame, silent: true,
+		},
+		{
+			// A closing broker ignores what comes on the other channels.
+			name: "undefined method on channel 1 before close-ok", prefix: prefixChannel,
+			bytes:    append(frame(frames.FrameHeartbeat, 5, nil, frames.FrameEnd), undefined(1, 999, 999)...),
+			wantCode: frames.UnexpectedFrame,
+		},
 		{
 			// Deprecated in 0-9-1 and missing from the codec's spec, but
 			// defined for RabbitMQ, which grants ticket 1: it must pass.
@@ -120,7 +139,7 @@ func TestProxyWireAnswersLikeTheBroker(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			results := map[string]wireResult{}
 			for _, to := range directAndProxied(n, p) {
-				r, err := converse(t, to.addr, c.prefix, c.bytes)
+				r, err := converse(t, to.addr, c.prefix, c.bytes, !c.silent)
 				if err != nil {
 					t.Fatalf("%s: %v", to.name, err)
 				}
@@ -158,8 +177,8 @@ func TestProxyWireAnswersLikeTheBroker(t *testing.T) {
 // converse runs one conversation against addr: the prefix's steps, then the
 // bytes, then it reads until the server closes the socket or confirms the
 // client's connection.close, answering a connection.close with close-ok as
-// a client does.
-func converse(t *testing.T, addr string, prefix fuzzPrefix, input []byte) (wireResult, error) {
+// a client does when answerClose is set.
+func converse(t *testing.T, addr string, prefix fuzzPrefix, input []byte, answerClose bool) (wireResult, error) {
 	client := dialRaw(t, addr)
 	var transcript bytes.Buffer
 	client.in = frames.NewReader(io.TeeReader(client.conn, &transcript), 4096)
@@ -193,8 +212,10 @@ func converse(t *testing.T, addr string, prefix fuzzPrefix, input []byte) (wireR
 		switch m := m.(type) {
 		case *frames.ConnectionClose:
 			r.close = m
-			client.sendMethod(0, &frames.ConnectionCloseOk{})
-			lastWrite = time.Now()
+			if answerClose {
+				client.sendMethod(0, &frames.ConnectionCloseOk{})
+				lastWrite = time.Now()
+			}
 		case *frames.ConnectionCloseOk:
 			r.closedIn = time.Since(lastWrite)
 			r.transcript = transcript.Bytes()
