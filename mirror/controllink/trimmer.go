@@ -13,6 +13,7 @@
 package controllink
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -36,6 +37,12 @@ type TrimmerOptions struct {
 	// Retry is the pause before reopening a channel the broker closed, or
 	// retrying a consume that failed. Default 250ms.
 	Retry time.Duration
+	// ForgetAfter is how long a settlement waits for its slave copy. A copy
+	// that has not arrived by then never will: the slave joined after the
+	// message was published, and the sync that brought the older messages
+	// did not bring this one because the master had settled it. Default 10
+	// minutes, far beyond the time a slave takes to deliver its backlog.
+	ForgetAfter time.Duration
 	// ConsumerTag names the trimmer's consumer on the slave broker, so that
 	// an operator listing consumers can tell it apart from clients.
 	// Default "amqp-mirror-trimmer".
@@ -49,6 +56,9 @@ func (o TrimmerOptions) withDefaults() TrimmerOptions {
 	}
 	if o.Retry <= 0 {
 		o.Retry = 250 * time.Millisecond
+	}
+	if o.ForgetAfter <= 0 {
+		o.ForgetAfter = 10 * time.Minute
 	}
 	if o.ConsumerTag == "" {
 		o.ConsumerTag = "amqp-mirror-trimmer"
@@ -74,7 +84,7 @@ type Trimmer struct {
 	// slave has not delivered yet (its copy is still on the way, or behind
 	// other messages).
 	held    map[mirror.MessageID]uint64
-	settled map[mirror.MessageID]struct{}
+	settled map[mirror.MessageID]time.Time // when it was settled
 	// outstanding is every unacknowledged delivery of the current channel in
 	// tag order; the front of it decides when one multiple ack settles many.
 	outstanding []outstandingTag
@@ -83,10 +93,19 @@ type Trimmer struct {
 	// unidentified counts held deliveries without an identity (published
 	// past the proxy): they are never trimmed.
 	unidentified int
+	// trimmed remembers, while a copy into this slave runs (ExpectCopies),
+	// the identities already trimmed here, so that a late copy of one of
+	// them is dropped instead of kept forever.
+	trimmed map[mirror.MessageID]struct{}
 
 	// channelsLost counts channels the broker closed under the trimmer
 	// (consumer_timeout, a channel error), recycles not included.
 	channelsLost atomic.Int64
+
+	// copies takes CopyTo's requests; job is the copy running, owned by
+	// the run goroutine.
+	copies chan *copyJob
+	job    *copyJob
 
 	wake chan struct{} // capacity one: a flush is wanted
 	done chan struct{}
@@ -101,6 +120,10 @@ type outstandingTag struct {
 type pendingAck struct {
 	tag uint64
 	id  mirror.MessageID
+	// duplicate: the ack removes a redundant copy (or a sync marker), not a
+	// message settled at the master, so a lost channel must not turn it
+	// into a settlement.
+	duplicate bool
 }
 
 // StartTrimmer starts trimming queue (on the broker conn is connected to).
@@ -115,8 +138,9 @@ func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Tr
 		opts:    opts,
 		log:     opts.Logger.With("queue", queue, "component", "trimmer"),
 		held:    make(map[mirror.MessageID]uint64),
-		settled: make(map[mirror.MessageID]struct{}),
+		settled: make(map[mirror.MessageID]time.Time),
 		wake:    make(chan struct{}, 1),
+		copies:  make(chan *copyJob),
 		done:    make(chan struct{}),
 	}
 	ch, deliveries, err := t.consume()
@@ -136,9 +160,10 @@ func (t *Trimmer) Settle(ids ...mirror.MessageID) {
 		if tag, ok := t.held[id]; ok {
 			delete(t.held, id)
 			t.toAck = append(t.toAck, pendingAck{tag: tag, id: id})
+			t.rememberTrimmed(id)
 			continue
 		}
-		t.settled[id] = struct{}{}
+		t.settled[id] = time.Now()
 	}
 	t.mu.Unlock()
 	select {
@@ -194,9 +219,16 @@ func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 		t.forgetChannel()
 		switch reason {
 		case stopClosed:
+			t.endCopy(errTrimmerClosed)
 			return
 		case stopChannelLost:
 			t.channelsLost.Add(1)
+		case stopForCopy:
+			// The channel is closed, so everything it held is back in the
+			// queue, ahead of the marker the copy publishes now.
+			if err := t.job.begin(t.conn, t.queue); err != nil {
+				t.endCopy(err)
+			}
 		}
 		var err error
 		for {
@@ -219,12 +251,19 @@ const (
 	stopClosed stopReason = iota
 	stopRecycle
 	stopChannelLost
+	stopForCopy // a copy begins on a fresh channel
 )
 
 func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopReason {
 	recycle := time.NewTimer(t.opts.Recycle)
 	defer recycle.Stop()
+	sweep := time.NewTicker(t.opts.ForgetAfter / 4)
+	defer sweep.Stop()
 	for {
+		var copyCancelled <-chan struct{}
+		if t.job != nil {
+			copyCancelled = t.job.ctx.Done()
+		}
 		select {
 		case <-t.done:
 			t.flush(ch)
@@ -232,6 +271,18 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 		case <-recycle.C:
 			t.flush(ch)
 			return stopRecycle
+		case job := <-t.copies:
+			if t.job != nil {
+				job.result <- copyResult{err: errors.New("a copy of this queue is already running")}
+				continue
+			}
+			t.job = job
+			t.flush(ch)
+			return stopForCopy
+		case now := <-sweep.C:
+			t.forgetStale(now)
+		case <-copyCancelled:
+			t.endCopy(t.job.ctx.Err())
 		case <-t.wake:
 			if err := t.flush(ch); err != nil {
 				t.log.Warn("trimmer lost its channel", "err", err)
@@ -242,7 +293,7 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 				t.log.Warn("trimmer's channel was closed by the broker; consuming again")
 				return stopChannelLost
 			}
-			t.hold(d)
+			t.take(d)
 			// Take the rest of the burst before flushing: one flush (and
 			// where the order allows one multiple ack) for many deliveries.
 			for more := true; more; {
@@ -251,7 +302,7 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 					if !ok {
 						return stopChannelLost
 					}
-					t.hold(d)
+					t.take(d)
 				default:
 					more = false
 				}
@@ -264,24 +315,101 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 	}
 }
 
-// hold records one delivery of the slave copy; one already settled at the
-// master is acked at the next flush.
-func (t *Trimmer) hold(d amqp.Delivery) {
+// take handles one delivery of the slave copy: held until the master's copy
+// is gone, acked at once when it already is, and during a copy also sent to
+// the copy's destination.
+func (t *Trimmer) take(d amqp.Delivery) {
+	value, _ := d.Headers[mirror.IdentityHeader].(string)
+	id, identified := mirror.ParseMessageID(value)
+	if t.job != nil && identified && id == t.job.marker {
+		// Everything that was in the queue when the copy began has been
+		// seen: the marker went in behind it.
+		t.settleDelivery(d.DeliveryTag, id)
+		t.endCopy(t.job.finish())
+		return
+	}
+	kept := t.hold(d.DeliveryTag, id, identified)
+	if t.job != nil && kept {
+		if err := t.job.send(d); err != nil {
+			t.endCopy(err)
+		}
+	}
+}
+
+// endCopy answers the running copy, if any.
+func (t *Trimmer) endCopy(err error) {
+	if t.job == nil {
+		return
+	}
+	t.job.end(err)
+	t.job = nil
+}
+
+// hold records one delivery and reports whether it is now held. One
+// already settled at the master is acked at the next flush; a second copy
+// of a message already held (a sync copied what fan-out also delivered) is
+// acked at once, so that the slave keeps exactly one.
+func (t *Trimmer) hold(tag uint64, id mirror.MessageID, identified bool) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.outstanding = append(t.outstanding, outstandingTag{tag: d.DeliveryTag})
-	value, _ := d.Headers[mirror.IdentityHeader].(string)
-	id, ok := mirror.ParseMessageID(value)
-	if !ok {
+	t.outstanding = append(t.outstanding, outstandingTag{tag: tag})
+	if !identified {
 		t.unidentified++
-		return
+		return true
 	}
-	if _, gone := t.settled[id]; gone {
+	_, gone := t.settled[id]
+	_, duplicate := t.held[id]
+	_, trimmed := t.trimmed[id]
+	switch {
+	case gone:
 		delete(t.settled, id)
-		t.toAck = append(t.toAck, pendingAck{tag: d.DeliveryTag, id: id})
+		t.toAck = append(t.toAck, pendingAck{tag: tag, id: id})
+		t.rememberTrimmed(id)
+		return false
+	case duplicate || trimmed:
+		t.toAck = append(t.toAck, pendingAck{tag: tag, id: id, duplicate: true})
+		return false
+	}
+	t.held[id] = tag
+	return true
+}
+
+// forgetStale drops settlements whose slave copy never came (ForgetAfter).
+func (t *Trimmer) forgetStale(now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, at := range t.settled {
+		if now.Sub(at) >= t.opts.ForgetAfter {
+			delete(t.settled, id)
+		}
+	}
+}
+
+// ExpectCopies tells the trimmer that a copy into its slave is running (on),
+// or is over (off): meanwhile it remembers what it trimmed, since a copy can
+// bring a message again after the master settled it.
+func (t *Trimmer) ExpectCopies(on bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if on {
+		t.trimmed = make(map[mirror.MessageID]struct{})
 		return
 	}
-	t.held[id] = d.DeliveryTag
+	t.trimmed = nil
+}
+
+func (t *Trimmer) rememberTrimmed(id mirror.MessageID) {
+	if t.trimmed != nil {
+		t.trimmed[id] = struct{}{}
+	}
+}
+
+// settleDelivery acks a delivery that is not to be held at all.
+func (t *Trimmer) settleDelivery(tag uint64, id mirror.MessageID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.outstanding = append(t.outstanding, outstandingTag{tag: tag})
+	t.toAck = append(t.toAck, pendingAck{tag: tag, id: id, duplicate: true})
 }
 
 // flush sends the acks decided since the last flush: one multiple ack for
@@ -336,7 +464,9 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 func (t *Trimmer) requeueAcks(acks []pendingAck, err error) error {
 	t.mu.Lock()
 	for _, a := range acks {
-		t.settled[a.id] = struct{}{}
+		if !a.duplicate {
+			t.settled[a.id] = time.Now()
+		}
 	}
 	t.mu.Unlock()
 	return err
@@ -349,7 +479,9 @@ func (t *Trimmer) forgetChannel() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, a := range t.toAck {
-		t.settled[a.id] = struct{}{}
+		if !a.duplicate {
+			t.settled[a.id] = time.Now()
+		}
 	}
 	t.toAck = nil
 	clear(t.held)

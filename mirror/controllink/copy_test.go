@@ -1,0 +1,171 @@
+package controllink
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// publishRange publishes the messages with identities from..to-1 to each
+// queue, as fan-out does to a master and its slaves.
+func publishRange(t *testing.T, conn *amqp.Connection, from, to int, queues ...string) {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		t.Error(err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var last *amqp.DeferredConfirmation
+	for n := from; n < to; n++ {
+		id := messageID(n)
+		for _, q := range queues {
+			last, err = ch.PublishWithDeferredConfirmWithContext(ctx, "", q, false, false, amqp.Publishing{
+				Headers:      amqp.Table{mirror.IdentityHeader: string(id[:])},
+				DeliveryMode: amqp.Persistent,
+				Priority:     uint8(n % 3),
+				Body:         []byte(fmt.Sprint(n)),
+			})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}
+	if ok, err := last.WaitContext(ctx); !ok || err != nil {
+		t.Errorf("publishes %d..%d not confirmed: %v %v", from, to, ok, err)
+	}
+}
+
+func settleRange(from, to int, trimmers ...*Trimmer) {
+	for n := from; n < to; n++ {
+		for _, tr := range trimmers {
+			tr.Settle(messageID(n))
+		}
+	}
+}
+
+// TestCopySynchronisesANewSlave runs a copy from a synchronised slave copy
+// to a new, empty one while publishes and settlements go on, and checks the
+// two end up holding exactly the same messages: the ones the master still
+// holds.
+func TestCopySynchronisesANewSlave(t *testing.T) {
+	conn := dial(t)
+	source, target := declare(t, conn), declare(t, conn)
+	publishRange(t, conn, 0, 500, source) // the backlog before the new slave joined
+
+	trimSource, err := StartTrimmer(dial(t), source, TrimmerOptions{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer trimSource.Close()
+	// The settlements of messages the copy no longer brings are forgotten
+	// after ForgetAfter; the test makes it short.
+	trimTarget, err := StartTrimmer(dial(t), target, TrimmerOptions{ForgetAfter: time.Second, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer trimTarget.Close()
+	settleRange(0, 100, trimSource, trimTarget) // the master settled these before the copy
+
+	trimTarget.ExpectCopies(true)
+	var during sync.WaitGroup
+	during.Add(1)
+	go func() {
+		// The queue keeps serving while it is copied: new publishes reach
+		// both copies, and the master settles old and new messages.
+		defer during.Done()
+		publishRange(t, conn, 500, 600, source, target)
+		settleRange(100, 150, trimSource, trimTarget)
+		settleRange(500, 520, trimSource, trimTarget)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	copied, err := trimSource.CopyTo(ctx, dial(t), target, 64)
+	if err != nil {
+		t.Fatalf("CopyTo: %v", err)
+	}
+	during.Wait()
+	trimTarget.ExpectCopies(false)
+	t.Logf("copied %d messages", copied)
+	if copied < 350 {
+		t.Errorf("copied %d messages, want at least the 350 the master settled at no point", copied)
+	}
+
+	want := make(map[int]bool)
+	for n := 150; n < 600; n++ {
+		if n < 500 || n >= 520 {
+			want[n] = true
+		}
+	}
+	for name, tr := range map[string]*Trimmer{"source": trimSource, "target": trimTarget} {
+		testutil.Eventually(t, 20*time.Second, func() error {
+			if held, waiting := tr.Stats(); held != len(want) || waiting != 0 {
+				return fmt.Errorf("%s trimmer holds %d (want %d), %d settlements wait (want 0)", name, held, len(want), waiting)
+			}
+			return nil
+		})
+	}
+	trimSource.Close()
+	trimTarget.Close()
+	for name, queue := range map[string]string{"source": source, "target": target} {
+		got := remaining(t, conn, queue)
+		if !maps.Equal(got, want) {
+			t.Errorf("%s holds %d messages, want %d; extra %v, missing %v", name, len(got), len(want),
+				difference(got, want), difference(want, got))
+		}
+	}
+}
+
+func TestCopyEndsWithItsContext(t *testing.T) {
+	conn := dial(t)
+	source := declare(t, conn)
+	tr, err := StartTrimmer(dial(t), source, TrimmerOptions{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := tr.CopyTo(ctx, dial(t), declare(t, conn), 10); err == nil {
+		t.Fatal("a copy with a cancelled context succeeded")
+	}
+	// The trimmer still works after a failed copy.
+	publishRange(t, conn, 0, 10, source)
+	settleRange(0, 10, tr)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if held, waiting := tr.Stats(); held != 0 || waiting != 0 {
+			return fmt.Errorf("trimmer holds %d, %d waiting; want 0, 0", held, waiting)
+		}
+		return nil
+	})
+}
+
+func difference(a, b map[int]bool) []int {
+	var out []int
+	for n := range a {
+		if !b[n] {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	if len(out) > 10 {
+		out = out[:10]
+	}
+	return out
+}
