@@ -98,11 +98,17 @@
 // sync_queue`, and a slave that never synced becomes synchronised when the
 // messages older than its join have been consumed. Unlike RabbitMQ, a sync
 // must not block the queue: the goal is to keep serving while it copies.
-// The copy is read from a synchronised slave's trimmer where one exists
-// (it already holds every message in queue order, and slaves have no client
-// consumers to disturb), from the master otherwise; messages published
-// during the copy reach the new slave through normal fan-out, and their
-// identities tell the copy which ones to skip.
+// The copy is read by a synchronised slave's trimmer (it already holds every
+// message in queue order, and slaves have no client consumers to disturb):
+// it gives back what it holds, publishes a marker message behind it, and
+// consumes again, copying to the new slave every message before the marker
+// that the master has not settled (controllink.Trimmer.CopyTo). Messages
+// published during the copy reach the new slave through normal fan-out too;
+// the new slave's trimmer keeps one of each identity, and drops a late copy
+// of a message it already trimmed. What a non-blocking sync gives up: on the
+// new slave the copied older messages sit behind newer ones until the
+// backlog drains, so a promotion in that window would deliver them out of
+// order (RabbitMQ's blocking sync avoids that by stopping the queue).
 //
 // # Metadata
 //
