@@ -76,9 +76,13 @@ func newChannelState(id uint16) *channelState {
 
 // channelTable holds the open channels of one client connection. Lookups
 // happen for every frame on both read loops, so they are lock-free: one
-// atomic slot per channel id up to the negotiated channel_max.
+// atomic slot per channel id up to the negotiated channel_max. The slots
+// come in chunks of slotChunk ids, made when a channel in them first opens:
+// a connection with a few channels holds a few hundred bytes, not a slot
+// for each of channel_max ids (16 KiB at 2047).
 type channelTable struct {
-	slots []atomic.Pointer[channelState]
+	chunks []atomic.Pointer[[slotChunk]atomic.Pointer[channelState]]
+	limit  int // ids up to channel_max are tracked
 
 	// closingIDs counts the ids in proxyCloses, so the per-frame check
 	// costs one atomic load while no proxy-initiated close is in flight.
@@ -100,34 +104,59 @@ type proxyClose struct {
 	notice *frames.ChannelClose
 }
 
+// slotChunk is how many channel ids share one lazily made chunk of slots.
+const slotChunk = 64
+
 func newChannelTable(channelMax uint16) *channelTable {
+	limit := int(channelMax) + 1
 	return &channelTable{
-		slots:       make([]atomic.Pointer[channelState], int(channelMax)+1),
+		chunks:      make([]atomic.Pointer[[slotChunk]atomic.Pointer[channelState]], (limit+slotChunk-1)/slotChunk),
+		limit:       limit,
 		proxyCloses: make(map[uint16]*proxyClose),
 	}
 }
 
-// get returns the open channel with this id, or nil.
-func (t *channelTable) get(id uint16) *channelState {
-	if int(id) >= len(t.slots) {
+// slot is id's slot, or nil when id is beyond channel_max or its chunk was
+// never needed (and create is false).
+func (t *channelTable) slot(id uint16, create bool) *atomic.Pointer[channelState] {
+	if int(id) >= t.limit {
 		return nil
 	}
-	return t.slots[id].Load()
+	chunk := &t.chunks[int(id)/slotChunk]
+	slots := chunk.Load()
+	if slots == nil {
+		if !create {
+			return nil
+		}
+		// Only the client loop opens channels, but a CAS keeps this
+		// correct for any caller.
+		chunk.CompareAndSwap(nil, new([slotChunk]atomic.Pointer[channelState]))
+		slots = chunk.Load()
+	}
+	return &slots[int(id)%slotChunk]
+}
+
+// get returns the open channel with this id, or nil.
+func (t *channelTable) get(id uint16) *channelState {
+	if s := t.slot(id, false); s != nil {
+		return s.Load()
+	}
+	return nil
 }
 
 // open records a new channel; ids above channel_max are not tracked (the
 // backend refuses them).
 func (t *channelTable) open(id uint16) *channelState {
 	ch := newChannelState(id)
-	if int(id) < len(t.slots) {
-		t.slots[id].Store(ch)
+	if s := t.slot(id, true); s != nil {
+		s.Store(ch)
 	}
 	return ch
 }
 
 func (t *channelTable) remove(id uint16, ch *channelState) {
-	if int(id) < len(t.slots) {
-		t.slots[id].CompareAndSwap(ch, nil)
+	if s := t.slot(id, false); s != nil {
+		s.CompareAndSwap(ch, nil)
 	}
 }
 
