@@ -89,6 +89,8 @@ type Server struct {
 
 	nextConnID atomic.Uint64
 	stats      Stats
+	// releaser returns memory to the system after a storm of connections.
+	releaser *memoryReleaser
 }
 
 // Stats are the server's counters, safe to read at any time.
@@ -112,6 +114,7 @@ func New(opts Options) (*Server, error) {
 		log:       opts.Logger,
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[*clientConn]struct{}),
+		releaser:  newMemoryReleaser(),
 	}, nil
 }
 
@@ -168,12 +171,12 @@ func (s *Server) startConn(conn net.Conn) {
 	s.connWG.Add(1)
 	s.mu.Unlock()
 	s.stats.ConnectionsOpened.Add(1)
-	s.stats.ConnectionsOpen.Add(1)
+	s.releaser.opened(s.stats.ConnectionsOpen.Add(1))
 	go func() {
 		defer s.connWG.Done()
 		reason := c.serve()
 		s.stats.ClosedByReason[reason].Add(1)
-		s.stats.ConnectionsOpen.Add(-1)
+		s.releaser.closed(s.stats.ConnectionsOpen.Add(-1))
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
@@ -188,6 +191,7 @@ func (s *Server) isClosed() bool {
 
 // beginClose stops accepting and returns the connections still open.
 func (s *Server) beginClose() []*clientConn {
+	s.releaser.stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
