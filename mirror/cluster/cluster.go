@@ -347,10 +347,14 @@ func (c *Cluster) leave() error {
 		errs = append(errs, fmt.Errorf("cluster: announcing the leave: %w", err))
 	}
 	if len(voters) > 1 {
+		// Only a warning when it does not come: a removed follower learns
+		// of its removal only if the leader's last replication to it gets
+		// through, and the leader removes the voter of a member that left
+		// whenever it next looks, this node gone or not.
 		deadline := time.Now().Add(c.cfg.LeaveTimeout)
 		for c.isVoter() {
 			if time.Now().After(deadline) {
-				errs = append(errs, fmt.Errorf("cluster: leaving: still a voter after %v", c.cfg.LeaveTimeout))
+				c.log.Warn("left without seeing the leader remove this node's voter", "waited", c.cfg.LeaveTimeout)
 				break
 			}
 			select {

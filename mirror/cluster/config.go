@@ -72,7 +72,8 @@ type Config struct {
 	// Default 500ms.
 	ElectionTimeout time.Duration
 	// ReconcileInterval is how often the leader compares the voters with
-	// the membership even without an event. Default 5s.
+	// the membership even without an event (a pass reads local state and
+	// writes only when something differs). Default 2s.
 	ReconcileInterval time.Duration
 	// LeaveTimeout bounds how long a graceful Leave waits for the leader
 	// to remove this node's voter. Default 5s.
@@ -99,7 +100,7 @@ func (c *Config) withDefaults() Config {
 	setDefault(&out.SuspicionMult, 2)
 	setDefault(&out.ReconnectTimeout, 72*time.Hour)
 	setDefault(&out.ElectionTimeout, 500*time.Millisecond)
-	setDefault(&out.ReconcileInterval, 5*time.Second)
+	setDefault(&out.ReconcileInterval, 2*time.Second)
 	setDefault(&out.LeaveTimeout, 5*time.Second)
 	return out
 }

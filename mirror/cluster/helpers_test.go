@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -221,15 +222,33 @@ func queueMeta(name, master string, slaves ...string) mirror.QueueMeta {
 	return m
 }
 
-// put writes a new queue through n and returns the record as written.
+// put writes a new queue through n (forwarded to the leader when n does
+// not lead) and returns the record as written. An election on a loaded
+// machine makes a write fail with ErrNotLeader; put retries then, as a
+// proxy would, and accepts a conflict after such a retry when the record
+// it finds is its own (the failed attempt committed after all).
 func put(t *testing.T, n *testNode, meta mirror.QueueMeta) mirror.QueueMeta {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	written, err := n.Store().Put(ctx, meta, 0)
-	if err != nil {
-		t.Fatalf("put %s through %s: %v", meta.ID, n.cfg.NodeName, err)
-	}
+	var written mirror.QueueMeta
+	retried := false
+	testutil.Eventually(t, 10*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		w, err := n.Put(ctx, meta, 0)
+		switch {
+		case err == nil:
+			written = w
+			return nil
+		case retried && errors.Is(err, mirror.ErrConflict):
+			if got, ok := n.Store().Get(meta.ID); ok && got.Master == meta.Master {
+				written = got
+				return nil
+			}
+		case errors.Is(err, mirror.ErrNotLeader):
+			retried = true
+		}
+		return fmt.Errorf("put %s through %s: %w", meta.ID, n.cfg.NodeName, err)
+	})
 	return written
 }
 

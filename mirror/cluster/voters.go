@@ -33,6 +33,7 @@ func (c *Cluster) reconcileLoop() {
 	defer stopLeaderChanges()
 	ticker := time.NewTicker(c.cfg.ReconcileInterval)
 	defer ticker.Stop()
+	wasLeading := false
 	for {
 		select {
 		case <-c.stop:
@@ -43,7 +44,12 @@ func (c *Cluster) reconcileLoop() {
 		}
 		members := c.Members()
 		c.maybeBootstrap(members)
-		if c.store.IsLeader() {
+		leading := c.store.IsLeader()
+		if leading != wasLeading {
+			c.log.Info("metadata log leadership", "leading", leading)
+			wasLeading = leading
+		}
+		if leading {
 			c.reconcileVoters(members)
 		}
 	}
