@@ -16,7 +16,7 @@ import (
 
 // clientConn is one client connection and the backend connection that
 // serves it. Three goroutines run per connection: the client read loop
-// (client → backend, also the connection's main goroutine), the backend read
+// (client → backend, also the connection's main goroutine once open), the backend read
 // loop (backend → client) and the heartbeat loop. Each read loop writes to the
 // opposite socket; see socket for how writes are shared, and the package
 // documentation for the lock order.
@@ -35,6 +35,8 @@ type clientConn struct {
 	user, vhost      string
 	// startRelayed is set once the client has seen connection.start.
 	startRelayed bool
+	// started is when the client connected.
+	started time.Time
 
 	// closing is the connection-level close in progress (a closeState),
 	// and tornDown is set once teardown began. Both are read on every frame,
@@ -89,16 +91,20 @@ func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 	return c
 }
 
-// serve runs the connection to its end and returns why it ended.
-func (c *clientConn) serve() CloseReason {
-	start := time.Now()
+// open runs the handshake and reports whether the connection serves; when it
+// does not, the connection has ended and reason says why. run serves it
+// afterwards, on a goroutine of its own: the handshake (dialling, TLS,
+// logging) grows a goroutine's stack to several KiB, which a goroutine that
+// then waits for frames for hours would keep, for each connection.
+func (c *clientConn) open() (ok bool, reason CloseReason) {
+	c.started = time.Now()
 	if err := c.handshake(); err != nil {
 		c.teardown(ReasonHandshakeFailed, err.Error())
 		c.wait()
 		reason, detail := c.outcome()
 		c.log.Info("connection refused", "reason", reason.String(), "detail", detail,
-			"user", c.user, "vhost", c.vhost, "duration", time.Since(start).Round(time.Millisecond))
-		return reason
+			"user", c.user, "vhost", c.vhost, "duration", time.Since(c.started).Round(time.Millisecond))
+		return false, reason
 	}
 	c.mu.Lock()
 	c.opened = time.Now()
@@ -107,7 +113,11 @@ func (c *clientConn) serve() CloseReason {
 	c.log = c.log.With("user", c.user, "vhost", c.vhost)
 	c.log.Info("connection opened", "backend", c.srv.opts.Backend.Name,
 		"frame_max", c.frameMax, "heartbeat", c.clientHeartbeat)
+	return true, ReasonUnknown
+}
 
+// run serves an open connection to its end and returns why it ended.
+func (c *clientConn) run() CloseReason {
 	go c.backendLoop()
 	var heartbeats sync.WaitGroup
 	if c.clientHeartbeat > 0 || c.backendHeartbeat > 0 {
@@ -123,7 +133,7 @@ func (c *clientConn) serve() CloseReason {
 
 	reason, detail := c.outcome()
 	c.log.Info("connection closed", "reason", reason.String(), "detail", detail,
-		"duration", time.Since(start).Round(time.Millisecond))
+		"duration", time.Since(c.started).Round(time.Millisecond))
 	return reason
 }
 

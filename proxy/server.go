@@ -173,14 +173,23 @@ func (s *Server) startConn(conn net.Conn) {
 	s.stats.ConnectionsOpened.Add(1)
 	s.releaser.opened(s.stats.ConnectionsOpen.Add(1))
 	go func() {
-		defer s.connWG.Done()
-		reason := c.serve()
-		s.stats.ClosedByReason[reason].Add(1)
-		s.releaser.closed(s.stats.ConnectionsOpen.Add(-1))
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
+		ok, reason := c.open()
+		if !ok {
+			s.connEnded(c, reason)
+			return
+		}
+		go func() { s.connEnded(c, c.run()) }()
 	}()
+}
+
+// connEnded counts a connection that ended and forgets it.
+func (s *Server) connEnded(c *clientConn, reason CloseReason) {
+	defer s.connWG.Done()
+	s.stats.ClosedByReason[reason].Add(1)
+	s.releaser.closed(s.stats.ConnectionsOpen.Add(-1))
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
 }
 
 func (s *Server) isClosed() bool {
