@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -377,6 +378,17 @@ how to connect, and runs until Ctrl-C; then stops everything it started.`, stdou
 }
 
 func demo(ctx context.Context, nodes int, listen, adminAddr, dir string, logger *slog.Logger, stdout io.Writer) error {
+	if nodes < 1 {
+		return fmt.Errorf("--nodes %d: the demo needs at least one node", nodes)
+	}
+	// The proxy binds its ports only once the brokers are up, 10-20 s later: check them
+	// first, so that a port in use fails at once, before any broker starts.
+	if err := checkDemoAddresses([]demoAddress{
+		{"the proxy's AMQP address", listen, "--listen"},
+		{"the admin API address", adminAddr, "--admin"},
+	}); err != nil {
+		return err
+	}
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "amqp-mirror-demo-")
 		if err != nil {
@@ -385,7 +397,11 @@ func demo(ctx context.Context, nodes int, listen, adminAddr, dir string, logger 
 		defer os.RemoveAll(tmp)
 		dir = tmp
 	}
-	fmt.Fprintf(stdout, "Starting %d RabbitMQ nodes under %s (10-20 s)...\n", nodes, dir)
+	noun := "nodes"
+	if nodes == 1 {
+		noun = "node"
+	}
+	fmt.Fprintf(stdout, "Starting %d RabbitMQ %s under %s (10-20 s)...\n", nodes, noun, dir)
 	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	cluster, err := localbroker.Start(startCtx, localbroker.Options{Nodes: nodes, BaseDir: filepath.Join(dir, "nodes"), Logger: logger})
 	cancel()
@@ -410,6 +426,10 @@ func demo(ctx context.Context, nodes int, listen, adminAddr, dir string, logger 
 		return err
 	}
 	level := new(slog.LevelVar)
+	self, err := os.Executable()
+	if err != nil {
+		self = "amqp-mirror"
+	}
 	ready := func(addr string) {
 		fmt.Fprintf(stdout, `
 amqp-mirror is running.
@@ -422,12 +442,33 @@ Try it (amqp-tools):
   amqp-declare-queue --url amqp://guest:guest@%s -q queue_1
   amqp-publish --url amqp://guest:guest@%s -r queue_1 -b hello
   amqp-get --url amqp://guest:guest@%s -q queue_1
-  go run . ctl --config %s list_policies
+  %s ctl --config %s list_policies
 
 Press Ctrl-C to stop.
-`, describeNodes(cluster), addr, cfg.Backends[0].Name, cfgPath, addr, addr, addr, cfgPath)
+`, describeNodes(cluster), addr, cfg.Backends[0].Name, cfgPath, addr, addr, addr, self, cfgPath)
 	}
 	return serve(ctx, cfg, nil, level, logger, ready)
+}
+
+// demoAddress is an address the demo's proxy listens on and the flag that sets it.
+type demoAddress struct{ what, address, flag string }
+
+// checkDemoAddresses fails when one of the addresses cannot be listened on, naming the flag
+// that changes it. The listeners close again at once: serve binds the addresses later. The
+// config wants fixed ports, so port 0 is refused here too rather than after the brokers.
+func checkDemoAddresses(addresses []demoAddress) error {
+	for _, a := range addresses {
+		_, port, err := net.SplitHostPort(a.address)
+		if number, convErr := strconv.Atoi(port); err != nil || convErr != nil || number < 1 || number > 65535 {
+			return fmt.Errorf("%s %s has no port from 1 to 65535; set one with %s HOST:PORT", a.what, a.address, a.flag)
+		}
+		listener, err := net.Listen("tcp", a.address)
+		if err != nil {
+			return fmt.Errorf("%s %s is not available; choose another with %s HOST:PORT: %w", a.what, a.address, a.flag, err)
+		}
+		listener.Close()
+	}
+	return nil
 }
 
 func describeNodes(c *localbroker.Cluster) string {
