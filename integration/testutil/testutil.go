@@ -2,8 +2,8 @@
 // instead of sleeping, and Main, which runs a test package against RabbitMQ nodes started
 // once for the whole package and stopped however the binary ends.
 //
-// It is kept apart from package harness so that the CLI, which also starts nodes through
-// harness, links neither package testing nor a signal handler of ours.
+// It is kept apart from package localbroker so that the CLI, which also starts nodes through
+// localbroker, links neither package testing nor a signal handler of ours.
 package testutil
 
 import (

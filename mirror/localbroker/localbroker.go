@@ -16,6 +16,27 @@
 //
 // The package handles no signals and never exits the process: callers decide that (the
 // test helper in integration/testutil, main.go for the CLI).
+//
+// # What survives Kill
+//
+// Kill is kill -9 of the whole node. What RabbitMQ 3.10.8 (OTP 25, mnesia 4.21) has on disk
+// at that moment, read from its code and measured with kill -9 right after the replies:
+//
+//   - A persistent message that a publisher confirm acknowledged, in a durable queue that
+//     itself survives: the classic queue confirms only after its index journal or message
+//     store was fsynced.
+//   - The queue's record, only once its transaction's outcome reached the metadata log, up
+//     to about two seconds after queue.declare-ok. RabbitMQ logs the commit and fsyncs the
+//     log (mnesia_sync) before answering, but the "committed" decision that follows is
+//     handed to the log by mnesia_recover asynchronously, into disk_log's in-memory write
+//     cache, which a timer writes out after two seconds. A node killed in between finds a
+//     commit without its decision at boot, treats the transaction as aborted, and the queue
+//     is gone (404 NOT_FOUND) with the confirmed messages it held. A fresh node loses about
+//     one declare in ten this way; exchanges, bindings and deletions follow the same path.
+//
+// So a test that kills a node and expects what it declared there to come back calls
+// Node.FlushMetadata after the declarations and before Kill; waiting for the timer instead
+// would be a sleep with no bound under load. Stop, a graceful shutdown, loses nothing.
 package localbroker
 
 import (

@@ -190,6 +190,25 @@ func (n *Node) Kill() error {
 	return p.kill()
 }
 
+// FlushMetadata makes the node write its metadata log to disk, including the outcome of
+// every queue, exchange and binding change it has already answered, so that a Kill after it
+// loses none of them. RabbitMQ 3.10 does not promise that by itself: a durable queue's
+// declare-ok can come up to two seconds before a kill -9 stops losing the queue (see the
+// package documentation). It runs rabbitmqctl, so it takes a second or two.
+func (n *Node) FlushMetadata(ctx context.Context) error {
+	// A transaction's outcome reaches the log through a cast to mnesia_recover, sent before
+	// the transaction returned. On one node a message is in its receiver's queue once sent,
+	// so the sys call returns only after mnesia_recover handled that cast and passed the
+	// record to the log; disk_log:sync then writes the log's in-memory cache and fsyncs it.
+	const expression = "sys:get_state(mnesia_recover), ok = disk_log:sync(latest_log)."
+	rabbitmqctl := filepath.Join(filepath.Dir(n.serverPath), "rabbitmqctl")
+	output, err := exec.CommandContext(ctx, rabbitmqctl, "-n", n.ErlangName, "-q", "eval", expression).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("flush metadata of %s: %w: %s", n.Name, err, bytes.TrimSpace(output))
+	}
+	return nil
+}
+
 // Restart stops the node gracefully if it is running, then starts it again on the same
 // ports with the same data and waits until it accepts AMQP connections.
 func (n *Node) Restart(ctx context.Context) error {
