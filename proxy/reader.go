@@ -192,7 +192,7 @@ func (r *frameReader) readOnce(fd uintptr) bool {
 		if r.buf == nil {
 			r.buf, r.r, r.w = getBuffer(r.size), 0, 0
 		}
-		n, err := syscall.Read(int(fd), r.buf.b[r.w:])
+		n, err := rawRead(fd, r.buf.b[r.w:])
 		switch err {
 		case nil:
 			r.readN = n

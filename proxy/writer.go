@@ -3,10 +3,13 @@ package proxy
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
@@ -42,6 +45,7 @@ import (
 // The first write error sticks: every later call returns it at once.
 type socketWriter struct {
 	conn net.Conn
+	raw  syscall.RawConn // nil when conn has no file descriptor of its own (TLS)
 
 	mu      sync.Mutex
 	pending *buffer // frames not yet taken by a writer; nil when none
@@ -58,6 +62,11 @@ type socketWriter struct {
 	lastWrite atomic.Int64
 
 	iov net.Buffers // reused by writeLarge; only the writer touches it
+	// The raw write's state, kept here so that it allocates nothing per
+	// write; only the writer touches it.
+	rawFunc func(fd uintptr) bool
+	rawOut  []byte
+	rawErr  error
 }
 
 // largeFrame is the payload size from which a frame is written from its
@@ -67,6 +76,12 @@ const largeFrame = 16 << 10
 func newSocketWriter(conn net.Conn) *socketWriter {
 	w := &socketWriter{conn: conn}
 	w.cond.L = &w.mu
+	if sc, ok := conn.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			w.raw = raw
+			w.rawFunc = w.writeOnce
+		}
+	}
 	w.lastWrite.Store(time.Now().UnixNano())
 	return w
 }
@@ -202,7 +217,7 @@ func (w *socketWriter) drainLocked() {
 			w.cond.Broadcast() // there is room again
 		}
 		w.mu.Unlock()
-		_, err := w.conn.Write(buf.b[:n])
+		err := w.writeAll(buf.b[:n])
 		putBuffer(buf)
 		w.mu.Lock()
 		w.finishWriteLocked(err)
@@ -215,6 +230,47 @@ func (w *socketWriter) drainLocked() {
 	if w.waiters > 0 {
 		w.cond.Broadcast()
 	}
+}
+
+// writeAll writes b whole. On a TCP connection it makes the system calls
+// itself (see rawio.go), waiting for the poller while the socket is full.
+func (w *socketWriter) writeAll(b []byte) error {
+	if w.raw == nil {
+		_, err := w.conn.Write(b)
+		return err
+	}
+	w.rawOut, w.rawErr = b, nil
+	err := w.raw.Write(w.rawFunc)
+	w.rawOut = nil
+	if err != nil {
+		return err // deadline or closed socket, as net.Conn.Write says it
+	}
+	if w.rawErr != nil {
+		return &net.OpError{Op: "write", Net: "tcp", Source: w.conn.LocalAddr(), Addr: w.conn.RemoteAddr(), Err: os.NewSyscallError("write", w.rawErr)}
+	}
+	return nil
+}
+
+// writeOnce is the RawConn callback: write until done, or until the socket
+// is full (false: RawConn waits until it is writable and calls again).
+func (w *socketWriter) writeOnce(fd uintptr) bool {
+	for len(w.rawOut) > 0 {
+		n, err := rawWrite(fd, w.rawOut)
+		switch {
+		case err == syscall.EINTR:
+		case err == syscall.EAGAIN:
+			return false
+		case err != nil:
+			w.rawErr = err
+			return true
+		case n == 0:
+			w.rawErr = io.ErrShortWrite
+			return true
+		default:
+			w.rawOut = w.rawOut[n:]
+		}
+	}
+	return true
 }
 
 func (w *socketWriter) finishWriteLocked(err error) {
