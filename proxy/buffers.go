@@ -18,8 +18,9 @@ import "sync"
 // larger than that (a 128 KiB body frame) gets a class of its own size
 // without making every later buffer that large.
 
-// bufferClasses are the pooled sizes, ascending.
-var bufferClasses = [...]int{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20}
+// bufferClasses are the pooled sizes, ascending; 128 KiB holds a whole
+// frame at the default frame_max (131072 bytes, overhead included).
+var bufferClasses = [...]int{4 << 10, 16 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20}
 
 // minBufferSize is the first class: what a reader or writer takes first.
 const minBufferSize = 4 << 10
