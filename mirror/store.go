@@ -106,7 +106,9 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 	conf.ElectionTimeout = cfg.ElectionTimeout
 	conf.LeaderLeaseTimeout = cfg.ElectionTimeout / 2
 	conf.CommitTimeout = 5 * time.Millisecond
-	conf.BatchApplyCh = true
+	// No BatchApplyCh: with a buffered apply channel, raft 1.8 can accept
+	// an Apply racing with Shutdown into the buffer and never answer it
+	// (the future has no shutdown channel), so a Put after Close hung.
 	conf.NoLegacyTelemetry = true
 
 	bolt, err := raftboltdb.NewBoltStore(filepath.Join(cfg.Dir, "raft.db"))
