@@ -19,6 +19,12 @@ import (
 
 // Cluster is this proxy's membership in the sidecar cluster: a serf member
 // and a raft voter of the metadata log (Store).
+//
+// Goroutines: eventLoop (serf's events), reconcileLoop (voters and
+// bootstrap), joinLoop (until a join succeeds), and those of the raft
+// stream layer (one per accepted connection while it is classified or
+// serves a forwarded write). Locks: Cluster.mu and tcpStreamLayer.mu are
+// never held together, nor across a call into serf or raft.
 type Cluster struct {
 	cfg   Config
 	log   *slog.Logger
