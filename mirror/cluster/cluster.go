@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -46,6 +48,11 @@ type Cluster struct {
 	reaped map[string]bool
 	// bootstrapped is set once the log has a configuration here.
 	bootstrapped bool
+	// bootstraps counts the bootstraps this node made (tests check that
+	// exactly one node of a new cluster makes one).
+	bootstraps atomic.Int32
+	// tags are this member's serf tags (SetTags replaces them all).
+	tags map[string]string
 
 	stop         chan struct{}
 	wg           sync.WaitGroup
@@ -96,6 +103,9 @@ func Start(cfg Config) (*Cluster, error) {
 	}
 	serve := c.serveForward
 	base.forward.Store(&serve)
+	if voters, err := store.Voters(); err == nil && len(voters) > 0 {
+		c.bootstrapped = true
+	}
 	c.serf, err = c.startSerf(string(transport.LocalAddr()))
 	if err != nil {
 		store.Close()
@@ -175,13 +185,17 @@ func (c *Cluster) startSerf(raftAddr string) (*serf.Serf, error) {
 
 	sc := serf.DefaultConfig()
 	sc.NodeName = cfg.NodeName
-	sc.Tags = map[string]string{
+	c.tags = map[string]string{
 		tagAMQP:    cfg.AMQP,
 		tagAdmin:   cfg.Admin,
 		tagBackend: cfg.Backend,
 		tagRaft:    raftAddr,
 		tagExpect:  strconv.Itoa(cfg.BootstrapExpect),
 	}
+	if c.bootstrapped {
+		c.tags[tagInLog] = "1"
+	}
+	sc.Tags = maps.Clone(c.tags)
 	sc.EventCh = c.serfEvents
 	sc.MemberlistConfig = ml
 	sc.LogOutput = nil

@@ -34,6 +34,24 @@ func TestClusterFormsAndReplicates(t *testing.T) {
 		}
 	}
 
+	for _, n := range nodes {
+		want := int32(0)
+		if n.cfg.NodeName == "rabbit1" {
+			want = 1 // the lowest name
+		}
+		if got := n.bootstraps.Load(); got != want {
+			t.Errorf("%s bootstrapped %d times, want %d", n.cfg.NodeName, got, want)
+		}
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		for _, m := range nodes[2].Members() {
+			if !m.InLog {
+				return fmt.Errorf("%s does not publish that it is in the log", m.Name)
+			}
+		}
+		return nil
+	})
+
 	leader := waitLeader(t, nodes)
 	if got, ok := nodes[1].Leader(); !ok || got.Name != leader.cfg.NodeName || got.Admin != "127.0.0.1:15680" {
 		t.Errorf("Leader() = %+v, %v; want member %s", got, ok, leader.cfg.NodeName)
@@ -229,6 +247,23 @@ func TestJoiningNodeBecomesVoter(t *testing.T) {
 	waitReplicated(t, nodes, written)
 	if !late.Majority() {
 		t.Errorf("the joined node: Majority() = false")
+	}
+}
+
+// A node started later with the cluster's BootstrapExpect, and a name
+// lower than every member's, sees members already in a log: it waits to be
+// added instead of bootstrapping a configuration of its own.
+func TestLateNodeWithBootstrapExpectJoins(t *testing.T) {
+	nodes := startCluster(t, 3)
+	written := put(t, nodes[0], queueMeta("queue_1", "rabbit1"))
+
+	late := startNode(t, newConfig(t, "rabbit0", 3, nodes[1].LocalMember().Gossip))
+	nodes = append(nodes, late)
+	waitMembers(t, nodes, names(nodes), nil)
+	waitVoters(t, nodes, names(nodes))
+	waitReplicated(t, nodes, written)
+	if got := late.bootstraps.Load(); got != 0 {
+		t.Errorf("the late node bootstrapped %d times, want 0", got)
 	}
 }
 

@@ -47,7 +47,10 @@
 // of them as voters, and the others, which have no configuration and so
 // never start an election, follow the leader it becomes. Nodes added to a
 // running cluster start with 0 and are added by the leader. A node with
-// existing raft state never bootstraps. This cannot elect two leaders
+// existing raft state never bootstraps, nor does one that sees a member
+// already in a log (each node says so in its serf tag "in_log"), so a
+// node started later with the cluster's BootstrapExpect joins too. This
+// cannot elect two leaders
 // unless two groups of BootstrapExpect fresh nodes are started that do not
 // gossip with each other, which a correct BootstrapExpect rules out.
 //

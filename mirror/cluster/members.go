@@ -19,6 +19,10 @@ const (
 	tagBackend = "backend" // name of the broker beside the proxy
 	tagRaft    = "raft"    // raft transport address
 	tagExpect  = "expect"  // BootstrapExpect, so that mismatched settings are noticed
+	// tagInLog is "1" once the member's log has a configuration: a cluster
+	// exists, and a fresh node must wait to be added instead of
+	// bootstrapping.
+	tagInLog = "in_log"
 )
 
 // Status is a member's liveness as serf sees it.
@@ -66,6 +70,9 @@ type Member struct {
 	// Expect is the member's BootstrapExpect (0 when it joins an existing
 	// cluster).
 	Expect int
+	// InLog says that the member's metadata log has a configuration (it
+	// was bootstrapped or added as a voter).
+	InLog  bool
 	Status Status
 }
 
@@ -88,6 +95,7 @@ func memberFromSerf(m serf.Member) Member {
 		Backend: m.Tags[tagBackend],
 		Raft:    m.Tags[tagRaft],
 		Expect:  expect,
+		InLog:   m.Tags[tagInLog] == "1",
 		Status:  status,
 	}
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -111,36 +112,49 @@ func (c *Cluster) changeVoters(what, member string, err error) {
 }
 
 // maybeBootstrap forms a new cluster, once, the bootstrap_expect way: when
-// BootstrapExpect alive members with the same BootstrapExpect are seen, the
-// one with the lowest name bootstraps the log with all of them as voters;
-// the others wait without a configuration (a node without one never starts
-// an election) until that leader contacts them. A single bootstrapper
-// cannot race another with a different member list. Split brain would
-// need two groups of BootstrapExpect fresh nodes each, which the operator
-// rules out by giving every node of a cluster the cluster's size.
+// BootstrapExpect alive members with the same BootstrapExpect are seen, and
+// none of them is in a log already, the one with the lowest name
+// bootstraps the log with all of them as voters; the others wait without a
+// configuration (a node without one never starts an election) until that
+// leader contacts them. A single bootstrapper cannot race another with a
+// different member list. Split brain would need two groups of
+// BootstrapExpect fresh nodes that do not gossip with each other, which
+// the operator rules out by giving every node of a cluster its size.
 //
-// Not guarded against: a node with a wrong BootstrapExpect that is lowest
-// among fresh nodes gossiping with an existing cluster; it would bootstrap
-// a configuration the existing voters ignore (it cannot win their votes,
-// but it does not join them either). Start nodes added later with 0.
+// Members with BootstrapExpect 0 are not counted: they join a log that
+// exists. A node that sees a member already in a log (tag in_log) does not
+// bootstrap either, whatever its BootstrapExpect: a cluster exists, and
+// its leader will add this node. Once this node's log has a configuration
+// it says so in its own tags.
 func (c *Cluster) maybeBootstrap(members []Member) {
-	expect := c.cfg.BootstrapExpect
 	c.mu.Lock()
 	done := c.bootstrapped
 	c.mu.Unlock()
-	if expect == 0 || done {
+	if done {
 		return
 	}
-	if voters, err := c.store.Voters(); err != nil || len(voters) > 0 {
-		if err == nil {
-			c.setBootstrapped()
-		}
+	voters, err := c.store.Voters()
+	if err != nil {
+		return
+	}
+	if len(voters) > 0 {
+		c.markInLog()
+		return
+	}
+	expect := c.cfg.BootstrapExpect
+	if expect == 0 {
 		return
 	}
 	var peers []mirror.Voter
 	for _, m := range members {
-		if m.Status != StatusAlive || m.Raft == "" || m.Expect == 0 {
-			continue // a node with 0 waits to be added once a leader exists
+		if m.Status != StatusAlive || m.Raft == "" {
+			continue
+		}
+		if m.InLog {
+			return // a cluster exists: wait to be added
+		}
+		if m.Expect == 0 {
+			continue // waits to be added once a leader exists
 		}
 		if m.Expect != expect {
 			c.log.Error("not bootstrapping: members disagree on bootstrap_expect",
@@ -156,20 +170,28 @@ func (c *Cluster) maybeBootstrap(members []Member) {
 	if peers[0].ID != c.cfg.NodeName {
 		return // the lowest name bootstraps; this node waits to be contacted
 	}
-	err := c.store.Bootstrap(peers)
+	err = c.store.Bootstrap(peers)
 	switch {
 	case err == nil:
+		c.bootstraps.Add(1)
 		c.log.Info("bootstrapped the metadata log", "voters", len(peers))
 	case errors.Is(err, raft.ErrCantBootstrap):
 	default:
 		c.log.Error("bootstrapping the metadata log", "error", err)
 		return
 	}
-	c.setBootstrapped()
+	c.markInLog()
 }
 
-func (c *Cluster) setBootstrapped() {
+// markInLog records that this node's log has a configuration, here and in
+// its serf tags.
+func (c *Cluster) markInLog() {
 	c.mu.Lock()
 	c.bootstrapped = true
+	c.tags[tagInLog] = "1"
+	tags := maps.Clone(c.tags)
 	c.mu.Unlock()
+	if err := c.serf.SetTags(tags); err != nil {
+		c.log.Warn("publishing that this node is in the log", "error", err)
+	}
 }
