@@ -275,6 +275,10 @@ func TestSocketWriterFrames(t *testing.T) {
 	client, server := tcpPair(t)
 	w := newSocketWriter(client)
 	large := bytes.Repeat([]byte("0123456789abcdef"), 3*largeFrame/16+1)
+	// A method larger than writeMethod's reservation, after frames that
+	// leave the buffer nearly full.
+	bigConsume := &frames.BasicConsume{Queue: "q", Arguments: frames.Table{{Key: "x-big", Value: string(bytes.Repeat([]byte("a"), 3000))}}}
+	nearlyFull := make([]byte, minBufferSize-700)
 	steps := []struct {
 		name string
 		do   func() error
@@ -287,6 +291,10 @@ func TestSocketWriterFrames(t *testing.T) {
 			frameBytes(frames.FrameBody, 1, []byte("small"))},
 		{"large body after pending frames", func() error { return w.writeFrame(frames.FrameBody, 2, large) },
 			frameBytes(frames.FrameBody, 2, large)},
+		{"frame filling most of the buffer", func() error { return w.writeFrame(frames.FrameBody, 1, nearlyFull) },
+			frameBytes(frames.FrameBody, 1, nearlyFull)},
+		{"method larger than the reservation", func() error { return w.writeMethod(1, bigConsume) },
+			methodBytes(1, bigConsume)},
 		{"heartbeat-sized frame", func() error { return w.writeFrame(frames.FrameHeartbeat, 0, nil) },
 			frameBytes(frames.FrameHeartbeat, 0, nil)},
 	}
