@@ -109,8 +109,8 @@ func TestWritesFromFollowersReachTheLeader(t *testing.T) {
 
 	expired, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := follower.Put(expired, queueMeta("queue_2", "rabbit1"), 0); err == nil {
-		t.Errorf("forwarded put with a cancelled context succeeded")
+	if _, err := follower.Put(expired, queueMeta("queue_2", "rabbit1"), 0); !errors.Is(err, context.Canceled) {
+		t.Errorf("forwarded put with a cancelled context: err = %v, want context.Canceled", err)
 	}
 }
 

@@ -75,7 +75,17 @@ func (c *Cluster) Delete(ctx context.Context, id mirror.QueueID, expect uint64) 
 	return nil
 }
 
-func (c *Cluster) forward(ctx context.Context, req forwardRequest) (forwardResponse, error) {
+func (c *Cluster) forward(ctx context.Context, req forwardRequest) (resp forwardResponse, err error) {
+	if err := ctx.Err(); err != nil {
+		return forwardResponse{}, err
+	}
+	defer func() {
+		// A connection closed because the context ended is the context's
+		// error, not the leader's.
+		if err != nil && ctx.Err() != nil {
+			err = fmt.Errorf("forwarding to the leader: %w (the write may or may not have committed)", ctx.Err())
+		}
+	}()
 	leaderID, leaderAddr := c.store.Leader()
 	if leaderAddr == "" {
 		return forwardResponse{}, fmt.Errorf("%w: no leader known", mirror.ErrNotLeader)
@@ -107,7 +117,6 @@ func (c *Cluster) forward(ctx context.Context, req forwardRequest) (forwardRespo
 	if err := w.Flush(); err != nil {
 		return forwardResponse{}, fmt.Errorf("%w: forwarding to leader %s at %s: %v", mirror.ErrNotLeader, leaderID, leaderAddr, err)
 	}
-	var resp forwardResponse
 	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
 		// The write may have committed: the caller must read again.
 		return forwardResponse{}, fmt.Errorf("no answer from leader %s at %s, the write may or may not have committed: %w", leaderID, leaderAddr, err)
