@@ -157,13 +157,22 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 }
 
 // WaitLeader blocks until the log has a leader this proxy can reach, or ctx
-// ends.
+// ends. On the leader it also waits until every entry of the log is applied,
+// so that reads after it see everything written before a restart; a
+// follower's reads may still lag the leader by a few entries.
 func (s *Store) WaitLeader(ctx context.Context) error {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
 		if addr, _ := s.raft.LeaderWithID(); addr != "" {
-			return nil
+			if s.raft.State() != raft.Leader {
+				return nil
+			}
+			// A leader that just started may not have applied the log it
+			// replays yet; the barrier waits until its reads see all of it.
+			if err := s.raft.Barrier(s.timeout).Error(); err == nil {
+				return nil
+			}
 		}
 		select {
 		case <-ctx.Done():
