@@ -140,12 +140,16 @@
 //
 // # Cluster of proxies
 //
-// In sidecar mode one proxy runs beside each broker; serf gives membership
-// and failure detection. Serf gives no total order, so the master and epoch
-// of a queue change only by a rule that cannot split (a promotion decided
-// by a proxy that sees a majority of nodes, with the epoch fencing stale
-// masters); what this guarantees, and what it does not, will be written here
-// with the code.
+// In sidecar mode one proxy runs beside each broker. Package cluster joins
+// them with serf (membership and failure detection, about a second) and
+// gives the metadata Store a Raft voter on every node, added and removed by
+// the leader as members join and leave (a failed member keeps its vote, so
+// a partition cannot give two sides a majority). Serf gives no total order,
+// so the master and epoch of a queue change only through the log: a
+// promotion is a conditional write, which a side without a majority cannot
+// make (cluster.Majority is false there), and the epoch fences masters a
+// stale side still believes in. The package documentation of cluster says
+// what is guaranteed under which failures, and what is not.
 //
 // # Guarantees
 //
