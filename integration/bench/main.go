@@ -1,18 +1,25 @@
 // Command bench measures what amqp-mirror's proxy costs a client: throughput and latency
-// of the same load run directly against a RabbitMQ node and through the proxy, on the same
-// broker in one run, plus how much memory the proxy holds when a consumer stops reading.
+// of the same load run directly against a RabbitMQ node, through a plain TCP forwarder
+// (socat) and through the proxy, on the same broker in one run, plus how much memory the
+// proxy holds per idle connection and when a consumer stops reading.
 //
-//	go run ./integration/bench                    # everything, about two minutes
+//	go run ./integration/bench                    # everything, about seven minutes
 //	go run ./integration/bench -scenario=full -rounds=3 -proxy-cpuprofile=/tmp/proxy.pprof
 //	go tool pprof -top /tmp/proxy.full.1.pprof
+//	go run ./integration/bench -targets=direct,proxy,baseline -baseline-cmd='/tmp/old-bench -role=proxy -backend={backend}'
 //
-// Processes. The broker is one node started with integration/harness (or an existing
+// The last form compares two builds of the proxy in one run: build the bench of the older
+// commit to /tmp/old-bench and let it be the baseline target.
+//
+// Processes. The broker is one node started with mirror/localbroker (or an existing
 // broker given by -amqp-url). The proxy runs in a separate process, as in a deployment:
 // the bench binary re-executes itself with the hidden flag -role=proxy, which runs
 // proxy.New and Serve and prints its listen address on stdout; the proxy ends when its
 // stdin closes (the bench is done, or died) or on SIGTERM. -proxy-cmd runs another proxy
 // command instead. A fresh proxy process serves each measured run, so every run starts
-// from the same state and a CPU profile covers exactly one run.
+// from the same state and a CPU profile covers exactly one run. The socat target runs
+// `socat TCP-LISTEN:port,fork TCP:broker`, which forks one process per connection; its
+// CPU and system calls are counted over the process and its children.
 //
 // Scenarios (-scenario, comma separated):
 //
@@ -23,7 +30,11 @@
 //     PerfTest's -x/-y with one queue each) carries publisher i's messages to consumer i;
 //     with unequal counts, publisher and consumer i use queue i mod max(P, C).
 //     Each connection carries one channel, so the proxy serves one client connection per
-//     publisher and per consumer.
+//     publisher and per consumer. The clients are amqp091-go, which writes every publish
+//     and every ack with a system call of its own: the most a forwarder has to wake for.
+//   - full-raw: full's load with the bench's raw client (rawload.go), which writes what it
+//     has and flushes when its reader runs dry, so many publishes and acks share a system
+//     call: the least a forwarder has to wake for.
 //   - light: one publisher that waits for each confirm before the next message, paced at
 //     -light-rate messages per second, and one consumer: the latency the proxy adds when
 //     nothing queues. A confirm slower than the pace delays the next message rather than
@@ -32,9 +43,14 @@
 //     queue directly at the broker; then a raw AMQP client consumes them through the proxy
 //     with no-ack and stops reading its socket. The proxy process's VmRSS is sampled every
 //     100 ms while the client stalls and while it finally drains the queue.
+//   - idle: -idle-conns idle amqp091-go connections (rising counts, default 1 000 then
+//     3 000) are opened through a fresh proxy process; at each count the resident sets of
+//     the proxy and the broker give their memory per connection. Then all close, and the
+//     proxy's resident set is read 1, 5, 10 and -idle-linger seconds later. Run for the
+//     proxy and baseline targets; socat's process per connection would say nothing.
 //
-// Runs alternate, starting and ending with a direct run (direct, proxy, direct for
-// -rounds=1), and the summary takes each target's median, so that drift of the broker
+// Runs alternate, each round running every target of -targets once and a last direct run
+// ending the scenario (direct, socat, proxy, direct for -rounds=1), and the summary takes each target's median, so that drift of the broker
 // over time (its disk, its memory) shows in the per-run rows and does not bias the ratio.
 //
 // Beside throughput and latency, each run reports the CPU the broker, the proxy and the
@@ -111,10 +127,11 @@ type config struct {
 	backend    string
 	listen     string
 	cpuProfile string
+	pprofAddr  string
 }
 
 // hiddenFlags are the proxy role's flags: the bench passes them to its own child.
-var hiddenFlags = map[string]bool{"role": true, "backend": true, "listen": true, "cpuprofile": true}
+var hiddenFlags = map[string]bool{"role": true, "backend": true, "listen": true, "cpuprofile": true, "pprof": true}
 
 func parseFlags(args []string) (config, error) {
 	var cfg config
@@ -157,6 +174,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.backend, "backend", "", "internal: the proxy's broker host:port")
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:0", "internal: the proxy's listen address")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "internal: the proxy's CPU profile file")
+	fs.StringVar(&cfg.pprofAddr, "pprof", "", "internal: serve net/http/pprof on this address in the proxy process")
 
 	fs.Usage = func() { usage(fs) }
 	if err := fs.Parse(args); err != nil {

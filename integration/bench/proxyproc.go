@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	_ "net/http/pprof" // the proxy role's -pprof
 	"os"
 	"os/exec"
 	"os/signal"
@@ -55,6 +57,10 @@ func runProxyRole(cfg config) error {
 				fmt.Fprintln(os.Stderr, "bench proxy: writing CPU profile:", err)
 			}
 		}()
+	}
+	if cfg.pprofAddr != "" {
+		// For looking inside the proxy during a run: go tool pprof http://ADDR/debug/pprof/heap
+		go http.ListenAndServe(cfg.pprofAddr, nil)
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

@@ -234,12 +234,12 @@ func (r *report) print(out io.Writer, cfg config) error {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(r.Runs) > 0 {
 		fmt.Fprintln(out)
-		if cfg.has("full-raw") {
-			fmt.Fprintf(out, "full-raw: as full, with the bench's raw AMQP client (writes flushed when its reader runs dry) instead of amqp091-go\n")
-		}
 		if cfg.has("full") || cfg.has("full-raw") {
 			fmt.Fprintf(out, "full: amqp091-go, %d publishers (confirm window %d), %d consumers (prefetch %d, %s), %d B persistent, %v after %v warm-up\n",
 				cfg.publishers, cfg.confirmWindow, cfg.consumers, cfg.prefetch, ackMode(cfg.multiAck), cfg.size, cfg.duration, cfg.warmup)
+		}
+		if cfg.has("full-raw") {
+			fmt.Fprintf(out, "full-raw: as full, with the bench's raw AMQP client (writes flushed when its reader runs dry) instead of amqp091-go\n")
 		}
 		if cfg.has("light") {
 			fmt.Fprintf(out, "light: 1 publisher waiting for each confirm, at most %.0f msg/s, 1 consumer, %d B persistent, %v after %v warm-up\n",
