@@ -14,10 +14,12 @@ test:
 demo:
 	./scripts/demo.sh
 
-# The end-to-end benchmark (direct vs through the proxy, same broker, one run),
-# then the codec and bookkeeping micro-benchmarks.
+# The end-to-end benchmark (direct vs a plain TCP forwarder vs the proxy, same
+# broker, one run; BENCHFLAGS adds flags such as -rounds=3), then the codec,
+# socket and bookkeeping micro-benchmarks.
+BENCHFLAGS ?=
 bench:
-	$(GO) run ./integration/bench
+	$(GO) run ./integration/bench $(BENCHFLAGS)
 	$(GO) test -run '^$$' -bench . -benchmem ./frames/ ./proxy/
 
 # Every fuzz target for FUZZTIME each (go test -fuzz takes one target at a time).
