@@ -7,12 +7,12 @@
 //
 // Each client connection (clientConn) owns its backend connection, opened
 // during the handshake with the client's credentials and vhost. Client
-// channel N is backend channel N. Three goroutines run per connection: the
-// client read loop (client → backend), the backend read loop (backend →
-// client) and a heartbeat loop. A read loop queues frames on the opposite
-// socket's writer (socketWriter) and flushes when its own socket runs dry, so
-// a burst of frames costs one system call, and flushes that meet a write in
-// flight join it. A slow reader on either side slows the other side through
+// channel N is backend channel N. Two goroutines run per connection: the
+// client read loop (client → backend) and the backend read loop (backend →
+// client); heartbeats are checked from a timer. A read loop queues frames on
+// the opposite socket's writer (socketWriter) and flushes when its own socket
+// runs dry, so a burst of frames costs one system call, and flushes that meet
+// a write in flight join it. A slow reader on either side slows the other side through
 // TCP flow control: the proxy buffers at most two write buffers and one frame
 // per direction, and sockets hold pooled buffers only while they have data.
 //

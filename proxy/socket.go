@@ -22,7 +22,7 @@ type socket struct {
 
 	// readWaitSince is when the read loop started waiting for the peer (unix
 	// nanos), or 0 when it is not waiting. A peer is dead when the read loop
-	// has waited one and a half heartbeat intervals (see heartbeatLoop); time
+	// has waited one and a half heartbeat intervals (see startHeartbeats); time
 	// spent blocked writing to the other side (backpressure) does not count
 	// against the peer.
 	readWaitSince atomic.Int64

@@ -16,7 +16,7 @@ import (
 )
 
 // socketWriter is the write side of one socket, shared by every goroutine that
-// produces frames for it: today the opposite read loop and the heartbeat loop,
+// produces frames for it: today the opposite read loop and the heartbeat checks,
 // with mirroring several backend links writing to one client socket.
 //
 // Producers append frames to a pending buffer under mu and return; nothing
