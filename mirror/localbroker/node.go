@@ -201,12 +201,21 @@ func (n *Node) FlushMetadata(ctx context.Context) error {
 	// so the sys call returns only after mnesia_recover handled that cast and passed the
 	// record to the log; disk_log:sync then writes the log's in-memory cache and fsyncs it.
 	const expression = "sys:get_state(mnesia_recover), ok = disk_log:sync(latest_log)."
-	rabbitmqctl := filepath.Join(filepath.Dir(n.serverPath), "rabbitmqctl")
-	output, err := exec.CommandContext(ctx, rabbitmqctl, "-n", n.ErlangName, "-q", "eval", expression).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("flush metadata of %s: %w: %s", n.Name, err, bytes.TrimSpace(output))
+	if _, err := n.Ctl(ctx, "eval", expression); err != nil {
+		return fmt.Errorf("flush metadata: %w", err)
 	}
 	return nil
+}
+
+// Ctl runs rabbitmqctl against the node (the CLI beside the server, not Debian's
+// /usr/sbin wrapper, which switches user) and returns what it printed.
+func (n *Node) Ctl(ctx context.Context, args ...string) ([]byte, error) {
+	rabbitmqctl := filepath.Join(filepath.Dir(n.serverPath), "rabbitmqctl")
+	output, err := exec.CommandContext(ctx, rabbitmqctl, append([]string{"-n", n.ErlangName, "-q"}, args...)...).CombinedOutput()
+	if err != nil {
+		return output, fmt.Errorf("rabbitmqctl %s on %s: %w: %s", strings.Join(args, " "), n.Name, err, bytes.TrimSpace(output))
+	}
+	return output, nil
 }
 
 // Restart stops the node gracefully if it is running, then starts it again on the same
