@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
@@ -221,7 +221,7 @@ func buildAmqp091Suite(t *testing.T) amqp091Suite {
 // watermark in its cleanup; if the suite dies before that cleanup runs, the alarm would
 // block every later publisher on the shared node, so it is restored here too, to 0.4,
 // RabbitMQ's default, which the harness does not change.
-func rabbitmqctlFor(t *testing.T, n *harness.Node) string {
+func rabbitmqctlFor(t *testing.T, n *localbroker.Node) string {
 	t.Helper()
 	// /usr/sbin/rabbitmqctl would switch to the rabbitmq user and its cookie; the harness
 	// nodes use ours.

@@ -22,7 +22,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // The helpers of cli_test.go: building, running and configuring the real binary.
@@ -189,7 +189,7 @@ type cliConfig struct {
 
 // newCLIConfig is a config for a proxy in front of n on free loopback ports, with its
 // state in t's temporary directory.
-func newCLIConfig(t testing.TB, n *harness.Node) cliConfig {
+func newCLIConfig(t testing.TB, n *localbroker.Node) cliConfig {
 	return cliConfig{
 		AMQP:            cliFreeAddr(t),
 		Admin:           cliFreeAddr(t),
@@ -583,13 +583,13 @@ func cliFreeAddr(t testing.TB) string {
 
 // cliAddUser creates user with password on n with full permissions on "/", and deletes
 // it when the test ends.
-func cliAddUser(t testing.TB, n *harness.Node, user, password string) {
+func cliAddUser(t testing.TB, n *localbroker.Node, user, password string) {
 	t.Helper()
 	ctl := func(args ...string) ([]byte, error) {
 		// Not t.Context(): the cleanup runs after it is cancelled.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		return exec.CommandContext(ctx, "/usr/lib/rabbitmq/bin/rabbitmqctl", append([]string{"-n", n.ErlangName, "-q"}, args...)...).CombinedOutput()
+		return n.Ctl(ctx, args...)
 	}
 	for _, args := range [][]string{
 		{"add_user", user, password},

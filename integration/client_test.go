@@ -12,14 +12,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // systemPython is Debian's interpreter, which sees the python3-pika package; a python3
 // earlier on PATH (pyenv...) may not.
 const systemPython = "/usr/bin/python3"
 
-func dial(t testing.TB, n *harness.Node) *amqp.Connection {
+func dial(t testing.TB, n *localbroker.Node) *amqp.Connection {
 	t.Helper()
 	connection, err := amqp.Dial(n.URL())
 	if err != nil {

@@ -1,5 +1,5 @@
 // Package integration runs amqp-mirror's integration tests against real RabbitMQ nodes
-// started by package harness, once for the whole package.
+// started by package localbroker, once for the whole package.
 package integration
 
 import (
@@ -11,12 +11,12 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // cluster is the package's three nodes, set once by TestMain before any test runs.
 // Tests that kill or restart a node say which one, so that parallel tests use others.
-var cluster *harness.Cluster
+var cluster *localbroker.Cluster
 
 // helperVariable, when set, turns the test binary into the helper process of
 // TestNodesDieWithTheHarnessProcess; its value is the helper's base directory.
@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 	if directory := os.Getenv(helperVariable); directory != "" {
 		os.Exit(runHelper(directory))
 	}
-	os.Exit(testutil.Main(m, harness.Options{Nodes: 3}, func(c *harness.Cluster) { cluster = c }))
+	os.Exit(testutil.Main(m, localbroker.Options{Nodes: 3}, func(c *localbroker.Cluster) { cluster = c }))
 }
 
 // runHelper starts one node, prints its Erlang name, and waits for stdin to close, so that
@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 func runHelper(directory string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.StartTimeout)
 	defer cancel()
-	helperCluster, err := harness.Start(ctx, harness.Options{Names: []string{"helper"}, BaseDir: directory})
+	helperCluster, err := localbroker.Start(ctx, localbroker.Options{Names: []string{"helper"}, BaseDir: directory})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -48,7 +48,7 @@ func runHelper(directory string) int {
 }
 
 // node returns the shared cluster's node with the logical name.
-func node(t testing.TB, name string) *harness.Node {
+func node(t testing.TB, name string) *localbroker.Node {
 	t.Helper()
 	n := cluster.Node(name)
 	if n == nil {

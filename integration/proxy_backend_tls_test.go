@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
@@ -22,7 +22,7 @@ func TestProxyDialsTLSBackends(t *testing.T) {
 	tlsPort := freePort(t)
 
 	ctx := testContext(t, testutil.StartTimeout)
-	cluster, err := harness.Start(ctx, harness.Options{
+	cluster, err := localbroker.Start(ctx, localbroker.Options{
 		Names:   []string{"tlsnode"},
 		BaseDir: filepath.Join(dir, "nodes"),
 		ExtraConfig: fmt.Sprintf("listeners.ssl.default = 127.0.0.1:%d\n"+

@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"runtime"
 	"strings"
 	"sync"
@@ -28,7 +27,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
@@ -693,11 +692,11 @@ const proxyCloseBound = 15 * time.Second
 // target is where an exchange runs: the node itself or the proxy in front of it.
 type target struct{ name, addr string }
 
-func directAndProxied(n *harness.Node, p *runningProxy) []target {
+func directAndProxied(n *localbroker.Node, p *runningProxy) []target {
 	return []target{{"direct", nodeAddr(n)}, {"proxy", p.addr}}
 }
 
-func nodeAddr(n *harness.Node) string { return fmt.Sprintf("127.0.0.1:%d", n.Port) }
+func nodeAddr(n *localbroker.Node) string { return fmt.Sprintf("127.0.0.1:%d", n.Port) }
 
 func amqpURL(addr, user, password, vhost string) string {
 	u := url.URL{Scheme: "amqp", User: url.UserPassword(user, password), Host: addr, Path: "/" + vhost}
@@ -729,25 +728,20 @@ func amqpReply(err error) (int, string) {
 	return 0, fmt.Sprint(err)
 }
 
-// rabbitmqctlPath is the CLI itself: Debian's /usr/sbin/rabbitmqctl switches
-// to the rabbitmq user, whose Erlang cookie is not the one in $HOME that the
-// harness's nodes use.
-const rabbitmqctlPath = "/usr/lib/rabbitmq/bin/rabbitmqctl"
-
-func rabbitmqctl(t testing.TB, n *harness.Node, args ...string) string {
+func rabbitmqctl(t testing.TB, n *localbroker.Node, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, rabbitmqctlPath, append([]string{"-n", n.ErlangName, "-q"}, args...)...).CombinedOutput()
+	out, err := n.Ctl(ctx, args...)
 	if err != nil {
-		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatal(err)
 	}
 	return string(out)
 }
 
 // connectionPIDs maps the connection_name of n's AMQP connections to their
 // Erlang pids; connections without a name are left out.
-func connectionPIDs(t testing.TB, n *harness.Node) map[string]string {
+func connectionPIDs(t testing.TB, n *localbroker.Node) map[string]string {
 	t.Helper()
 	pids := map[string]string{}
 	out := rabbitmqctl(t, n, "list_connections", "--no-table-headers", "pid", "client_properties")

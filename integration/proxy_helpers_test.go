@@ -10,14 +10,14 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
 // startProxy runs a proxy in front of node on a fresh loopback port and
 // returns the AMQP URL clients use to reach the node through it. The proxy is
 // closed when the test ends.
-func startProxy(t testing.TB, n *harness.Node, tweak ...func(*proxy.Options)) (string, *proxy.Server) {
+func startProxy(t testing.TB, n *localbroker.Node, tweak ...func(*proxy.Options)) (string, *proxy.Server) {
 	t.Helper()
 	p := serveProxy(t, n, tweak...)
 	return p.url, p.srv
@@ -35,7 +35,7 @@ type runningProxy struct {
 
 // serveProxy is startProxy with a bounded Close: several tests here exist to
 // catch connections that never end, and Close waits for every connection.
-func serveProxy(t testing.TB, n *harness.Node, tweak ...func(*proxy.Options)) *runningProxy {
+func serveProxy(t testing.TB, n *localbroker.Node, tweak ...func(*proxy.Options)) *runningProxy {
 	t.Helper()
 	opts := proxy.DefaultOptions(proxy.Backend{Name: n.Name, Addr: nodeAddr(n)})
 	opts.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))

@@ -19,7 +19,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // transparencyCase is one client session. run gets the URL to dial, the node's own or the
@@ -28,7 +28,7 @@ type transparencyCase struct {
 	name string
 	node string // the broker; "" means rabbit1
 	// setup, when set, prepares the broker once for both sessions.
-	setup func(t *testing.T, n *harness.Node)
+	setup func(t *testing.T, n *localbroker.Node)
 	run   func(t *testing.T, url string, j *journal)
 }
 
@@ -148,7 +148,7 @@ func observeTuneLimitsAskedByClient(t *testing.T, url string, j *journal) {
 
 // lowerBrokerTuneLimits lowers the limits the broker offers in connection.tune, which it
 // reads for every new connection, until the test ends.
-func lowerBrokerTuneLimits(t *testing.T, n *harness.Node) {
+func lowerBrokerTuneLimits(t *testing.T, n *localbroker.Node) {
 	previous, err := rabbitmqctlOutput("-n", n.ErlangName, "-q", "eval", `[begin {ok, Old} = application:get_env(rabbit, Key), `+
 		`ok = application:set_env(rabbit, Key, New), {Key, Old} end `+
 		`|| {Key, New} <- [{heartbeat, 30}, {channel_max, 100}, {frame_max, 65536}]].`)
