@@ -18,11 +18,12 @@ import (
 // dry, so that the loop sends what it produced before it waits for more.
 //
 // On a TCP connection the reader makes the read system calls itself (through
-// syscall.RawConn): when a read finds the socket empty it gives its buffer
-// back, runs whenDry, and only then waits for the poller. So the loop flushes
-// once per burst that the peer sent, however many reads the burst took, and
-// not before every read; and a connection that waits holds no buffer. Other
-// connections (TLS) are read through net.Conn, with whenDry before each read.
+// syscall.RawConn, see rawio.go): it runs whenDry before a read when it has
+// parsed everything it read, or when a read inside a frame finds the socket
+// empty, and when a read finds the socket empty it gives its buffer back
+// before it waits for the poller, so a connection that waits holds no
+// buffer. Other connections (TLS) are read through net.Conn, with whenDry
+// before each read.
 //
 // Not safe for concurrent use: one read loop owns it.
 type frameReader struct {
@@ -48,6 +49,7 @@ type frameReader struct {
 	readN    int
 	readErr  error
 	waiting  bool
+	flushed  bool // whenDry ran before this read
 }
 
 func newFrameReader(conn net.Conn, waitingSince *atomic.Int64) *frameReader {
@@ -134,6 +136,16 @@ func (r *frameReader) ensure(n int) error {
 
 // fill makes room for n unparsed bytes and reads once.
 func (r *frameReader) fill(n int) error {
+	// Everything read so far is parsed and passed on: send it before the
+	// next read rather than after a read found the socket empty. The write
+	// takes long enough for more of the peer's frames to arrive, so the
+	// read that follows finds them instead of an empty socket: fewer reads
+	// and fewer wake-ups per frame.
+	r.flushed = false
+	if r.raw != nil && r.r == r.w && r.whenDry != nil {
+		r.whenDry()
+		r.flushed = true
+	}
 	switch {
 	case r.buf == nil:
 		r.buf, r.r, r.w = getBuffer(max(n, r.size)), 0, 0
@@ -205,8 +217,8 @@ func (r *frameReader) readOnce(fd uintptr) bool {
 				if r.r == r.w {
 					r.release() // nothing to keep while the peer is quiet
 				}
-				if r.whenDry != nil {
-					r.whenDry()
+				if !r.flushed && r.whenDry != nil {
+					r.whenDry() // inside a frame: the rest did not come yet
 				}
 				r.waitingSince.Store(time.Now().UnixNano())
 			}
