@@ -109,8 +109,10 @@ Runs the proxy: clients connect to listen.amqp (and listen.amqps with TLS) and
 are served by one backend broker of the config file: the node backend, or the
 first one listed. Policies are stored and matched (ctl list_policies
 --explain) but have no effect: mirroring is not built yet. The keys
-cluster.*, failover_grace and queue_master_locator are accepted and
-validated, and change nothing today.
+cluster.* and queue_master_locator are accepted and validated, and change
+nothing today. failover_grace is how long the proxy's own probe of each
+backend waits for an answer before it counts the backend down (logged, and
+amqp_mirror_backend_up in /metrics); nothing fails over yet.
 
 Every config key can also be set by a flag named after its key path, or by an
 environment variable AMQP_MIRROR_<KEY> (dots as underscores); flags win over

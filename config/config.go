@@ -466,7 +466,7 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String("cluster.bind", d.Cluster.Bind, "serf gossip bind address; empty runs alone "+NotUsedYet)
 	fs.StringSlice("cluster.join", nil, "serf addresses of other proxies to join "+NotUsedYet)
 	fs.String("queue_master_locator", d.QueueMasterLocator.String(), "default master locator: min-masters|client-local|random "+NotUsedYet)
-	textFlag(fs, "failover_grace", "duration", d.FailoverGrace.String(), "how long an unresponsive backend may stay silent before failover "+NotUsedYet)
+	textFlag(fs, "failover_grace", "duration", d.FailoverGrace.String(), "how long a backend may leave the proxy's probe unanswered before it counts as down (nothing fails over yet)")
 	fs.String("state_dir", d.StateDir, "directory for runtime policies, metadata and the admin token")
 	fs.String("admin_token", "", "admin API token; empty generates one into state_dir/admin.token")
 	fs.String("log.level", d.Log.Level, "debug|info|warn|error (reloads live)")

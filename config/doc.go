@@ -15,7 +15,7 @@
 //	  - {name: rabbit1, url: "amqp://mirror:secret@127.0.0.1:5681/"}
 //	cluster: {bind: "", join: []} # serf gossip between sidecar proxies; bind "" = alone (*)
 //	queue_master_locator: min-masters   # min-masters | client-local | random (*)
-//	failover_grace: 2s            # silence before an unresponsive backend is failed over (*)
+//	failover_grace: 2s            # silence before an unresponsive backend counts as down
 //	state_dir: ./state            # policies.json, admin.token; relative to this file
 //	admin_token: ""               # "" = generated into state_dir/admin.token (0600)
 //	log: {level: info, format: text}    # debug|info|warn|error ; text|json

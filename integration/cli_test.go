@@ -838,7 +838,7 @@ func TestCLIHelp(t *testing.T) {
 	// Help and README tell the same story: what is not used yet, and what a reload does.
 	r := cli.run(t, nil, "help", "serve")
 	described := cliFlagDescriptions(r.stdout)
-	for _, name := range []string{"cluster.bind", "cluster.join", "failover_grace", "queue_master_locator"} {
+	for _, name := range []string{"cluster.bind", "cluster.join", "queue_master_locator"} {
 		if !strings.Contains(described[name], config.NotUsedYet) {
 			t.Errorf("--%s: description %q does not say %q", name, described[name], config.NotUsedYet)
 		}
@@ -851,7 +851,8 @@ func TestCLIHelp(t *testing.T) {
 	for _, same := range []string{
 		"reloads the whole file",
 		"policies, operator policies and log.level apply live",
-		"cluster.*, failover_grace and queue_master_locator are accepted and validated",
+		"cluster.* and queue_master_locator are accepted and validated",
+		"failover_grace is how long the proxy's own probe of each backend waits",
 		"mirroring is not built yet",
 	} {
 		if !strings.Contains(flat(r.stdout), same) {
