@@ -148,8 +148,10 @@ func testFailedNode(t *testing.T, newRaftPort bool) {
 		detection := noticed.Sub(killed)
 		t.Logf("%s noticed the failure of %s after %v", n.cfg.NodeName, leader.cfg.NodeName, detection)
 		// The goal is about a second (probe interval 200ms, timeout 100ms,
-		// suspicion 2×200ms); the bound leaves room for a loaded machine.
-		if detection > 2500*time.Millisecond {
+		// suspicion 2×200ms); the bound leaves room for a machine loaded by
+		// the rest of the suite, and is still below memberlist's LAN
+		// defaults (about five seconds).
+		if detection > 4*time.Second {
 			t.Errorf("%s noticed the failure after %v, want about a second", n.cfg.NodeName, detection)
 		}
 	}

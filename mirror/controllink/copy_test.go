@@ -169,3 +169,37 @@ func difference(a, b map[int]bool) []int {
 	}
 	return out
 }
+
+// TestLeftoverMarkerIsRemoved: a copy that ended before its marker arrived
+// leaves the marker in the queue; it must never stay there as a message
+// (a promoted slave would deliver it to a client).
+func TestLeftoverMarkerIsRemoved(t *testing.T) {
+	conn := dial(t)
+	queue := declare(t, conn)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	stale := messageID(999999)
+	if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp.Publishing{
+		Headers: amqp.Table{mirror.IdentityHeader: string(stale[:]), SyncMarkerHeader: true},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	publishRange(t, conn, 0, 5, queue)
+	tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if held, _ := tr.Stats(); held != 5 {
+			return fmt.Errorf("trimmer holds %d, want the 5 messages and not the marker", held)
+		}
+		return nil
+	})
+	tr.Close()
+	if left := remaining(t, conn, queue); len(left) != 5 || left[999999] {
+		t.Errorf("queue holds %v after the trimmer, want messages 0-4 only", left)
+	}
+}

@@ -238,6 +238,7 @@ func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 			t.log.Warn("trimmer cannot consume; retrying", "err", err, "retry", t.opts.Retry)
 			select {
 			case <-t.done:
+				t.endCopy(errTrimmerClosed)
 				return
 			case <-time.After(t.opts.Retry):
 			}
@@ -321,11 +322,15 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 func (t *Trimmer) take(d amqp.Delivery) {
 	value, _ := d.Headers[mirror.IdentityHeader].(string)
 	id, identified := mirror.ParseMessageID(value)
-	if t.job != nil && identified && id == t.job.marker {
-		// Everything that was in the queue when the copy began has been
-		// seen: the marker went in behind it.
+	if _, marker := d.Headers[SyncMarkerHeader]; marker {
+		// A marker is never a message: remove it, also one left behind
+		// by a copy that ended before it arrived.
 		t.settleDelivery(d.DeliveryTag, id)
-		t.endCopy(t.job.finish())
+		if t.job != nil && identified && id == t.job.marker {
+			// Everything that was in the queue when the copy began has
+			// been seen: the marker went in behind it.
+			t.endCopy(t.job.finish())
+		}
 		return
 	}
 	kept := t.hold(d.DeliveryTag, id, identified)

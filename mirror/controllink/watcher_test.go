@@ -76,8 +76,11 @@ func TestWatcherSeesBackendFailures(t *testing.T) {
 				return at
 			},
 			wantCause: CauseLost,
-			within:    500 * time.Millisecond,
-			recover:   restartBroker,
+			// The cause (lost, not unresponsive) shows the reset was seen,
+			// not the grace's end; the bound, which includes the kill
+			// itself, leaves room for a machine loaded by the suite.
+			within:  2 * time.Second,
+			recover: restartBroker,
 		},
 		{
 			name: "a clean stop is a shutdown",
@@ -104,7 +107,7 @@ func TestWatcherSeesBackendFailures(t *testing.T) {
 			},
 			wantCause: CauseUnresponsive,
 			atLeast:   testGrace - 100*time.Millisecond,
-			within:    testGrace + testGrace/4 + 500*time.Millisecond,
+			within:    testGrace + testGrace/4 + 1500*time.Millisecond,
 			recover: func(t *testing.T) {
 				if err := syscall.Kill(broker.PID(), syscall.SIGCONT); err != nil {
 					t.Fatal(err)
