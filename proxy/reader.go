@@ -34,8 +34,9 @@ type frameReader struct {
 	buf  *buffer // nil when empty
 	r, w int     // unparsed bytes are buf.b[r:w]
 	// size is the buffer size to take next: it rises a class when a read
-	// fills the buffer and falls back when reads are small.
-	size int
+	// fills the buffer and falls back when reads stay small (adapt).
+	size       int
+	smallReads int
 
 	// whenDry runs when the socket has nothing more to read, before the
 	// reader waits for the peer.
@@ -185,15 +186,28 @@ func (r *frameReader) fill(n int) error {
 }
 
 // adapt moves the next buffer size a class up when a read of n bytes filled
-// the room it had, and back to the smallest when reads stay small.
+// the room it had, and back to the smallest after shrinkAfter small reads in
+// a row: a busy peer's bursts come between small reads, and a buffer too
+// small for them costs a read system call per 4 KiB.
 func (r *frameReader) adapt(n, room int) {
 	switch {
-	case n == room && r.size < readBufferSize:
-		r.size = nextClass(r.size)
+	case n == room:
+		r.smallReads = 0
+		if r.size < readBufferSize {
+			r.size = nextClass(r.size)
+		}
 	case n < minBufferSize/2:
-		r.size = minBufferSize
+		if r.smallReads++; r.smallReads >= shrinkAfter {
+			r.size, r.smallReads = minBufferSize, 0
+		}
+	default:
+		r.smallReads = 0
 	}
 }
+
+// shrinkAfter is how many small reads in a row take a reader back to the
+// smallest buffer.
+const shrinkAfter = 64
 
 // readOnce is the RawConn callback: one read system call, and on an empty
 // socket the read loop's flush and the report that the reader is waiting.
