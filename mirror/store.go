@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
@@ -92,12 +91,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 		return nil, fmt.Errorf("metadata store: %w", err)
 	}
 	logger := cfg.Logger.With("component", "raft")
-	hlog := hclog.New(&hclog.LoggerOptions{
-		Name:        "raft",
-		Level:       hclog.Info,
-		Output:      hclogWriter{logger},
-		DisableTime: true,
-	})
+	hlog := HCLogger(logger, "raft")
 
 	conf := raft.DefaultConfig()
 	conf.LocalID = raft.ServerID(cfg.NodeID)
@@ -258,23 +252,6 @@ func (s *Store) apply(ctx context.Context, cmd command) (applyResult, error) {
 	}
 	res, _ := f.Response().(applyResult)
 	return res, res.err
-}
-
-// hclogWriter turns raft's log lines into slog records: warnings and errors
-// keep their level, everything else is debug.
-type hclogWriter struct{ log *slog.Logger }
-
-func (w hclogWriter) Write(p []byte) (int, error) {
-	line := strings.TrimSpace(string(p))
-	level := slog.LevelDebug
-	switch {
-	case strings.HasPrefix(line, "[ERROR]"):
-		level = slog.LevelError
-	case strings.HasPrefix(line, "[WARN]"):
-		level = slog.LevelWarn
-	}
-	w.log.Log(context.Background(), level, line)
-	return len(p), nil
 }
 
 // sortMetas orders metadata by vhost, then name.

@@ -145,7 +145,7 @@ func newRaftTransport(cfg Config, log *slog.Logger) (*raft.NetworkTransport, *tc
 		Stream:  layer,
 		MaxPool: 3,
 		Timeout: 2 * time.Second,
-		Logger:  hcLogger(log.With("component", "raft-net"), "raft-net"),
+		Logger:  mirror.HCLogger(log.With("component", "raft-net"), "raft-net"),
 	})
 	return transport, base, layer, nil
 }
