@@ -187,19 +187,8 @@ func runLoad(ctx context.Context, spec loadSpec, url string, procs watched) (run
 
 	timeline := clock{base: time.Now()}
 	measured := span{from: int64(spec.warmup), to: int64(spec.warmup + spec.duration)}
-	stop := make(chan struct{})
-	var cpuFrom, cpuTo cpuSnapshot
-	go func() {
-		defer close(stop)
-		if !sleepUntil(runCtx, timeline.base.Add(spec.warmup)) {
-			return
-		}
-		cpuFrom = procs.snapshot()
-		if !sleepUntil(runCtx, timeline.base.Add(spec.warmup+spec.duration)) {
-			return
-		}
-		cpuTo = procs.snapshot()
-	}()
+	window := measureCPU(runCtx, timeline, spec, procs)
+	stop := window.done
 
 	var consuming sync.WaitGroup
 	for _, c := range consumers {
@@ -227,6 +216,7 @@ func runLoad(ctx context.Context, spec loadSpec, url string, procs watched) (run
 		return result, err
 	}
 	result.Seconds = spec.duration.Seconds()
+	cpuFrom, cpuTo := window.from, window.to
 	result.CPU = procs.between(cpuFrom, cpuTo)
 	var confirms, deliveries [][]int64
 	for _, p := range publishers {
@@ -542,4 +532,30 @@ func (p *pacer) stop() {
 	if p.timer != nil {
 		p.timer.Stop()
 	}
+}
+
+// cpuWindow is the CPU of the watched processes at the start and the end of
+// a run's measured time; from and to may be read once done is closed.
+type cpuWindow struct {
+	from, to cpuSnapshot
+	done     chan struct{}
+}
+
+// measureCPU takes the snapshots in the background at the start and the end
+// of the measured time (after spec.warmup, for spec.duration); done closes
+// when the measured time is over, or ctx ended first.
+func measureCPU(ctx context.Context, timeline clock, spec loadSpec, procs watched) *cpuWindow {
+	w := &cpuWindow{done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		if !sleepUntil(ctx, timeline.base.Add(spec.warmup)) {
+			return
+		}
+		w.from = procs.snapshot()
+		if !sleepUntil(ctx, timeline.base.Add(spec.warmup+spec.duration)) {
+			return
+		}
+		w.to = procs.snapshot()
+	}()
+	return w
 }

@@ -103,19 +103,8 @@ func runRawLoad(ctx context.Context, spec loadSpec, url string, procs watched) (
 
 	timeline := clock{base: time.Now()}
 	measured := span{from: int64(spec.warmup), to: int64(spec.warmup + spec.duration)}
-	var cpuFrom, cpuTo cpuSnapshot
-	stop := make(chan struct{})
-	go func() {
-		defer close(stop)
-		if !sleepUntil(ctx, timeline.base.Add(spec.warmup)) {
-			return
-		}
-		cpuFrom = procs.snapshot()
-		if !sleepUntil(ctx, timeline.base.Add(spec.warmup+spec.duration)) {
-			return
-		}
-		cpuTo = procs.snapshot()
-	}()
+	window := measureCPU(ctx, timeline, spec, procs)
+	stop := window.done
 
 	var consuming sync.WaitGroup
 	for _, c := range consumers {
@@ -141,6 +130,7 @@ func runRawLoad(ctx context.Context, spec loadSpec, url string, procs watched) (
 		return result, err
 	}
 	result.Seconds = spec.duration.Seconds()
+	cpuFrom, cpuTo := window.from, window.to
 	result.CPU = procs.between(cpuFrom, cpuTo)
 	var confirms, deliveries [][]int64
 	for _, p := range publishers {
