@@ -1,6 +1,10 @@
 package mirror
 
-import "encoding/hex"
+import (
+	"encoding/hex"
+	"hash"
+	"hash/fnv"
+)
 
 // IdentityHeader is the header the proxy adds to each message published to
 // a mirrored queue, so that it can tell the copies of one message apart from
@@ -24,4 +28,33 @@ func ParseMessageID(value string) (MessageID, bool) {
 	}
 	copy(id[:], value)
 	return id, true
+}
+
+// ContentHash identifies a message that carries no IdentityHeader (it was on
+// a broker before the proxy was put in front, or was copied there by a
+// sync of such a message) by its body: copies of one message have the same
+// body, and two messages with the same body are interchangeable for
+// trimming (dropping either copy leaves the same multiset of messages).
+// Write the body in as many pieces as it came in; ID gives the identity.
+type ContentHash struct{ h hash.Hash }
+
+// NewContentHash starts a content identity.
+func NewContentHash() ContentHash { return ContentHash{h: fnv.New128a()} }
+
+// Write adds the next piece of the body.
+func (c ContentHash) Write(p []byte) { c.h.Write(p) }
+
+// ID returns the identity of the body written so far.
+func (c ContentHash) ID() MessageID {
+	var id MessageID
+	c.h.Sum(id[:0])
+	return id
+}
+
+// ContentID is the identity of a message without IdentityHeader whose body
+// is body (see ContentHash).
+func ContentID(body []byte) MessageID {
+	c := NewContentHash()
+	c.Write(body)
+	return c.ID()
 }

@@ -44,6 +44,9 @@ type QueueMeta struct {
 	// Arguments is the queue.declare arguments field table as it came on
 	// the wire (frames encoding), or nil.
 	Arguments []byte `json:"arguments,omitempty"`
+	// Bindings are the queue's bindings made through the proxy, applied to
+	// every new slave.
+	Bindings []Binding `json:"bindings,omitempty"`
 
 	// Version is the metadata log index of the write that produced this
 	// record; conditional writes name the version they read.
@@ -87,5 +90,15 @@ func (m *QueueMeta) SynchronisedSlaves() []string {
 func (m QueueMeta) Clone() QueueMeta {
 	m.Slaves = slices.Clone(m.Slaves)
 	m.Arguments = slices.Clone(m.Arguments)
+	m.Bindings = slices.Clone(m.Bindings)
 	return m
+}
+
+// Binding is one binding of a queue, as queue.bind declared it, so that a
+// slave added later is bound like the master.
+type Binding struct {
+	Exchange   string `json:"exchange"`
+	RoutingKey string `json:"routing_key"`
+	// Arguments is the field table as it came on the wire, or nil.
+	Arguments []byte `json:"arguments,omitempty"`
 }

@@ -1,0 +1,49 @@
+package proxy
+
+import (
+	"context"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// Mirror is the replication engine as the proxy sees it; package
+// mirror/engine implements it. With a nil Mirror the proxy serves one
+// backend and every frame passes as it came.
+//
+// The proxy carries out the data path on the client's own backend links
+// (declares, binds, publishes fanned out to every copy, consumes and gets
+// from the master); the engine decides and records where queues live, and
+// does the work that needs no client: slave copies added or dropped by a
+// policy, trimming slaves, synchronisation.
+type Mirror interface {
+	// Lookup returns what the metadata log says about a queue, without I/O:
+	// it is on the publish path. The returned Slaves slice is shared and
+	// must not be modified.
+	Lookup(id mirror.QueueID) (mirror.QueueMeta, bool)
+	// Resolve is Lookup for a queue the log may not know yet: a queue that
+	// already exists on a backend (it was there before the proxy) is found
+	// there and adopted into the log. ok is false when no backend has it.
+	Resolve(ctx context.Context, id mirror.QueueID) (meta mirror.QueueMeta, ok bool, err error)
+	// Place decides where a new queue lives: q carries the ID and the
+	// declaration (Durable, AutoDelete, Arguments); the result adds Master
+	// and Slaves (all synchronised: a new queue is empty). Nothing is
+	// recorded yet. An error is the client's: a bad x-queue-master-locator
+	// (406) or no live backend.
+	Place(ctx context.Context, q mirror.QueueMeta, clientNode string) (mirror.QueueMeta, error)
+	// Declared records a queue whose copies the proxy declared on every
+	// backend of q, and starts keeping its slaves in step. When another
+	// proxy recorded the queue meanwhile, that record is returned.
+	Declared(ctx context.Context, q mirror.QueueMeta) (mirror.QueueMeta, error)
+	// Deleted forgets a queue the client deleted (every copy is gone).
+	Deleted(ctx context.Context, id mirror.QueueID)
+	// Purged empties the slave copies of a queue whose master the client
+	// purged.
+	Purged(ctx context.Context, id mirror.QueueID)
+	// Bound records a binding added (bound true) or removed on every copy,
+	// so that a slave added later gets it too.
+	Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool)
+	// Settle says that the master's copies of these messages are gone
+	// (acked, or rejected without requeue): the slaves drop theirs. It is
+	// on the ack path and must not block on the network.
+	Settle(id mirror.QueueID, ids []mirror.MessageID)
+}
