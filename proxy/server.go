@@ -27,7 +27,17 @@ type Backend struct {
 // Options configure a Server. Every field is taken as given; DefaultOptions
 // has RabbitMQ's defaults.
 type Options struct {
+	// Backend is the home backend: where each client's handshake goes (the
+	// broker beside this proxy in sidecar mode).
 	Backend Backend
+	// Others are the other backends, which clients reach through the
+	// mirroring engine; empty without mirroring.
+	Others []Backend
+	// Mirror is the replication engine; nil serves Backend alone.
+	Mirror Mirror
+	// ClientNode is the backend the client-local locator picks for clients
+	// of this proxy (the config's node), "" in drop-in mode.
+	ClientNode string
 	Logger  *slog.Logger
 	// HandshakeTimeout bounds the time from accept to connection.open-ok.
 	HandshakeTimeout time.Duration
