@@ -1,5 +1,12 @@
 package mirror
 
+import "errors"
+
+// ErrQueueNotFound is what the engine's SyncQueue and CancelSyncQueue
+// return (wrapped) for a queue the metadata log does not hold; the admin
+// API answers it with 404.
+var ErrQueueNotFound = errors.New("queue not found")
+
 // QueueStatus is one row of `amqp-mirror ctl list_queues`: a queue's
 // metadata with what its master's broker says about it now.
 type QueueStatus struct {
