@@ -13,8 +13,14 @@ import (
 const IdentityHeader = "x-amqp-mirror-id"
 
 // MessageID identifies one published message across all its copies. It is
-// carried as the 16 bytes of a long string in IdentityHeader.
+// carried in IdentityHeader as a long string: the 16 bytes of the identity,
+// followed by IdentityNoTable when the message was published without a
+// headers table (the proxy then removes the whole table on delivery, so that
+// the consumer sees exactly the properties that were published).
 type MessageID [16]byte
+
+// IdentityNoTable ends an identity value whose message had no headers table.
+const IdentityNoTable = 'n'
 
 func (id MessageID) String() string { return hex.EncodeToString(id[:]) }
 
@@ -23,6 +29,9 @@ func (id MessageID) String() string { return hex.EncodeToString(id[:]) }
 // someone writing to the broker directly).
 func ParseMessageID(value string) (MessageID, bool) {
 	var id MessageID
+	if len(value) == len(id)+1 && value[len(id)] == IdentityNoTable {
+		value = value[:len(id)]
+	}
 	if len(value) != len(id) {
 		return id, false
 	}
