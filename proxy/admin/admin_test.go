@@ -25,7 +25,7 @@ type fixture struct {
 	url    string
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T, opts ...Option) *fixture {
 	t.Helper()
 	d, err := config.ParseDefinition([]byte(`{"ha-mode":"all"}`))
 	if err != nil {
@@ -39,7 +39,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer(store, testToken, nil)
+	srv := NewServer(store, testToken, nil, opts...)
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return &fixture{store, srv, &Client{BaseURL: ts.URL, Token: testToken, HTTP: ts.Client()}, ts.URL}
@@ -154,7 +154,8 @@ func TestRawRequests(t *testing.T) {
 		{"not json", "PUT", "/api/policies/%2F/p", `pattern=.`, true, 400, "request body"},
 		{"no definition", "PUT", "/api/policies/%2F/p", `{"pattern":"."}`, true, 400, "definition: expected a JSON object"},
 		{"explain without name", "GET", "/api/explain?vhost=%2F", "", true, 400, "name: expected"},
-		{"unknown endpoint", "GET", "/api/queues", "", true, 404, "no such endpoint"},
+		{"unknown endpoint", "GET", "/api/bindings", "", true, 404, "no such endpoint"},
+		{"queue endpoint, wrong method", "DELETE", "/api/queues/%2F/q/actions", "", true, 404, "no such endpoint"},
 		{"anonymous change", "DELETE", "/api/policies/%2F/from-file", "", false, 401, "admin token"},
 		{"metrics without auth", "GET", "/metrics", "", false, 200, `amqp_mirror_policies{kind="policy"} 1`},
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 // Client calls the admin API.
@@ -67,6 +68,42 @@ func (c *Client) Explain(ctx context.Context, vhost, queue string) (config.Repor
 	q := url.Values{"vhost": {vhost}, "name": {queue}}
 	err := c.do(ctx, http.MethodGet, "/api/explain?"+q.Encode(), nil, &r)
 	return r, err
+}
+
+// The Client is the engine's Queues over HTTP: ctl and the server speak the
+// same three calls.
+var _ Queues = (*Client)(nil)
+
+// ListQueues lists the queues of vhost ("" means "/") with their master,
+// slaves and counts, sorted by name.
+func (c *Client) ListQueues(ctx context.Context, vhost string) ([]mirror.QueueStatus, error) {
+	path := "/api/queues"
+	if vhost != "" {
+		path += "?" + url.Values{"vhost": {vhost}}.Encode()
+	}
+	var out []mirror.QueueStatus
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}
+
+// SyncQueue is rabbitmqctl sync_queue: it starts synchronising the queue's
+// unsynchronised slaves.
+func (c *Client) SyncQueue(ctx context.Context, id mirror.QueueID) error {
+	return c.queueAction(ctx, id, actionSync)
+}
+
+// CancelSyncQueue is rabbitmqctl cancel_sync_queue.
+func (c *Client) CancelSyncQueue(ctx context.Context, id mirror.QueueID) error {
+	return c.queueAction(ctx, id, actionCancelSync)
+}
+
+func (c *Client) queueAction(ctx context.Context, id mirror.QueueID, action string) error {
+	vhost := id.VHost
+	if vhost == "" {
+		vhost = "/"
+	}
+	path := "/api/queues/" + url.PathEscape(vhost) + "/" + url.PathEscape(id.Name) + "/actions"
+	return c.do(ctx, http.MethodPost, path, QueueAction{Action: action}, nil)
 }
 
 func (c *Client) set(ctx context.Context, kind, vhost, name, pattern, applyTo string, priority int, definitionJSON string) error {

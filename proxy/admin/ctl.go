@@ -34,7 +34,12 @@ type command struct {
 	brief   string // one line, for the command list
 	summary string
 	args    int // positional arguments required
-	run     func(ctx context.Context, c *Client, o *ctlOptions, args []string) error
+	// moreArgs: further positional arguments may follow the required ones.
+	moreArgs bool
+	// check refuses bad positional arguments as a usage error, before the
+	// proxy is asked anything.
+	check func(args []string) error
+	run   func(ctx context.Context, c *Client, o *ctlOptions, args []string) error
 }
 
 type ctlOptions struct {
@@ -132,6 +137,9 @@ var commands = map[string]command{
 			return o.list(list)
 		},
 	},
+	"list_queues":       listQueuesCommand,
+	"sync_queue":        syncQueueCommand,
+	"cancel_sync_queue": cancelSyncQueueCommand,
 }
 
 func (o *ctlOptions) say(format string, args ...any) {
@@ -211,7 +219,8 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 // RunCtl runs one ctl command (args without the program and "ctl" words)
 // against client, printing rabbitmqctl-style output, and returns the exit
 // code. Commands: set_policy, clear_policy, list_policies,
-// set_operator_policy, clear_operator_policy, list_operator_policies, help.
+// set_operator_policy, clear_operator_policy, list_operator_policies,
+// list_queues, sync_queue, cancel_sync_queue, help.
 // The connection flags (--config, --admin, --token) are accepted and
 // ignored: client is used.
 func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr io.Writer) int {
@@ -277,9 +286,19 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 		fmt.Fprintf(stderr, "Error: --formatter: expected table or json, found %q\n", o.formatter)
 		return ExitUsage
 	}
-	if fs.NArg() != cmd.args {
-		fmt.Fprintf(stderr, "Error: expected %d argument(s), found %d\nUsage: amqp-mirror ctl %s\n", cmd.args, fs.NArg(), cmd.usage)
+	if fs.NArg() < cmd.args || (fs.NArg() > cmd.args && !cmd.moreArgs) {
+		atLeast := ""
+		if cmd.moreArgs {
+			atLeast = "at least "
+		}
+		fmt.Fprintf(stderr, "Error: expected %s%d argument(s), found %d\nUsage: amqp-mirror ctl %s\n", atLeast, cmd.args, fs.NArg(), cmd.usage)
 		return ExitUsage
+	}
+	if cmd.check != nil {
+		if err := cmd.check(fs.Args()); err != nil {
+			fmt.Fprintf(stderr, "Error: %v\nUsage: amqp-mirror ctl %s\n", err, cmd.usage)
+			return ExitUsage
+		}
 	}
 	if client == nil {
 		var code int
@@ -382,6 +401,9 @@ func exitCode(err error) int {
 	switch {
 	case errors.As(err, &api) && api.Status == 401:
 		return ExitNoPerm
+	case errors.As(err, &api) && api.Status == 503:
+		// The metadata log has no leader at the moment: try again.
+		return ExitUnavailable
 	case errors.As(err, &api) && api.Status < 500:
 		return ExitDataErr
 	case errors.As(err, &opErr), errors.As(err, &netErr):
@@ -422,6 +444,6 @@ Commands:`)
 	fmt.Fprintf(w, "\nOptions:\n%s", fs.FlagUsages())
 	fmt.Fprintln(w, `
 With --config the admin address and credential come from the proxy's file.
-Exit codes: 64 usage, 65 refused input, 69 admin API unreachable, 77 wrong
-or missing credential.`)
+Exit codes: 64 usage, 65 refused input (also an unknown queue, or mirroring
+off), 69 admin API or metadata log unavailable, 77 wrong or missing credential.`)
 }

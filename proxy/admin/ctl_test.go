@@ -51,7 +51,7 @@ func TestRunCtl(t *testing.T) {
 		{"invalid JSON", []string{"set_policy", "x", ".", `{ha-mode:all}`}, ExitDataErr, nil, "definition: expected a JSON object", nil},
 		{"missing argument", []string{"set_policy", "x", "."}, ExitUsage, nil, "expected 3 argument(s), found 2", nil},
 		{"unknown flag", []string{"clear_policy", "--priority", "1", "x"}, ExitUsage, nil, "unknown flag: --priority", nil},
-		{"unknown command", []string{"list_queues"}, ExitUsage, nil, "unknown command \"list_queues\"", nil},
+		{"unknown command", []string{"list_bindings"}, ExitUsage, nil, "unknown command \"list_bindings\"", nil},
 		{"help", []string{"help"}, 0, []string{"  set_operator_policy     sets an operator policy", "  list_policies           lists the policies of a vhost", "--formatter string"}, "", nil},
 		{"list_policies --formatter json", []string{"list_policies", "--formatter", "json"}, 0, []string{
 			`[{"vhost":"/","name":"ha-all","pattern":"^all_","apply-to":"all","definition":{"ha-mode":"all","ha-sync-mode":"automatic"},"priority":1,"source":"runtime","overrides_file":false},`,

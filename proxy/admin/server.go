@@ -1,5 +1,6 @@
 // Package admin is amqp-mirror's HTTP admin API, used by `amqp-mirror ctl`:
 // runtime policies (the rabbitmqctl set_policy family), policy explanations,
+// the mirrored queues and their synchronisation (list_queues, sync_queue),
 // and a Prometheus /metrics endpoint; plus the Go client and the ctl command
 // line built on it.
 //
@@ -12,6 +13,8 @@
 //	PUT    /api/operator-policies/{vhost}/{name}   set_operator_policy
 //	DELETE /api/operator-policies/{vhost}/{name}   clear_operator_policy
 //	GET    /api/explain?vhost=V&name=Q[&kind=queue|exchange][&exclusive=true]
+//	GET    /api/queues[?vhost=V]                   list_queues (vhost "/" by default)
+//	POST   /api/queues/{vhost}/{name}/actions      {"action":"sync"} or {"action":"cancel_sync"}
 //	GET    /metrics                                Prometheus text format (client_golang)
 //
 // Every /api/ request needs "Authorization: Bearer <token>", compared in
@@ -19,7 +22,9 @@
 // like RabbitMQ's rabbitmq_prometheus plugin: bind listen.admin to a
 // trusted interface. Errors are {"error": "..."} with 400 for bad input
 // (the same validation and messages as the config file), 401 for a missing
-// or wrong token, 404 for an unknown policy, 409 for clearing a file policy.
+// or wrong token, 404 for an unknown policy or queue, 409 for clearing a
+// file policy or for the queue endpoints of a proxy without mirroring (one
+// backend), 503 when the metadata log has no leader.
 package admin
 
 import (
@@ -38,6 +43,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 // maxBody bounds request bodies; a policy is a few hundred bytes.
@@ -58,6 +64,7 @@ type Server struct {
 	hasToken bool
 	logger   *slog.Logger
 	registry *Registry
+	queues   Queues // nil: mirroring is off
 	mux      *http.ServeMux
 }
 
@@ -142,8 +149,8 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// route dispatches /api/{policies|operator-policies}[/{vhost}/{name}] and
-// /api/explain.
+// route dispatches /api/{policies|operator-policies}[/{vhost}/{name}],
+// /api/explain and /api/queues[/{vhost}/{name}/actions].
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/api/"), "/")
 	for i, p := range parts {
@@ -158,6 +165,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case len(parts) == 1 && parts[0] == "explain" && r.Method == http.MethodGet:
 		s.explain(w, r)
+	case len(parts) == 1 && parts[0] == "queues" && r.Method == http.MethodGet:
+		s.listQueues(w, r)
+	case len(parts) == 4 && parts[0] == "queues" && parts[3] == "actions" && r.Method == http.MethodPost:
+		s.queueAction(w, r, mirror.QueueID{VHost: parts[1], Name: parts[2]})
 	case len(parts) == 1 && (parts[0] == "policies" || operator) && r.Method == http.MethodGet:
 		s.list(w, r, operator)
 	case len(parts) == 3 && (parts[0] == "policies" || operator) && r.Method == http.MethodPut:

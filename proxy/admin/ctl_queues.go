@@ -1,0 +1,238 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// queueColumn is one column of ctl list_queues.
+type queueColumn struct {
+	name        string
+	description string
+	value       func(q mirror.QueueStatus) any // string, []string or *int
+}
+
+// queueColumns are the columns list_queues can show, in the order its help
+// lists them. Backends are named as in the config's backends list.
+var queueColumns = []queueColumn{
+	{"name", "the queue's name", func(q mirror.QueueStatus) any { return q.Meta.ID.Name }},
+	{"messages", "messages in the master (ready and unacknowledged)", func(q mirror.QueueStatus) any { return count(q.Messages) }},
+	{"master", "the backend whose copy clients consume from", func(q mirror.QueueStatus) any { return q.Meta.Master }},
+	{"slaves", "the backends holding a mirror, in join order (oldest first)", func(q mirror.QueueStatus) any { return nonNil(slaveNames(q.Meta.Slaves)) }},
+	{"synchronised_slaves", "the slaves holding every message the master holds, in join order", func(q mirror.QueueStatus) any { return nonNil(q.Meta.SynchronisedSlaves()) }},
+	{"syncing_slaves", "the slaves a synchronisation is copying to now", func(q mirror.QueueStatus) any { return nonNil(q.Syncing) }},
+	{"consumers", "consumers on the master", func(q mirror.QueueStatus) any { return count(q.Consumers) }},
+	{"policy", "the effective policy's name, empty for none", func(q mirror.QueueStatus) any { return q.Policy }},
+}
+
+// defaultQueueColumns starts with rabbitmqctl's own default (name,
+// messages), so that a script reading the first two columns of rabbitmqctl
+// list_queues reads the same here, then says where the copies are.
+var defaultQueueColumns = []string{"name", "messages", "master", "slaves", "synchronised_slaves"}
+
+// queueColumnAliases are rabbitmqctl's names of the mirroring columns,
+// accepted so that scripts written for RabbitMQ's mirroring keep working.
+// The output keeps the name asked for.
+var queueColumnAliases = map[string]string{
+	"pid":                     "master",
+	"slave_pids":              "slaves",
+	"synchronised_slave_pids": "synchronised_slaves",
+}
+
+func findQueueColumn(name string) (queueColumn, bool) {
+	if real, ok := queueColumnAliases[name]; ok {
+		name = real
+	}
+	for _, c := range queueColumns {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return queueColumn{}, false
+}
+
+// checkQueueColumns refuses unknown column names before anything is asked
+// of the proxy, naming the valid ones.
+func checkQueueColumns(args []string) error {
+	var unknown []string
+	for _, a := range args {
+		if _, ok := findQueueColumn(a); !ok {
+			unknown = append(unknown, fmt.Sprintf("%q", a))
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	valid := make([]string, 0, len(queueColumns))
+	for _, c := range queueColumns {
+		valid = append(valid, c.name)
+	}
+	return fmt.Errorf("unknown column(s) %s: valid columns are %s (also rabbitmqctl's pid, slave_pids, synchronised_slave_pids)",
+		strings.Join(unknown, ", "), strings.Join(valid, ", "))
+}
+
+func slaveNames(slaves []mirror.Slave) []string {
+	out := make([]string, 0, len(slaves))
+	for _, s := range slaves {
+		out = append(out, s.Backend)
+	}
+	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// count is a count the engine reports as -1 when the master's broker could
+// not be asked: nil then, so that the table shows nothing and JSON null
+// rather than a number a script could add up.
+func count(n int) *int {
+	if n < 0 {
+		return nil
+	}
+	return &n
+}
+
+// The queue commands, served by the engine's Queues.
+var (
+	listQueuesCommand = command{
+		usage: "list_queues [-p VHOST] [--formatter table|json] [COLUMN ...]",
+		brief: "lists queues with their master, slaves and synchronised slaves",
+		summary: "Lists the queues of a vhost that the proxy knows, one line each, tab-separated with a\nheader line (--formatter json: an array of objects keyed by column). Lists of backends\nare shown as [rabbit2, rabbit3]. COLUMN is one or more of:\n" +
+			columnHelp() + "Default: " + strings.Join(defaultQueueColumns, " ") + ".",
+		moreArgs: true,
+		check:    checkQueueColumns,
+		run: func(ctx context.Context, c *Client, o *ctlOptions, a []string) error {
+			columns := a
+			if len(columns) == 0 {
+				columns = defaultQueueColumns
+			}
+			o.say("Listing queues for vhost %s ...", o.vhost)
+			list, err := c.ListQueues(ctx, o.vhost)
+			if err != nil {
+				return err
+			}
+			return o.queues(list, columns)
+		},
+	}
+	syncQueueCommand = command{
+		usage:   "sync_queue [-p VHOST] NAME",
+		brief:   "synchronises a mirrored queue's unsynchronised slaves",
+		summary: "Starts copying the master's messages to the queue's unsynchronised slaves, for queues\nwith ha-sync-mode manual (the default). The queue keeps serving clients meanwhile;\nlist_queues synchronised_slaves tells when it is done.",
+		args:    1,
+		run: func(ctx context.Context, c *Client, o *ctlOptions, a []string) error {
+			o.say("Synchronising queue '%s' in vhost '%s' ...", a[0], o.vhost)
+			return c.SyncQueue(ctx, mirror.QueueID{VHost: o.vhost, Name: a[0]})
+		},
+	}
+	cancelSyncQueueCommand = command{
+		usage:   "cancel_sync_queue [-p VHOST] NAME",
+		brief:   "stops a synchronisation in progress",
+		summary: "Stops the synchronisation of a queue that sync_queue or ha-sync-mode automatic started.\nSlaves that were not synchronised stay so.",
+		args:    1,
+		run: func(ctx context.Context, c *Client, o *ctlOptions, a []string) error {
+			o.say("Stopping synchronising queue '%s' in vhost '%s' ...", a[0], o.vhost)
+			return c.CancelSyncQueue(ctx, mirror.QueueID{VHost: o.vhost, Name: a[0]})
+		},
+	}
+)
+
+func columnHelp() string {
+	width := 0
+	for _, c := range queueColumns {
+		width = max(width, len(c.name))
+	}
+	var b strings.Builder
+	for _, c := range queueColumns {
+		fmt.Fprintf(&b, "  %-*s  %s\n", width, c.name, c.description)
+	}
+	return b.String()
+}
+
+// queues prints list_queues' rows with the given (checked) columns.
+func (o *ctlOptions) queues(list []mirror.QueueStatus, names []string) error {
+	columns := make([]queueColumn, len(names))
+	for i, n := range names {
+		columns[i], _ = findQueueColumn(n)
+	}
+	if o.formatter == formatJSON {
+		rows := make([]orderedObject, 0, len(list))
+		for _, q := range list {
+			row := make(orderedObject, len(columns))
+			for i, c := range columns {
+				row[i] = field{names[i], c.value(q)}
+			}
+			rows = append(rows, row)
+		}
+		return o.json(rows)
+	}
+	fmt.Fprintln(o.stdout, strings.Join(names, "\t"))
+	cells := make([]string, len(columns))
+	for _, q := range list {
+		for i, c := range columns {
+			cells[i] = tableCell(c.value(q))
+		}
+		fmt.Fprintln(o.stdout, strings.Join(cells, "\t"))
+	}
+	return nil
+}
+
+// tableCell formats a value as rabbitmqctl's table does: lists in
+// brackets, comma-separated.
+func tableCell(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []string:
+		return "[" + strings.Join(v, ", ") + "]"
+	case *int:
+		if v == nil {
+			return ""
+		}
+		return strconv.Itoa(*v)
+	}
+	return fmt.Sprint(v)
+}
+
+// orderedObject is a JSON object whose keys keep the order the columns
+// were asked in (a map would sort them).
+type orderedObject []field
+
+type field struct {
+	key   string
+	value any
+}
+
+func (o orderedObject) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, f := range o {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		// An encoder, not json.Marshal, so that names with & < > stay
+		// readable, as in the rest of ctl's JSON.
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(f.key); err != nil {
+			return nil, err
+		}
+		b.Truncate(b.Len() - 1) // Encode's newline
+		b.WriteByte(':')
+		if err := enc.Encode(f.value); err != nil {
+			return nil, err
+		}
+		b.Truncate(b.Len() - 1)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
