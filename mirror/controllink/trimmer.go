@@ -7,12 +7,16 @@
 // master: it consumes the slave's copy and holds every delivery
 // unacknowledged, keyed by the message's identity (mirror.IdentityHeader),
 // until the master's copy of that message is gone (acked, or rejected
-// without requeue, by a client); then it acks the slave's copy. Holding is
+// without requeue, by a client); then it acks the slave's copy. A message
+// without that header (it was on the broker before the proxy, or was
+// published past it) is keyed by its content (mirror.ContentID), so that
+// adopted queues are trimmed too. Holding is
 // what lets a slave be promoted with every message the master still had:
 // closing the trimmer's channel requeues them all on the slave.
 package controllink
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -84,15 +88,23 @@ type Trimmer struct {
 	// slave has not delivered yet (its copy is still on the way, or behind
 	// other messages).
 	held    map[mirror.MessageID]uint64
-	settled map[mirror.MessageID]time.Time // when it was settled
+	settled map[mirror.MessageID]settlement
+	// byContent holds the deliveries keyed by their content (no identity
+	// header), oldest first: two messages with the same body are two
+	// messages, so it is a multiset, unlike held.
+	byContent map[mirror.MessageID][]uint64
+	// missed counts settlements of messages the trimmer had not received
+	// (net of those that arrived later): on a slave that joined a queue
+	// with a backlog, these are the backlog's messages settled at the
+	// master (see mirror.Backlog).
+	missed int
 	// outstanding is every unacknowledged delivery of the current channel in
 	// tag order; the front of it decides when one multiple ack settles many.
 	outstanding []outstandingTag
 	// toAck are deliveries to ack at the next flush.
 	toAck []pendingAck
-	// unidentified counts held deliveries without an identity (published
-	// past the proxy): they are never trimmed.
-	unidentified int
+	// contentHeld counts the deliveries in byContent.
+	contentHeld int
 	// trimmed remembers, while a copy into this slave runs (ExpectCopies),
 	// the identities already trimmed here, so that a late copy of one of
 	// them is dropped instead of kept forever.
@@ -106,6 +118,9 @@ type Trimmer struct {
 	// the run goroutine.
 	copies chan *copyJob
 	job    *copyJob
+	// purges takes Purge's requests; purge is the one being carried out.
+	purges chan *purgeJob
+	purge  *purgeJob
 
 	wake chan struct{} // capacity one: a flush is wanted
 	done chan struct{}
@@ -115,6 +130,14 @@ type Trimmer struct {
 type outstandingTag struct {
 	tag   uint64
 	acked bool // an ack covering it was decided (sent, or sent at the next flush)
+}
+
+// settlement is an identity settled at the master whose slave copy has
+// not arrived: when (for ForgetAfter) and how many times (content
+// identities can stand for several messages).
+type settlement struct {
+	at    time.Time
+	count int
 }
 
 type pendingAck struct {
@@ -133,15 +156,17 @@ type pendingAck struct {
 func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Trimmer, error) {
 	opts = opts.withDefaults()
 	t := &Trimmer{
-		conn:    conn,
-		queue:   queue,
-		opts:    opts,
-		log:     opts.Logger.With("queue", queue, "component", "trimmer"),
-		held:    make(map[mirror.MessageID]uint64),
-		settled: make(map[mirror.MessageID]time.Time),
-		wake:    make(chan struct{}, 1),
-		copies:  make(chan *copyJob),
-		done:    make(chan struct{}),
+		conn:      conn,
+		queue:     queue,
+		opts:      opts,
+		log:       opts.Logger.With("queue", queue, "component", "trimmer"),
+		held:      make(map[mirror.MessageID]uint64),
+		settled:   make(map[mirror.MessageID]settlement),
+		byContent: make(map[mirror.MessageID][]uint64),
+		wake:      make(chan struct{}, 1),
+		copies:    make(chan *copyJob),
+		purges:    make(chan *purgeJob),
+		done:      make(chan struct{}),
 	}
 	ch, deliveries, err := t.consume()
 	if err != nil {
@@ -163,7 +188,13 @@ func (t *Trimmer) Settle(ids ...mirror.MessageID) {
 			t.rememberTrimmed(id)
 			continue
 		}
-		t.settled[id] = time.Now()
+		if tags := t.byContent[id]; len(tags) > 0 {
+			t.toAck = append(t.toAck, pendingAck{tag: tags[0], id: id})
+			t.dropContent(id)
+			continue
+		}
+		t.missed++
+		t.addSettled(id, time.Now())
 	}
 	t.mu.Unlock()
 	select {
@@ -178,7 +209,22 @@ func (t *Trimmer) Settle(ids ...mirror.MessageID) {
 func (t *Trimmer) Stats() (held, waiting int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.held) + t.unidentified, len(t.settled)
+	waiting = 0
+	for _, s := range t.settled {
+		waiting += s.count
+	}
+	return len(t.held) + t.contentHeld, waiting
+}
+
+// Missed is how many settlements named a message the trimmer never
+// received, less those whose copy arrived later. For a slave that joined
+// a queue with a backlog, it counts the backlog's messages the master
+// settled since the trimmer started (messages in flight to the slave when
+// they were settled make it briefly too high).
+func (t *Trimmer) Missed() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.missed
 }
 
 // ChannelsLost is how many of its channels the broker closed under the
@@ -223,6 +269,9 @@ func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 			return
 		case stopChannelLost:
 			t.channelsLost.Add(1)
+		case stopForPurge:
+			t.endCopy(errors.New("the queue was purged"))
+			t.runPurge()
 		case stopForCopy:
 			// The channel is closed, so everything it held is back in the
 			// queue, ahead of the marker the copy publishes now.
@@ -252,7 +301,8 @@ const (
 	stopClosed stopReason = iota
 	stopRecycle
 	stopChannelLost
-	stopForCopy // a copy begins on a fresh channel
+	stopForCopy  // a copy begins on a fresh channel
+	stopForPurge // the queue is purged with nothing held
 )
 
 func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopReason {
@@ -272,6 +322,10 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 		case <-recycle.C:
 			t.flush(ch)
 			return stopRecycle
+		case job := <-t.purges:
+			t.purge = job
+			t.flush(ch)
+			return stopForPurge
 		case job := <-t.copies:
 			if t.job != nil {
 				job.result <- copyResult{err: errors.New("a copy of this queue is already running")}
@@ -333,7 +387,11 @@ func (t *Trimmer) take(d amqp.Delivery) {
 		}
 		return
 	}
-	kept := t.hold(d.DeliveryTag, id, identified)
+	byContent := !identified
+	if byContent {
+		id = mirror.ContentID(d.Body)
+	}
+	kept := t.hold(d.DeliveryTag, id, byContent)
 	if t.job != nil && kept {
 		if err := t.job.send(d); err != nil {
 			t.endCopy(err)
@@ -353,24 +411,35 @@ func (t *Trimmer) endCopy(err error) {
 // hold records one delivery and reports whether it is now held. One
 // already settled at the master is acked at the next flush; a second copy
 // of a message already held (a sync copied what fan-out also delivered) is
-// acked at once, so that the slave keeps exactly one.
-func (t *Trimmer) hold(tag uint64, id mirror.MessageID, identified bool) bool {
+// acked at once, so that the slave keeps exactly one. Deliveries keyed by
+// content (byContent) are never duplicates of each other: equal bodies
+// are as many messages as they are copies.
+func (t *Trimmer) hold(tag uint64, id mirror.MessageID, byContent bool) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.outstanding = append(t.outstanding, outstandingTag{tag: tag})
-	if !identified {
-		t.unidentified++
+	if s, gone := t.settled[id]; gone {
+		if s.count <= 1 {
+			delete(t.settled, id)
+		} else {
+			s.count--
+			t.settled[id] = s
+		}
+		t.missed-- // it was not missing after all, only late
+		t.toAck = append(t.toAck, pendingAck{tag: tag, id: id})
+		if !byContent {
+			t.rememberTrimmed(id)
+		}
+		return false
+	}
+	if byContent {
+		t.byContent[id] = append(t.byContent[id], tag)
+		t.contentHeld++
 		return true
 	}
-	_, gone := t.settled[id]
 	_, duplicate := t.held[id]
 	_, trimmed := t.trimmed[id]
 	switch {
-	case gone:
-		delete(t.settled, id)
-		t.toAck = append(t.toAck, pendingAck{tag: tag, id: id})
-		t.rememberTrimmed(id)
-		return false
 	case duplicate || trimmed:
 		t.toAck = append(t.toAck, pendingAck{tag: tag, id: id, duplicate: true})
 		return false
@@ -383,8 +452,8 @@ func (t *Trimmer) hold(tag uint64, id mirror.MessageID, identified bool) bool {
 func (t *Trimmer) forgetStale(now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for id, at := range t.settled {
-		if now.Sub(at) >= t.opts.ForgetAfter {
+	for id, s := range t.settled {
+		if now.Sub(s.at) >= t.opts.ForgetAfter {
 			delete(t.settled, id)
 		}
 	}
@@ -401,6 +470,25 @@ func (t *Trimmer) ExpectCopies(on bool) {
 		return
 	}
 	t.trimmed = nil
+}
+
+// addSettled records one settlement whose slave copy has not arrived.
+func (t *Trimmer) addSettled(id mirror.MessageID, at time.Time) {
+	s := t.settled[id]
+	s.at = at
+	s.count++
+	t.settled[id] = s
+}
+
+// dropContent removes the oldest delivery held under a content identity.
+func (t *Trimmer) dropContent(id mirror.MessageID) {
+	tags := t.byContent[id]
+	if len(tags) <= 1 {
+		delete(t.byContent, id)
+	} else {
+		t.byContent[id] = tags[1:]
+	}
+	t.contentHeld--
 }
 
 func (t *Trimmer) rememberTrimmed(id mirror.MessageID) {
@@ -468,9 +556,11 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 // come again, and must be acked again.
 func (t *Trimmer) requeueAcks(acks []pendingAck, err error) error {
 	t.mu.Lock()
+	now := time.Now()
 	for _, a := range acks {
 		if !a.duplicate {
-			t.settled[a.id] = time.Now()
+			t.addSettled(a.id, now)
+			t.missed++ // its delivery comes again and takes this back
 		}
 	}
 	t.mu.Unlock()
@@ -483,15 +573,18 @@ func (t *Trimmer) requeueAcks(acks []pendingAck, err error) error {
 func (t *Trimmer) forgetChannel() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	now := time.Now()
 	for _, a := range t.toAck {
 		if !a.duplicate {
-			t.settled[a.id] = time.Now()
+			t.addSettled(a.id, now)
+			t.missed++ // its delivery comes again and takes this back
 		}
 	}
 	t.toAck = nil
 	clear(t.held)
+	clear(t.byContent)
 	t.outstanding = t.outstanding[:0]
-	t.unidentified = 0
+	t.contentHeld = 0
 }
 
 func compareTags(a, b uint64) int {
@@ -502,4 +595,57 @@ func compareTags(a, b uint64) int {
 		return 1
 	}
 	return 0
+}
+
+// purgeJob is one Purge request.
+type purgeJob struct {
+	result chan purgeResult
+}
+
+type purgeResult struct {
+	purged int
+	err    error
+}
+
+// Purge empties the slave copy, for a master that a client purged. A plain
+// queue.purge would leave every message the trimmer holds unacknowledged
+// (purge removes ready messages only), so the trimmer first gives them
+// back by closing its channel, then purges on a fresh channel, forgets the
+// settlements waiting for copies that are gone now, and consumes again.
+// Messages published to the queue after the master's purge and before this
+// one are purged too, as a purge racing a publish on one broker may also
+// do. It returns the number of messages purged.
+func (t *Trimmer) Purge(ctx context.Context) (int, error) {
+	job := &purgeJob{result: make(chan purgeResult, 1)}
+	select {
+	case t.purges <- job:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-t.done:
+		return 0, errTrimmerClosed
+	}
+	res := <-job.result // the run goroutine answers every accepted job
+	if res.err != nil {
+		return res.purged, fmt.Errorf("purging queue %q: %w", t.queue, res.err)
+	}
+	return res.purged, nil
+}
+
+// runPurge carries out the accepted purge; the channel that held the
+// messages is closed already.
+func (t *Trimmer) runPurge() {
+	job := t.purge
+	t.purge = nil
+	t.mu.Lock()
+	clear(t.settled)
+	t.missed = 0
+	t.mu.Unlock()
+	ch, err := t.conn.Channel()
+	if err != nil {
+		job.result <- purgeResult{err: fmt.Errorf("opening a channel: %w", err)}
+		return
+	}
+	defer ch.Close()
+	n, err := ch.QueuePurge(t.queue, false)
+	job.result <- purgeResult{purged: n, err: err}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -273,4 +274,100 @@ func shortenChannelTick() error {
 		return fmt.Errorf("%v: %s", err, out)
 	}
 	return nil
+}
+
+// TestTrimmerKeysMessagesWithoutIdentityByContent: messages that were on
+// the slave before the proxy (no identity header) are trimmed by their
+// content identity, and two messages with one body are two messages.
+func TestTrimmerKeysMessagesWithoutIdentityByContent(t *testing.T) {
+	conn := dial(t)
+	queue := declare(t, conn)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	bodies := []string{"a", "b", "b", "c", "d"}
+	for _, b := range bodies {
+		if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp.Publishing{Body: []byte(b)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if held, _ := tr.Stats(); held != len(bodies) {
+			return fmt.Errorf("trimmer holds %d, want %d", held, len(bodies))
+		}
+		return nil
+	})
+	// One "b" and the "c" leave the master; "x" was never on this slave.
+	tr.Settle(mirror.ContentID([]byte("b")), mirror.ContentID([]byte("c")), mirror.ContentID([]byte("x")))
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if held, waiting := tr.Stats(); held != 3 || waiting != 1 {
+			return fmt.Errorf("trimmer holds %d, %d waiting; want 3, 1", held, waiting)
+		}
+		return nil
+	})
+	if got := tr.Missed(); got != 1 {
+		t.Errorf("Missed() = %d, want 1 (the settlement of x)", got)
+	}
+	tr.Close()
+	got := map[string]int{}
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		got[string(d.Body)]++
+	}
+	want := map[string]int{"a": 1, "b": 1, "d": 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("slave holds %v, want %v", got, want)
+	}
+}
+
+// TestTrimmerPurge: a purge empties the slave copy although the trimmer
+// holds its messages unacknowledged, and trimming goes on afterwards.
+func TestTrimmerPurge(t *testing.T) {
+	conn := dial(t)
+	queue := declareWithMessages(t, conn, 200)
+	tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if held, _ := tr.Stats(); held != 200 {
+			return fmt.Errorf("trimmer holds %d, want 200", held)
+		}
+		return nil
+	})
+	tr.Settle(messageID(1000)) // waits for a copy the purge makes moot
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	purged, err := tr.Purge(ctx)
+	if err != nil {
+		t.Fatalf("Purge: %v", err)
+	}
+	if purged != 200 {
+		t.Errorf("purged %d messages, want 200", purged)
+	}
+	if held, waiting := tr.Stats(); held != 0 || waiting != 0 {
+		t.Errorf("after the purge the trimmer holds %d, %d waiting; want 0, 0", held, waiting)
+	}
+	publish(t, conn, queue, 10)
+	tr.Settle(messageID(3))
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if held, _ := tr.Stats(); held != 9 {
+			return fmt.Errorf("trimmer holds %d after new publishes, want 9", held)
+		}
+		return nil
+	})
 }
