@@ -29,7 +29,7 @@ const drainTimeout = 2 * time.Minute
 func runBackpressure(ctx context.Context, cfg config, b broker) (backpressureResult, error) {
 	result := backpressureResult{Messages: cfg.rssMessages, MessageBytes: cfg.rssSize}
 	queue := "bench-rss-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if err := declareQueues(b.url, []string{queue}, false); err != nil {
+	if err := declareQueues(b.url, []string{queue}, false, nil); err != nil {
 		return result, err
 	}
 	defer func() {

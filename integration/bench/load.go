@@ -38,6 +38,38 @@ type loadSpec struct {
 	persistent bool
 	warmup     time.Duration
 	duration   time.Duration
+	// queuePrefix starts the run's queue names; "" means bench-<scenario>. The mirrored
+	// scenario picks it so that one target's policy matches its queues only.
+	queuePrefix string
+	// queueArgs are the queues' declare arguments, e.g. x-queue-type quorum.
+	queueArgs amqp.Table
+	// prepare, when set, runs after the queues are declared and before the load
+	// starts, e.g. to wait until every mirror of them is synchronised.
+	prepare func(ctx context.Context, queues []string) error
+}
+
+// queueNames are the run's queue names, one per publisher/consumer pair.
+func (s loadSpec) queueNames(id string) []string {
+	prefix := s.queuePrefix
+	if prefix == "" {
+		prefix = "bench-" + s.scenario
+	}
+	queues := make([]string, max(s.publishers, s.consumers))
+	for i := range queues {
+		queues[i] = fmt.Sprintf("%s-%s-%d", prefix, id, i)
+	}
+	return queues
+}
+
+// declare declares the run's queues at url and runs prepare.
+func (s loadSpec) declare(ctx context.Context, url string, queues []string) error {
+	if err := declareQueues(url, queues, true, s.queueArgs); err != nil {
+		return err
+	}
+	if s.prepare != nil {
+		return s.prepare(ctx, queues)
+	}
+	return nil
 }
 
 // clock is a run's time line: monotonic nanoseconds since the run began, what bodies
@@ -98,19 +130,16 @@ func runLoad(ctx context.Context, spec loadSpec, url string, procs watched) (run
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
-	queues := make([]string, max(spec.publishers, spec.consumers))
-	id := strconv.FormatInt(time.Now().UnixNano(), 36)
-	for i := range queues {
-		queues[i] = fmt.Sprintf("bench-%s-%s-%d", spec.scenario, id, i)
-	}
-	if err := declareQueues(url, queues, true); err != nil {
-		return result, err
-	}
+	queues := spec.queueNames(strconv.FormatInt(time.Now().UnixNano(), 36))
 	defer func() {
 		if err := deleteQueues(url, queues); err != nil {
 			progress("  could not delete the run's queues: %v", err)
 		}
 	}()
+
+	if err := spec.declare(ctx, url, queues); err != nil {
+		return result, err
+	}
 
 	var conns []*amqp.Connection
 	var sockets socketSet
@@ -299,7 +328,7 @@ func (s *socketSet) closeAll() {
 	}
 }
 
-func declareQueues(url string, queues []string, durable bool) error {
+func declareQueues(url string, queues []string, durable bool, args amqp.Table) error {
 	conn, err := dial(url, "bench setup", nil)
 	if err != nil {
 		return err
@@ -310,7 +339,7 @@ func declareQueues(url string, queues []string, durable bool) error {
 		return err
 	}
 	for _, q := range queues {
-		if _, err := ch.QueueDeclare(q, durable, false, false, false, nil); err != nil {
+		if _, err := ch.QueueDeclare(q, durable, false, false, false, args); err != nil {
 			return fmt.Errorf("declare queue %s: %w", q, err)
 		}
 	}

@@ -118,6 +118,11 @@ type config struct {
 	idleCounts []int
 	idleLinger time.Duration
 
+	// mirroredTargets are the mirrored scenario's rows, in the order of each round.
+	mirroredTargets []string
+	mirrorBin       string
+	declareDuration time.Duration
+
 	proxyCPUProfile string
 	proxyLogLevel   string
 	proxyGOMAXPROCS int
@@ -135,9 +140,9 @@ var hiddenFlags = map[string]bool{"role": true, "backend": true, "listen": true,
 
 func parseFlags(args []string) (config, error) {
 	var cfg config
-	var scenarios, targets, idleCounts string
+	var scenarios, targets, idleCounts, mirrored string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes about five minutes a round)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
@@ -166,6 +171,10 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&idleCounts, "idle-conns", "1000,3000", "idle: comma-separated rising `counts` of idle amqp091-go connections to hold open through the proxy")
 	fs.DurationVar(&cfg.idleLinger, "idle-linger", 30*time.Second, "idle: how long to watch the proxy's RSS after the connections closed")
 
+	fs.StringVar(&mirrored, "mirrored-targets", strings.Join(mirroredTargets, ","), "mirrored: comma-separated `list` of rows, in the order of each round: direct (one plain node), amqp-mirror (amqp-mirror serve in front of three plain nodes, ha-mode all), native-ha (RabbitMQ's classic mirroring, ha-mode all, on a three-node cluster), quorum (quorum queues on that cluster)")
+	fs.StringVar(&cfg.mirrorBin, "amqp-mirror-bin", "", "mirrored: the amqp-mirror `binary` to run; default: go build of this module into a temporary directory")
+	fs.DurationVar(&cfg.declareDuration, "declare-duration", 5*time.Second, "mirrored: how long each queue.declare rate is measured")
+
 	fs.StringVar(&cfg.proxyCPUProfile, "proxy-cpuprofile", "", "write a CPU profile of the proxy process of each full and light run, named after `file` with the scenario and run inserted: /tmp/p.pprof gives /tmp/p.full.1.pprof...")
 	fs.StringVar(&cfg.proxyLogLevel, "proxy-log-level", "warn", "proxy process log level: debug, info, warn or error")
 	fs.IntVar(&cfg.proxyGOMAXPROCS, "proxy-gomaxprocs", 0, "run the proxy process with GOMAXPROCS=`N`; 0 leaves Go's default (the number of cores)")
@@ -185,6 +194,7 @@ func parseFlags(args []string) (config, error) {
 	}
 	cfg.scenarios = splitList(scenarios)
 	cfg.targets = splitList(targets)
+	cfg.mirroredTargets = splitList(mirrored)
 	var errs []error
 	for _, c := range splitList(idleCounts) {
 		n, err := strconv.Atoi(c)
@@ -220,8 +230,8 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss"}, s) {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle or rss", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss or mirrored", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
@@ -234,6 +244,17 @@ func (cfg config) validate() error {
 	}
 	if !slices.Contains(cfg.targets, "direct") {
 		errs = append(errs, errors.New("-targets: direct is needed, every ratio is against it"))
+	}
+	for _, t := range cfg.mirroredTargets {
+		if !slices.Contains(mirroredTargets, t) {
+			errs = append(errs, fmt.Errorf("-mirrored-targets: unknown target %q, want %s", t, strings.Join(mirroredTargets, ", ")))
+		}
+	}
+	if !slices.Contains(cfg.mirroredTargets, targetDirect) {
+		errs = append(errs, errors.New("-mirrored-targets: direct is needed, every ratio is against it"))
+	}
+	if cfg.declareDuration <= 0 {
+		errs = append(errs, fmt.Errorf("-declare-duration must be positive, got %v", cfg.declareDuration))
 	}
 	if slices.Contains(cfg.targets, "baseline") && cfg.baselineCmd == "" {
 		errs = append(errs, errors.New("-targets: baseline needs -baseline-cmd"))
@@ -361,7 +382,9 @@ func run(ctx context.Context, cfg config) error {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	b := broker{url: cfg.amqpURL}
-	if b.url == "" {
+	// The mirrored scenario starts its own nodes: a run of it alone needs no other broker.
+	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool { return s != "mirrored" })
+	if b.url == "" && !onlyMirrored {
 		progress("starting a RabbitMQ node")
 		cluster, err := harness.Start(ctx, harness.Options{Nodes: 1, Logger: logger})
 		if err != nil {
@@ -376,13 +399,15 @@ func run(ctx context.Context, cfg config) error {
 		b.url, b.pid = node.URL(), node.PID()
 		progress("RabbitMQ %s on port %d (pid %d) in %s", node.ErlangName, node.Port, b.pid, time.Since(began).Round(100*time.Millisecond))
 	}
-	u, err := url.Parse(b.url)
-	if err != nil || u.Host == "" || u.Scheme != "amqp" {
-		return fmt.Errorf("-amqp-url %q: want amqp://user:password@host:port/vhost (the bench's proxy does not dial amqps)", b.url)
-	}
-	b.addr = u.Host
-	if u.Port() == "" {
-		b.addr = net.JoinHostPort(u.Hostname(), "5672")
+	if !onlyMirrored {
+		u, err := url.Parse(b.url)
+		if err != nil || u.Host == "" || u.Scheme != "amqp" {
+			return fmt.Errorf("-amqp-url %q: want amqp://user:password@host:port/vhost (the bench's proxy does not dial amqps)", b.url)
+		}
+		b.addr = u.Host
+		if u.Port() == "" {
+			b.addr = net.JoinHostPort(u.Hostname(), "5672")
+		}
 	}
 
 	var report report
@@ -444,6 +469,13 @@ func run(ctx context.Context, cfg config) error {
 		}
 		report.Backpressure = &rss
 	}
+	if cfg.has("mirrored") {
+		runs, declares, err := runMirrored(ctx, cfg, logger)
+		report.Mirrored, report.Declares = runs, declares
+		if err != nil {
+			return errors.Join(fmt.Errorf("mirrored: %w", err), report.print(os.Stdout, cfg))
+		}
+	}
 	report.Elapsed = time.Since(began).Round(time.Second).String()
 	if err := report.print(os.Stdout, cfg); err != nil {
 		return err
@@ -475,7 +507,7 @@ func runAlternating(ctx context.Context, cfg config, b broker, spec loadSpec) ([
 		var result runResult
 		var err error
 		if target == "direct" {
-			result, err = runSpec(ctx, spec, b.url, watched{broker: b.pid})
+			result, err = runSpec(ctx, spec, b.url, watched{brokers: []int{b.pid}})
 		} else {
 			result, err = runLoadThroughForwarder(ctx, cfg, b, spec, target, profileName(cfg.proxyCPUProfile, spec.scenario, number))
 		}
@@ -518,7 +550,7 @@ func runLoadThroughForwarder(ctx context.Context, cfg config, b broker, spec loa
 	if err != nil {
 		return runResult{}, err
 	}
-	result, err := runSpec(ctx, spec, proxyURL(b.url, p.addr), watched{broker: b.pid, proxy: p.pid()})
+	result, err := runSpec(ctx, spec, proxyURL(b.url, p.addr), watched{brokers: []int{b.pid}, proxy: p.pid()})
 	if stopErr := p.stop(); err == nil {
 		err = stopErr
 	}

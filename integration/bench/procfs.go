@@ -128,8 +128,9 @@ func machineBusy() (time.Duration, error) {
 
 // watched are the processes whose CPU use a run reports; 0 means not known or none.
 type watched struct {
-	broker int
-	proxy  int
+	// brokers are the broker VMs of the run: one node, or every node of a cluster.
+	brokers []int
+	proxy   int
 }
 
 // cpuSnapshot is the CPU time used so far by each watched process and by the bench.
@@ -141,8 +142,11 @@ type cpuSnapshot struct {
 
 func (w watched) snapshot() cpuSnapshot {
 	s := cpuSnapshot{at: time.Now()}
-	if w.broker != 0 {
-		s.broker, _ = cpuTime(w.broker)
+	for _, pid := range w.brokers {
+		if pid != 0 {
+			cpu, _ := cpuTime(pid)
+			s.broker += cpu
+		}
 	}
 	if w.proxy != 0 {
 		for _, pid := range processTree(w.proxy) {
@@ -175,7 +179,7 @@ func (w watched) between(from, to cpuSnapshot) cpuUse {
 		return cpuUse{}
 	}
 	use := cpuUse{Load: (to.own - from.own).Seconds() / wall}
-	if w.broker != 0 {
+	if len(w.brokers) > 0 {
 		use.Broker = (to.broker - from.broker).Seconds() / wall
 	}
 	if w.proxy != 0 {

@@ -56,19 +56,15 @@ func dialRawURL(url string) (*rawClient, error) {
 // runRawLoad is runLoad with raw clients.
 func runRawLoad(ctx context.Context, spec loadSpec, url string, procs watched) (runResult, error) {
 	result := runResult{Scenario: spec.scenario}
-	queues := make([]string, max(spec.publishers, spec.consumers))
-	id := fmt.Sprintf("%x", time.Now().UnixNano())
-	for i := range queues {
-		queues[i] = fmt.Sprintf("bench-%s-%s-%d", spec.scenario, id, i)
-	}
-	if err := declareQueues(url, queues, true); err != nil {
-		return result, err
-	}
+	queues := spec.queueNames(fmt.Sprintf("%x", time.Now().UnixNano()))
 	defer func() {
 		if err := deleteQueues(url, queues); err != nil {
 			progress("  could not delete the run's queues: %v", err)
 		}
 	}()
+	if err := spec.declare(ctx, url, queues); err != nil {
+		return result, err
+	}
 
 	var clients []*rawClient
 	defer func() {

@@ -46,9 +46,11 @@ func ms(ns int64) float64 { return float64(ns) / 1e6 }
 
 // runResult is one measured run.
 type runResult struct {
-	Scenario    string  `json:"scenario"`
-	Target      string  `json:"target"`
-	Run         int     `json:"run"`
+	Scenario string `json:"scenario"`
+	Target   string `json:"target"`
+	Run      int    `json:"run"`
+	// Copies is how many brokers held each of the run's queues (mirrored scenario).
+	Copies      int     `json:"copies,omitempty"`
 	Seconds     float64 `json:"seconds"`
 	Published   int64   `json:"published"`
 	Consumed    int64   `json:"consumed"`
@@ -197,7 +199,10 @@ type report struct {
 	Comparisons  []comparison        `json:"comparisons"`
 	Backpressure *backpressureResult `json:"backpressure,omitempty"`
 	Idle         []idleResult        `json:"idle,omitempty"`
-	Elapsed      string              `json:"elapsed"`
+	// Mirrored are the mirrored scenario's runs, Declares its queue.declare rates.
+	Mirrored []runResult     `json:"mirrored,omitempty"`
+	Declares []declareResult `json:"declares,omitempty"`
+	Elapsed  string          `json:"elapsed"`
 }
 
 func describeConfig(cfg config) map[string]string {
@@ -291,6 +296,9 @@ func (r *report) print(out io.Writer, cfg config) error {
 	for _, idle := range r.Idle {
 		idle.print(out)
 	}
+	if err := printMirrored(out, cfg, r.Mirrored, r.Declares); err != nil {
+		return err
+	}
 	if r.Elapsed != "" {
 		fmt.Fprintf(out, "\nbench took %s\n", r.Elapsed)
 	}
@@ -307,7 +315,7 @@ func brokerCPU(r runResult, cfg config) string {
 }
 
 func proxyCPU(r runResult) string {
-	if r.Target == "direct" {
+	if r.Target == "direct" || r.Target == targetNativeHA || r.Target == targetQuorum {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", r.CPU.Proxy)

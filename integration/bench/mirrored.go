@@ -1,0 +1,544 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+)
+
+// The mirrored scenario's targets, the rows of its table in the order each round runs them.
+const (
+	// targetDirect is one plain node, the first of the three amqp-mirror fronts.
+	targetDirect = "direct"
+	// targetMirror is `amqp-mirror serve` in front of three plain nodes, ha-mode all.
+	targetMirror = "amqp-mirror"
+	// targetNativeHA is RabbitMQ's own classic mirroring on a three-node cluster.
+	targetNativeHA = "native-ha"
+	// targetQuorum is quorum queues on the same cluster.
+	targetQuorum = "quorum"
+)
+
+var mirroredTargets = []string{targetDirect, targetMirror, targetNativeHA, targetQuorum}
+
+// mirroredNodes is how many nodes each side has: the plain nodes amqp-mirror fronts, and
+// the RabbitMQ cluster.
+const mirroredNodes = 3
+
+// copiesTimeout bounds the wait for every copy of a run's queues before its load starts.
+const copiesTimeout = 15 * time.Second
+
+// haPolicy is the ha-mode all policy, the same on amqp-mirror and on the native cluster.
+var haPolicy = map[string]string{"ha-mode": "all", "ha-sync-mode": "automatic"}
+
+// mirroredBench is what the mirrored scenario runs on: three plain nodes, a three-node
+// RabbitMQ cluster and an amqp-mirror binary, all started or built for the run.
+type mirroredBench struct {
+	cfg    config
+	dir    string // the binary, configs and proxy state
+	binary string // amqp-mirror
+	plain  *harness.Cluster
+	native *harness.Cluster
+	// servers counts amqp-mirror processes, for their directories.
+	servers int
+}
+
+// declareResult is the rate of one kind of queue.declare on one target.
+type declareResult struct {
+	Kind    string  `json:"kind"`
+	Target  string  `json:"target"`
+	Calls   int     `json:"calls"`
+	Seconds float64 `json:"seconds"`
+	Rate    float64 `json:"calls_per_second"`
+}
+
+// The declare kinds: an RPC client's reply queue (declared and deleted per call), and a
+// client that declares the queue it already uses before each use.
+const (
+	declareServerNamed = "server-named exclusive auto-delete queue, declare + delete"
+	declareNamed       = "named durable queue that exists, declare"
+)
+
+// runMirrored runs the mirrored scenario: the full load on each of its targets, round
+// after round and a last direct run, then the queue.declare rates. It stops every node
+// and process it started before it returns, however it returns.
+func runMirrored(ctx context.Context, cfg config, logger *slog.Logger) (runs []runResult, declares []declareResult, err error) {
+	began := time.Now()
+	m := &mirroredBench{cfg: cfg}
+	m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(m.dir)
+	defer m.close()
+	if err := m.start(ctx, logger); err != nil {
+		return nil, nil, err
+	}
+	progress("mirrored: nodes, cluster and amqp-mirror ready in %s", time.Since(began).Round(100*time.Millisecond))
+
+	plan := make([]string, 0, cfg.rounds*len(cfg.mirroredTargets)+1)
+	for range cfg.rounds {
+		plan = append(plan, cfg.mirroredTargets...)
+	}
+	plan = append(plan, targetDirect)
+	runsOf := map[string]int{}
+	for i, target := range plan {
+		runsOf[target]++
+		progress("mirrored load, run %d of %d: %s", i+1, len(plan), target)
+		result, err := m.runTarget(ctx, target)
+		result.Scenario, result.Target, result.Run = "mirrored", target, runsOf[target]
+		if err != nil {
+			return runs, declares, fmt.Errorf("mirrored load, %s run %d: %w", target, runsOf[target], err)
+		}
+		runs = append(runs, result)
+		progress("  %s; %d copies", result.oneLine(), result.Copies)
+	}
+
+	declares, err = m.runDeclares(ctx)
+	return runs, declares, err
+}
+
+// start builds amqp-mirror and starts the nodes and the cluster, all at once: the build
+// and the Erlang VMs' boots overlap.
+func (m *mirroredBench) start(ctx context.Context, logger *slog.Logger) error {
+	var group sync.WaitGroup
+	var buildErr, plainErr, nativeErr error
+	group.Go(func() { buildErr = m.build(ctx) })
+	group.Go(func() {
+		progress("mirrored: starting %d plain RabbitMQ nodes", mirroredNodes)
+		m.plain, plainErr = harness.Start(ctx, harness.Options{Names: nodeNames("plain"), Logger: logger})
+	})
+	group.Go(func() {
+		progress("mirrored: starting a %d-node RabbitMQ cluster", mirroredNodes)
+		m.native, nativeErr = harness.Start(ctx, harness.Options{Names: nodeNames("native"), Logger: logger})
+		if nativeErr != nil {
+			return
+		}
+		if nativeErr = m.native.JoinRabbitMQCluster(ctx); nativeErr != nil {
+			return
+		}
+		definition, _ := json.Marshal(haPolicy)
+		_, nativeErr = m.native.Nodes()[0].Ctl(ctx, "set_policy", "bench-ha-all", "^"+queuePrefix(targetNativeHA),
+			string(definition), "--apply-to", "queues")
+	})
+	group.Wait()
+	if plainErr != nil {
+		plainErr = fmt.Errorf("start the plain nodes: %w", plainErr)
+	}
+	if nativeErr != nil {
+		nativeErr = fmt.Errorf("start the RabbitMQ cluster: %w", nativeErr)
+	}
+	return errors.Join(buildErr, plainErr, nativeErr)
+}
+
+func nodeNames(prefix string) []string {
+	names := make([]string, mirroredNodes)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s%d", prefix, i+1)
+	}
+	return names
+}
+
+// close stops both sets of nodes. Close kills: teardown needs no graceful stop.
+func (m *mirroredBench) close() {
+	for _, c := range []*harness.Cluster{m.plain, m.native} {
+		if c == nil {
+			continue
+		}
+		if err := c.Close(); err != nil {
+			progress("stopping RabbitMQ: %v", err)
+		}
+	}
+}
+
+// build builds amqp-mirror from the module the bench belongs to, or takes -amqp-mirror-bin.
+func (m *mirroredBench) build(ctx context.Context) error {
+	if m.cfg.mirrorBin != "" {
+		m.binary = m.cfg.mirrorBin
+		return nil
+	}
+	m.binary = filepath.Join(m.dir, "amqp-mirror")
+	progress("mirrored: building amqp-mirror")
+	build := exec.CommandContext(ctx, "go", "build", "-o", m.binary, "github.com/amqp-mirror/amqp-mirror")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build amqp-mirror (or give -amqp-mirror-bin): %w\n%s", err, out)
+	}
+	return nil
+}
+
+// queuePrefix names a target's queues, so that the native cluster's ha policy matches
+// the native-ha target's queues and not the quorum target's.
+func queuePrefix(target string) string { return "bench-mirrored-" + target }
+
+func pids(c *harness.Cluster) []int {
+	var out []int
+	for _, n := range c.Nodes() {
+		out = append(out, n.PID())
+	}
+	return out
+}
+
+// runTarget runs the full load once on target.
+func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult, error) {
+	cfg := m.cfg
+	spec := loadSpec{
+		scenario: "mirrored", publishers: cfg.publishers, consumers: cfg.consumers,
+		window: cfg.confirmWindow, prefetch: cfg.prefetch, multiAck: cfg.multiAck,
+		size: cfg.size, persistent: true, warmup: cfg.warmup, duration: cfg.duration,
+		queuePrefix: queuePrefix(target),
+	}
+	plain1, native1 := m.plain.Nodes()[0], m.native.Nodes()[0]
+	var copies int
+	switch target {
+	case targetDirect:
+		copies = 1
+		result, err := runSpec(ctx, spec, plain1.URL(), watched{brokers: []int{plain1.PID()}})
+		result.Copies = copies
+		return result, err
+	case targetMirror:
+		server, err := m.startServer(ctx)
+		if err != nil {
+			return runResult{}, err
+		}
+		// The copies of every queue are counted on the nodes themselves, not asked of the
+		// proxy: a proxy that does not mirror shows as 1 copy.
+		spec.prepare = func(ctx context.Context, queues []string) error {
+			copies, err = m.awaitPlainCopies(ctx, queues)
+			return err
+		}
+		result, err := runSpec(ctx, spec, proxyURL(plain1.URL(), server.addr), watched{brokers: pids(m.plain), proxy: server.pid()})
+		if stopErr := server.stop(); err == nil {
+			err = stopErr
+		}
+		result.Copies = copies
+		return result, err
+	case targetNativeHA:
+		spec.prepare = func(ctx context.Context, queues []string) error {
+			copies, err := awaitNativeCopies(ctx, native1, queues, "synchronised_slave_pids", 1)
+			if err != nil {
+				return err
+			}
+			if copies < mirroredNodes {
+				return fmt.Errorf("the native cluster's queues have %d synchronised copies after %v, want %d", copies, copiesTimeout, mirroredNodes)
+			}
+			return nil
+		}
+		result, err := runSpec(ctx, spec, native1.URL(), watched{brokers: pids(m.native)})
+		result.Copies = mirroredNodes
+		return result, err
+	case targetQuorum:
+		spec.queueArgs = amqp.Table{"x-queue-type": "quorum"}
+		spec.prepare = func(ctx context.Context, queues []string) error {
+			var err error
+			copies, err = awaitNativeCopies(ctx, native1, queues, "online", 0)
+			return err
+		}
+		result, err := runSpec(ctx, spec, native1.URL(), watched{brokers: pids(m.native)})
+		result.Copies = copies
+		return result, err
+	}
+	return runResult{}, fmt.Errorf("unknown mirrored target %q", target)
+}
+
+// awaitPlainCopies waits until every plain node holds each of the queues, or
+// copiesTimeout passed, and returns how many nodes hold all of them. Fewer than all is not
+// an error: the row then says how many copies it measured.
+func (m *mirroredBench) awaitPlainCopies(ctx context.Context, queues []string) (int, error) {
+	deadline := time.Now().Add(copiesTimeout)
+	for {
+		copies := 0
+		for _, node := range m.plain.Nodes() {
+			held, err := holdsQueues(node.URL(), queues)
+			if err != nil {
+				return 0, err
+			}
+			if held {
+				copies++
+			}
+		}
+		if copies == mirroredNodes || time.Now().After(deadline) {
+			if copies < mirroredNodes {
+				progress("  WARNING: amqp-mirror put the queues on %d of %d nodes: the row measures %d copies", copies, mirroredNodes, copies)
+			}
+			return copies, nil
+		}
+		if !sleepUntil(ctx, time.Now().Add(200*time.Millisecond)) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// holdsQueues reports whether the broker at url has every one of the queues, asking it
+// with passive declares.
+func holdsQueues(url string, queues []string) (bool, error) {
+	conn, err := dial(url, "bench copies check", nil)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	for _, q := range queues {
+		// A passive declare of a missing queue closes the channel: one channel per queue.
+		ch, err := conn.Channel()
+		if err != nil {
+			return false, err
+		}
+		_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		if amqpErr, ok := errors.AsType[*amqp.Error](err); ok && amqpErr.Code == amqp.NotFound {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("passive declare of %s: %w", q, err)
+		}
+		ch.Close()
+	}
+	return true, nil
+}
+
+// awaitNativeCopies waits until each queue on the native cluster has all its copies by
+// rabbitmqctl list_queues' item (synchronised_slave_pids, or online for quorum members),
+// or copiesTimeout passed, and returns the fewest copies of any queue: the item's count
+// plus extra (the master, which synchronised_slave_pids leaves out).
+func awaitNativeCopies(ctx context.Context, node *harness.Node, queues []string, item string, extra int) (int, error) {
+	deadline := time.Now().Add(copiesTimeout)
+	for {
+		out, err := node.Ctl(ctx, "list_queues", "name", item, "--formatter", "json")
+		if err != nil {
+			return 0, err
+		}
+		var rows []map[string]any
+		if err := json.Unmarshal(out, &rows); err != nil {
+			return 0, fmt.Errorf("rabbitmqctl list_queues %s: %w: %s", item, err, out)
+		}
+		fewest := -1
+		for _, q := range queues {
+			n := 0
+			for _, row := range rows {
+				if row["name"] == q {
+					list, _ := row[item].([]any)
+					n = len(list) + extra
+				}
+			}
+			if fewest < 0 || n < fewest {
+				fewest = n
+			}
+		}
+		if fewest >= mirroredNodes || time.Now().After(deadline) {
+			return fewest, nil
+		}
+		if !sleepUntil(ctx, time.Now().Add(500*time.Millisecond)) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// serverWrapper runs `amqp-mirror serve` ($@) and ties its life to the bench, as
+// localbroker's wrapper does for the nodes: its stdin is the bench's lifeline pipe, and when
+// that closes (stop, or the bench died however it died) the server gets SIGTERM, its
+// graceful shutdown. The wrapper exits with the server's status.
+const serverWrapper = `
+exec 3<&0 </dev/null
+"$@" 3<&- &
+server=$!
+( read -r _ <&3; kill -TERM "$server" 2>/dev/null ) &
+watcher=$!
+exec 3<&-
+trap 'kill -TERM "$server" 2>/dev/null' TERM INT
+while :; do
+	wait "$server"
+	status=$?
+	kill -0 "$server" 2>/dev/null || break
+done
+kill -KILL "$watcher" 2>/dev/null
+exit "$status"
+`
+
+// startServer starts `amqp-mirror serve` in front of the plain nodes with the ha-all
+// policy, as a deployment would, and waits until it accepts connections. Each server has
+// its own state directory: every run starts from the same state.
+func (m *mirroredBench) startServer(ctx context.Context) (*proxyProcess, error) {
+	m.servers++
+	dir := filepath.Join(m.dir, fmt.Sprintf("server%d", m.servers))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	addr, err := freeAddress()
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "amqp-mirror.yaml")
+	if err := os.WriteFile(path, []byte(m.serverConfig(addr, filepath.Join(dir, "state"))), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("sh", "-c", serverWrapper, "amqp-mirror-bench-wrapper", m.binary, "serve", "--config", path)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	// Its own process group, so that a stop that times out can kill the server with
+	// its wrapper, and Ctrl-C reaches the bench alone, which stops the server itself.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if m.cfg.proxyGOMAXPROCS > 0 {
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", m.cfg.proxyGOMAXPROCS))
+	}
+	lifeline, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start amqp-mirror serve: %w", err)
+	}
+	p := &proxyProcess{cmd: cmd, addr: addr, lifeline: lifeline, exited: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.exited)
+	}()
+	if err := awaitAccept(ctx, p, 20*time.Second); err != nil {
+		p.stop()
+		return nil, fmt.Errorf("amqp-mirror serve --config %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// serverConfig is the amqp-mirror config of a bench server: the three plain nodes as
+// backends, every bench queue ha-mode all with automatic sync, no admin API and no
+// gossip (nothing that could collide with another program's ports).
+func (m *mirroredBench) serverConfig(addr, stateDir string) string {
+	var b strings.Builder
+	level := m.cfg.proxyLogLevel
+	fmt.Fprintf(&b, "node: %s\nlisten:\n  amqp: %s\n  admin: \"\"\n", m.plain.Nodes()[0].Name, addr)
+	fmt.Fprintf(&b, "state_dir: %s\nlog: {level: %s, format: text}\nshutdown_timeout: 5s\nbackends:\n", strconv.Quote(stateDir), level)
+	for _, node := range m.plain.Nodes() {
+		fmt.Fprintf(&b, "  - name: %s\n    url: %s\n", node.Name, node.URL())
+	}
+	fmt.Fprintf(&b, "policies:\n  - name: bench-ha-all\n    pattern: \"^bench-\"\n    apply-to: queues\n    definition:\n")
+	keys := make([]string, 0, len(haPolicy))
+	for k := range haPolicy {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "      %s: %s\n", k, haPolicy[k])
+	}
+	return b.String()
+}
+
+// freeAddress is a loopback address with a port nothing listens on right now.
+func freeAddress() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := ln.Addr().String()
+	return addr, ln.Close()
+}
+
+// awaitAccept waits until p accepts TCP connections on its address.
+func awaitAccept(ctx context.Context, p *proxyProcess, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		conn, err := net.DialTimeout("tcp", p.addr, time.Second)
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("exited before accepting connections: %v", p.waitErr)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("does not accept on %s after %v: %w", p.addr, timeout, err)
+		}
+	}
+}
+
+// runDeclares measures queue.declare directly at the first plain node and through one
+// amqp-mirror process in front of all three, each kind for -declare-duration.
+func (m *mirroredBench) runDeclares(ctx context.Context) ([]declareResult, error) {
+	server, err := m.startServer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := server.stop(); err != nil {
+			progress("  %v", err)
+		}
+	}()
+	direct := m.plain.Nodes()[0].URL()
+	urls := map[string]string{targetDirect: direct, targetMirror: proxyURL(direct, server.addr)}
+	var results []declareResult
+	for _, kind := range []string{declareServerNamed, declareNamed} {
+		for _, target := range []string{targetDirect, targetMirror} {
+			progress("queue.declare, %s: %s", target, kind)
+			r, err := measureDeclares(ctx, urls[target], kind, m.cfg.declareDuration)
+			r.Target = target
+			if err != nil {
+				return results, fmt.Errorf("queue.declare via %s (%s): %w", target, kind, err)
+			}
+			results = append(results, r)
+			progress("  %.0f calls/s", r.Rate)
+		}
+	}
+	return results, nil
+}
+
+// measureDeclares makes one kind of declare call on one channel, one call after the
+// other as an RPC client does, for d.
+func measureDeclares(ctx context.Context, url, kind string, d time.Duration) (declareResult, error) {
+	result := declareResult{Kind: kind}
+	conn, err := dial(url, "bench declares", nil)
+	if err != nil {
+		return result, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return result, err
+	}
+	named := fmt.Sprintf("%s-declare-%s", queuePrefix(targetMirror), strconv.FormatInt(time.Now().UnixNano(), 36))
+	if kind == declareNamed {
+		if _, err := ch.QueueDeclare(named, true, false, false, false, nil); err != nil {
+			return result, err
+		}
+	}
+	began := time.Now()
+	for time.Since(began) < d && ctx.Err() == nil {
+		switch kind {
+		case declareServerNamed:
+			q, err := ch.QueueDeclare("", false, true, true, false, nil)
+			if err != nil {
+				return result, err
+			}
+			if _, err := ch.QueueDelete(q.Name, false, false, false); err != nil {
+				return result, err
+			}
+		case declareNamed:
+			if _, err := ch.QueueDeclare(named, true, false, false, false, nil); err != nil {
+				return result, err
+			}
+		}
+		result.Calls++
+	}
+	result.Seconds = time.Since(began).Seconds()
+	result.Rate = float64(result.Calls) / result.Seconds
+	if kind == declareNamed {
+		if _, err := ch.QueueDelete(named, false, false, false); err != nil {
+			return result, err
+		}
+	}
+	return result, ctx.Err()
+}

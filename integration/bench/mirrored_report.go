@@ -1,0 +1,114 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+)
+
+// mirroredLabels say what each row of the mirrored table measures.
+var mirroredLabels = map[string]string{
+	targetDirect:   "one node directly",
+	targetMirror:   "amqp-mirror, 3 plain nodes, ha-mode all",
+	targetNativeHA: "RabbitMQ classic mirroring, 3-node cluster, ha-mode all",
+	targetQuorum:   "quorum queues, 3-node cluster",
+}
+
+// printMirrored prints the mirrored scenario's runs, the median of each target with its
+// ratio to direct's median, and the queue.declare rates.
+func printMirrored(out io.Writer, cfg config, runs []runResult, declares []declareResult) error {
+	if len(runs) == 0 && len(declares) == 0 {
+		return nil
+	}
+	fmt.Fprintf(out, "\nmirrored: amqp091-go, %d publishers (confirm window %d), %d consumers (prefetch %d, %s), %d B persistent, durable queues, %v after %v warm-up\n",
+		cfg.publishers, cfg.confirmWindow, cfg.consumers, cfg.prefetch, ackMode(cfg.multiAck), cfg.size, cfg.duration, cfg.warmup)
+	fmt.Fprintf(out, "copies: brokers holding each queue, counted on the brokers; cpu in cores (brokers: every node the row uses; other: the rest of the machine, idle nodes included)\n\n")
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "target\trun\tcopies\tconsumed/s\tpublished/s\tconfirm p50\tp99\tdelivery p50\tp99\tcpu brokers\tproxy\tbench\tother\t")
+	for _, r := range runs {
+		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t\n",
+			r.Target, r.Run, r.Copies, r.ConsumeRate, r.PublishRate, r.Confirm.P50, r.Confirm.P99,
+			r.Deliver.P50, r.Deliver.P99, r.CPU.Broker, proxyCPU(r), r.CPU.Load, r.CPU.Other)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+
+	var direct float64
+	if d := runsOf(runs, targetDirect); len(d) > 0 {
+		direct = median(d).ConsumeRate
+	}
+	fmt.Fprintln(out)
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "median of runs\tcopies\tconsumed/s\t(runs)\tratio\tconfirm p50/p99 ms\tdelivery p50/p99 ms\tcpu brokers\tproxy\tproxy CPU/msg")
+	for _, target := range mirroredTargets {
+		rs := runsOf(runs, target)
+		if len(rs) == 0 {
+			continue
+		}
+		m := median(rs)
+		rates := make([]float64, len(rs))
+		copies := rs[0].Copies
+		for i, r := range rs {
+			rates[i] = r.ConsumeRate
+			copies = min(copies, r.Copies)
+		}
+		perMessage := "-"
+		proxy := "-"
+		if target == targetMirror {
+			proxy = fmt.Sprintf("%.2f", m.CPU.Proxy)
+			if m.ConsumeRate > 0 {
+				perMessage = fmt.Sprintf("%.1f µs", m.CPU.Proxy/m.ConsumeRate*1e6)
+			}
+		}
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%s\t%.2f\t%.2f / %.2f\t%.2f / %.2f\t%.2f\t%s\t%s\n",
+			mirroredLabels[target], copies, m.ConsumeRate, rateRange(rates), ratio(m.ConsumeRate, direct),
+			m.Confirm.P50, m.Confirm.P99, m.Deliver.P50, m.Deliver.P99, m.CPU.Broker, proxy, perMessage)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+
+	if len(declares) == 0 {
+		return nil
+	}
+	fmt.Fprintf(out, "\nqueue.declare, one channel, each call waiting for the last (as an RPC client), %v each:\n", cfg.declareDuration)
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "kind\tdirect calls/s\tamqp-mirror calls/s\tratio")
+	var kinds []string
+	for _, d := range declares {
+		if !slices.Contains(kinds, d.Kind) {
+			kinds = append(kinds, d.Kind)
+		}
+	}
+	for _, kind := range kinds {
+		rates := map[string]float64{}
+		for _, d := range declares {
+			if d.Kind == kind {
+				rates[d.Target] = d.Rate
+			}
+		}
+		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.2f\n", kind, rates[targetDirect], rates[targetMirror], ratio(rates[targetMirror], rates[targetDirect]))
+	}
+	return w.Flush()
+}
+
+// runsOf are the runs of one target.
+func runsOf(runs []runResult, target string) []runResult {
+	var out []runResult
+	for _, r := range runs {
+		if r.Target == target {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// rateRange is the lowest and highest of the rates, or the one rate.
+func rateRange(rates []float64) string {
+	if len(rates) == 1 {
+		return fmt.Sprintf("%.0f", rates[0])
+	}
+	return fmt.Sprintf("%.0f-%.0f", slices.Min(rates), slices.Max(rates))
+}
