@@ -22,6 +22,7 @@ const (
 	ExitDataErr     = 65 // the server refused the input
 	ExitUnavailable = 69 // the admin API could not be reached
 	ExitSoftware    = 70 // anything else
+	ExitTempFail    = 75 // sync_queue --wait: --timeout ran out first
 	ExitNoPerm      = 77 // wrong or missing token
 )
 
@@ -47,6 +48,7 @@ type ctlOptions struct {
 	priority  int
 	applyTo   string
 	explain   string
+	wait      bool
 	quiet     bool
 	formatter string
 	stdout    io.Writer
@@ -269,6 +271,9 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 	if name == "list_policies" {
 		fs.StringVar(&o.explain, "explain", "", "explain which policies apply to this queue")
 	}
+	if name == "sync_queue" {
+		fs.BoolVar(&o.wait, "wait", false, "wait until every slave is synchronised (at most --timeout)")
+	}
 	// Every command takes --formatter, as in rabbitmqctl, so that scripts can
 	// pass it to all; only the list commands have a table to format, and the
 	// others print no banner with json.
@@ -396,9 +401,12 @@ func contains(list []string, values ...string) bool {
 
 func exitCode(err error) int {
 	var api *APIError
+	var wait *waitTimeoutError
 	var netErr net.Error
 	var opErr *net.OpError
 	switch {
+	case errors.As(err, &wait):
+		return ExitTempFail
 	case errors.As(err, &api) && api.Status == 401:
 		return ExitNoPerm
 	case errors.As(err, &api) && api.Status == 503:
@@ -445,5 +453,6 @@ Commands:`)
 	fmt.Fprintln(w, `
 With --config the admin address and credential come from the proxy's file.
 Exit codes: 64 usage, 65 refused input (also an unknown queue, or mirroring
-off), 69 admin API or metadata log unavailable, 77 wrong or missing credential.`)
+off), 69 admin API or metadata log unavailable, 75 sync_queue --wait timed
+out, 77 wrong or missing credential.`)
 }

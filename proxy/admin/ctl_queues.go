@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -125,13 +127,20 @@ var (
 		},
 	}
 	syncQueueCommand = command{
-		usage:   "sync_queue [-p VHOST] NAME",
+		usage:   "sync_queue [-p VHOST] [--wait [--timeout D]] NAME",
 		brief:   "synchronises a mirrored queue's unsynchronised slaves",
-		summary: "Starts copying the master's messages to the queue's unsynchronised slaves, for queues\nwith ha-sync-mode manual (the default). The queue keeps serving clients meanwhile;\nlist_queues synchronised_slaves tells when it is done.",
+		summary: "Starts copying the master's messages to the queue's unsynchronised slaves, for queues\nwith ha-sync-mode manual (the default). The queue keeps serving clients meanwhile, so\nctl returns once the copy has started; list_queues synchronised_slaves tells when it is\ndone, or --wait waits for it (at most --timeout; exit code 75 when that runs out).",
 		args:    1,
 		run: func(ctx context.Context, c *Client, o *ctlOptions, a []string) error {
+			id := mirror.QueueID{VHost: o.vhost, Name: a[0]}
 			o.say("Synchronising queue '%s' in vhost '%s' ...", a[0], o.vhost)
-			return c.SyncQueue(ctx, mirror.QueueID{VHost: o.vhost, Name: a[0]})
+			if err := c.SyncQueue(ctx, id); err != nil {
+				return err
+			}
+			if !o.wait {
+				return nil
+			}
+			return waitSynchronised(ctx, c, id, syncPollInterval)
 		},
 	}
 	cancelSyncQueueCommand = command{
@@ -145,6 +154,53 @@ var (
 		},
 	}
 )
+
+// syncPollInterval is how often sync_queue --wait asks list_queues: a
+// sync of a few messages ends within it, one of many takes seconds.
+const syncPollInterval = 200 * time.Millisecond
+
+// waitTimeoutError is sync_queue --wait running out of time: the sync goes
+// on, only ctl stopped waiting.
+type waitTimeoutError struct {
+	id                   mirror.QueueID
+	slaves, synchronised []string
+	timeout              error
+}
+
+func (e *waitTimeoutError) Error() string {
+	return fmt.Sprintf("%v: %d of %d slaves synchronised %s when ctl stopped waiting (%v); the synchronisation goes on: see list_queues, or wait longer with --timeout",
+		e.id, len(e.synchronised), len(e.slaves), tableCell(nonNil(e.synchronised)), e.timeout)
+}
+
+// waitSynchronised polls the queue until every slave is synchronised.
+// Polling, not an event stream: the API stays plain request and answer,
+// and a sync worth waiting for lasts many polls.
+func waitSynchronised(ctx context.Context, c *Client, id mirror.QueueID, every time.Duration) error {
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	var last mirror.QueueMeta
+	for {
+		list, err := c.ListQueues(ctx, id.VHost)
+		if err != nil && ctx.Err() == nil {
+			return fmt.Errorf("waiting for the synchronisation of %v: %w", id, err)
+		}
+		if err == nil {
+			i := slices.IndexFunc(list, func(q mirror.QueueStatus) bool { return q.Meta.ID == id })
+			if i < 0 {
+				return fmt.Errorf("waiting for the synchronisation of %v: the queue is gone", id)
+			}
+			last = list[i].Meta
+			if len(last.SynchronisedSlaves()) == len(last.Slaves) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return &waitTimeoutError{id: id, slaves: slaveNames(last.Slaves), synchronised: last.SynchronisedSlaves(), timeout: ctx.Err()}
+		case <-ticker.C:
+		}
+	}
+}
 
 func columnHelp() string {
 	width := 0

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -17,12 +18,16 @@ import (
 // fakeQueues stands in for the engine: the admin API only passes calls
 // through, so what matters is what it is asked and what it answers.
 type fakeQueues struct {
-	mu       sync.Mutex
-	queues   map[string][]mirror.QueueStatus // by vhost
-	err      error                           // returned by every call when set
-	syncs    []mirror.QueueID
-	cancels  []mirror.QueueID
-	listings []string // vhosts asked for
+	mu     sync.Mutex
+	queues map[string][]mirror.QueueStatus // by vhost
+	err    error                           // returned by every call when set
+	// syncPolls, when set, is how many listings after a SyncQueue the
+	// queue's slaves become synchronised; 0 leaves them as they are.
+	syncPolls int
+	pending   map[mirror.QueueID]int
+	syncs     []mirror.QueueID
+	cancels   []mirror.QueueID
+	listings  []string // vhosts asked for
 }
 
 func newFakeQueues() *fakeQueues {
@@ -53,6 +58,23 @@ func (f *fakeQueues) ListQueues(_ context.Context, vhost string) ([]mirror.Queue
 	if f.err != nil {
 		return nil, f.err
 	}
+	for id, n := range f.pending {
+		if n--; n > 0 {
+			f.pending[id] = n
+			continue
+		}
+		delete(f.pending, id)
+		for i, q := range f.queues[id.VHost] {
+			if q.Meta.ID == id {
+				q.Meta = q.Meta.Clone()
+				for j := range q.Meta.Slaves {
+					q.Meta.Slaves[j].Synchronised = true
+				}
+				q.Syncing = nil
+				f.queues[id.VHost][i] = q
+			}
+		}
+	}
 	return slices.Clone(f.queues[vhost]), nil
 }
 
@@ -60,7 +82,16 @@ func (f *fakeQueues) SyncQueue(_ context.Context, id mirror.QueueID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.syncs = append(f.syncs, id)
-	return f.check(id)
+	if err := f.check(id); err != nil {
+		return err
+	}
+	if f.syncPolls > 0 {
+		if f.pending == nil {
+			f.pending = map[mirror.QueueID]int{}
+		}
+		f.pending[id] = f.syncPolls
+	}
+	return nil
 }
 
 func (f *fakeQueues) CancelSyncQueue(_ context.Context, id mirror.QueueID) error {
@@ -372,5 +403,62 @@ func TestCtlQueueHelp(t *testing.T) {
 	}
 	if want := "Default: name messages master slaves synchronised_slaves."; !strings.Contains(out, want) {
 		t.Errorf("list_queues --help lacks %q:\n%s", want, out)
+	}
+}
+
+// TestCtlSyncQueueWait checks sync_queue --wait: it returns once every
+// slave is synchronised, and says how far the sync got when --timeout runs
+// out first.
+func TestCtlSyncQueueWait(t *testing.T) {
+	tests := []struct {
+		name       string
+		syncPolls  int // 0: never synchronised
+		args       []string
+		code       int
+		wantStderr string
+		wantPolls  int // listings at least
+	}{
+		{"synchronised after three polls", 3, []string{"sync_queue", "--wait", "orders"}, 0, "", 3},
+		{"already synchronised", 1, []string{"sync_queue", "--wait", "-p", "prod", "jobs & tasks"}, 0, "", 1},
+		{"timeout", 0, []string{"sync_queue", "--wait", "--timeout", "500ms", "orders"}, ExitTempFail,
+			"Error: queue 'orders' in vhost '/': 1 of 2 slaves synchronised [rabbit3] when ctl stopped waiting (context deadline exceeded)", 2},
+		{"unknown queue", 1, []string{"sync_queue", "--wait", "nope"}, ExitDataErr, "Error: queue 'nope' in vhost '/' not found", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := newFakeQueues()
+			fake.syncPolls = tc.syncPolls
+			f := newFixture(t, WithQueues(fake))
+			code, out, errOut := ctl(t, f.client, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code: got %d, want %d (stderr %q)", code, tc.code, errOut)
+			}
+			if !strings.HasPrefix(out, "Synchronising queue '") {
+				t.Errorf("stdout: got %q, want the banner", out)
+			}
+			if !strings.Contains(errOut, tc.wantStderr) {
+				t.Errorf("stderr lacks %q:\n%s", tc.wantStderr, errOut)
+			}
+			if _, _, listings := fake.calls(); len(listings) < tc.wantPolls || (tc.code == 0 && len(listings) != tc.wantPolls) {
+				t.Errorf("listings: got %d, want %d (polls until synchronised, none after)", len(listings), tc.wantPolls)
+			}
+		})
+	}
+}
+
+// TestCtlSyncQueueWaitQueueGone checks that --wait stops when the queue is
+// deleted during the sync, instead of waiting for a timeout.
+func TestCtlSyncQueueWaitQueueGone(t *testing.T) {
+	fake := newFakeQueues()
+	f := newFixture(t, WithQueues(fake))
+	if err := f.client.SyncQueue(context.Background(), mirror.QueueID{VHost: "/", Name: "orders"}); err != nil {
+		t.Fatal(err)
+	}
+	fake.mu.Lock()
+	fake.queues["/"] = fake.queues["/"][1:] // orders is first
+	fake.mu.Unlock()
+	err := waitSynchronised(context.Background(), f.client, mirror.QueueID{VHost: "/", Name: "orders"}, time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "queue 'orders' in vhost '/': the queue is gone") {
+		t.Errorf("got %v, want the queue is gone", err)
 	}
 }
