@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -178,8 +177,13 @@ func decodeNames(raw json.RawMessage, names *[]string) error {
 	return nil
 }
 
-// decodeCount reads a count printed as a JSON number or a numeric string.
+// decodeCount reads a count printed as a JSON number or a numeric string; null (the master's
+// broker could not be asked) is -1.
 func decodeCount(raw json.RawMessage, count *int) error {
+	if string(raw) == "null" {
+		*count = -1
+		return nil
+	}
 	if err := json.Unmarshal(raw, count); err == nil {
 		return nil
 	}
@@ -587,23 +591,4 @@ func bodyIndex(t testing.TB, body []byte) int {
 		t.Fatalf("body %q has no index: %v", body, err)
 	}
 	return i
-}
-
-// ---- ctl runs that may take long.
-
-// ctlLong is p.ctl without its 30 s bound, for sync_queue of a large queue.
-func ctlLong(t testing.TB, p *cliProxy, timeout time.Duration, args ...string) cliResult {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), timeout)
-	defer cancel()
-	command := exec.CommandContext(ctx, p.binary.path, append([]string{"ctl", "--admin", p.adminAddr, "--token", p.token, "--timeout", timeout.String()}, args...)...)
-	command.Env = cliEnvironment(nil)
-	var stdout, stderr strings.Builder
-	command.Stdout, command.Stderr = &stdout, &stderr
-	err := command.Run()
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		t.Fatalf("amqp-mirror ctl %s: %v", strings.Join(args, " "), err)
-	}
-	return cliResult{args: args, code: command.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
 }

@@ -154,7 +154,7 @@ func TestMirrorSlaveSynchronisation(t *testing.T) {
 
 		syncStart := time.Now()
 		startCounts := rates{published: published.get(), consumed: consumed.get()}
-		ctlLong(t, p, 3*time.Minute, "sync_queue", queue).check(t, 0, nil, nil, nil)
+		p.ctl(t, "sync_queue", queue).check(t, 0, nil, nil, nil)
 		awaitSlaves(t, 2*time.Minute, p, queue, master, others(master))
 		during := rates{elapsed: time.Since(syncStart), published: published.get() - startCounts.published, consumed: consumed.get() - startCounts.consumed}
 		t.Logf("sync of a %d-message backlog to 2 new slaves under load: %v until ctl list_queues showed both synchronised", backlog, during.elapsed.Round(time.Millisecond))
@@ -255,7 +255,7 @@ func TestMirrorAdoption(t *testing.T) {
 	}
 	// ha-sync-mode manual (the default): the new slaves wait for sync_queue.
 	awaitSlaves(t, 30*time.Second, p, queue, owner, nil)
-	ctlLong(t, p, 2*time.Minute, "sync_queue", queue).check(t, 0, nil, nil, nil)
+	p.ctl(t, "sync_queue", queue).check(t, 0, nil, nil, nil)
 	awaitSlaves(t, time.Minute, p, queue, owner, others(owner))
 	awaitHeld(t, 30*time.Second, map[string]map[string]int{queue: onEvery(messages, mirrorBackends()...)})
 
