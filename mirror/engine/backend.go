@@ -1,0 +1,204 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// The engine's own operations on one backend, on the watcher's connection
+// to it and the account in the backend's URL. Each opens a fresh channel:
+// a 404 or 405 closes the channel it happened on, never the connection.
+
+var errBackendDown = errors.New("backend is not up")
+
+// conn returns the watcher's connection to backend and its generation.
+func (e *Engine) conn(backend string) (*amqp.Connection, uint64, error) {
+	c, gen := e.opts.Watcher.Conn(backend)
+	if c == nil {
+		return nil, 0, fmt.Errorf("backend %s: %w", backend, errBackendDown)
+	}
+	return c, gen, nil
+}
+
+// withChannel runs f on a fresh channel of the watcher's connection to
+// backend, and closes the channel after.
+func (e *Engine) withChannel(backend string, f func(ch *amqp.Channel) error) error {
+	c, _, err := e.conn(backend)
+	if err != nil {
+		return err
+	}
+	ch, err := c.Channel()
+	if err != nil {
+		return fmt.Errorf("backend %s: opening a channel: %w", backend, err)
+	}
+	defer ch.Close()
+	return f(ch)
+}
+
+// inspect passive-declares queue on backend: its ready message and
+// consumer counts. A missing queue is an *amqp.Error with code 404, an
+// exclusive queue of another connection one with 405.
+func (e *Engine) inspect(backend, queue string) (amqp.Queue, error) {
+	var q amqp.Queue
+	err := e.withChannel(backend, func(ch *amqp.Channel) error {
+		var err error
+		q, err = ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+		return err
+	})
+	return q, err
+}
+
+// exists reports whether queue exists on backend without touching it: a
+// passive declare counts as a use of the queue and restarts its x-expires
+// timer, so a check by passive declare would keep an expiring queue alive
+// for ever. Removing a binding that does not exist asks the broker's
+// binding table only (unbind-ok when the queue exists, 404 when not).
+func (e *Engine) exists(backend, queue string) (bool, error) {
+	err := e.withChannel(backend, func(ch *amqp.Channel) error {
+		return ch.QueueUnbind(queue, "amqp-mirror-existence-probe", "amq.direct", nil)
+	})
+	var ae *amqp.Error
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+		// Brokers that refuse to remove a missing binding say so; the
+		// queue is there then.
+		return strings.Contains(ae.Reason, "no binding"), nil
+	}
+	return false, err
+}
+
+// replyCode returns the AMQP reply code of a channel or connection error,
+// 0 when err is not one.
+func replyCode(err error) int {
+	var ae *amqp.Error
+	if errors.As(err, &ae) {
+		return ae.Code
+	}
+	return 0
+}
+
+// declareCopy declares a slave copy of m on backend, with m's durability
+// and arguments, and applies m's bindings. It is never auto-delete: the
+// trimmer, its only consumer, recycles its channel now and then, which
+// would delete an auto-delete copy; the engine deletes slaves when their
+// master goes.
+func (e *Engine) declareCopy(backend string, m mirror.QueueMeta) error {
+	args, err := amqpTable(m.Arguments)
+	if err != nil {
+		return fmt.Errorf("%s: arguments: %w", m.ID, err)
+	}
+	return e.withChannel(backend, func(ch *amqp.Channel) error {
+		if _, err := ch.QueueDeclare(m.ID.Name, m.Durable, false, false, false, args); err != nil {
+			return fmt.Errorf("declaring a copy of %s on %s: %w", m.ID, backend, err)
+		}
+		for _, b := range m.Bindings {
+			bargs, err := amqpTable(b.Arguments)
+			if err != nil {
+				return fmt.Errorf("%s: binding arguments: %w", m.ID, err)
+			}
+			if err := ch.QueueBind(m.ID.Name, b.RoutingKey, b.Exchange, false, bargs); err != nil {
+				return fmt.Errorf("binding the copy of %s on %s to exchange %q: %w", m.ID, backend, b.Exchange, err)
+			}
+		}
+		return nil
+	})
+}
+
+// deleteCopy deletes the copy of queue on backend; one already gone is
+// not an error.
+func (e *Engine) deleteCopy(backend, queue string) error {
+	err := e.withChannel(backend, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(queue, false, false, false)
+		return err
+	})
+	if replyCode(err) == amqp.NotFound {
+		return nil
+	}
+	return err
+}
+
+// amqpTable converts a field table as it came on the wire (frames
+// encoding, nil for none) to amqp091-go's Table.
+func amqpTable(encoded []byte) (amqp.Table, error) {
+	if len(encoded) == 0 {
+		return nil, nil
+	}
+	t, _, err := frames.DecodeTable(encoded)
+	if err != nil {
+		return nil, err
+	}
+	if len(t) == 0 {
+		return nil, nil
+	}
+	return convertTable(t), nil
+}
+
+func convertTable(t frames.Table) amqp.Table {
+	out := make(amqp.Table, len(t))
+	for _, f := range t {
+		if _, dup := out[f.Key]; !dup { // the first of duplicate keys wins, as Table.Get
+			out[f.Key] = convertValue(f.Value)
+		}
+	}
+	return out
+}
+
+func convertValue(v any) any {
+	switch v := v.(type) {
+	case frames.Table:
+		return convertTable(v)
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = convertValue(x)
+		}
+		return out
+	case frames.Decimal:
+		return amqp.Decimal{Scale: v.Scale, Value: v.Value}
+	case frames.Timestamp:
+		return time.Unix(int64(v), 0)
+	}
+	return v
+}
+
+// tableString returns a string (or bytes) argument of a wire-encoded
+// table, "" when absent.
+func tableString(encoded []byte, key string) (string, error) {
+	if len(encoded) == 0 {
+		return "", nil
+	}
+	t, _, err := frames.DecodeTable(encoded)
+	if err != nil {
+		return "", err
+	}
+	switch v, _ := t.Get(key); v := v.(type) {
+	case string:
+		return v, nil
+	case []byte:
+		return string(v), nil
+	}
+	return "", nil
+}
+
+// hasKey reports whether a wire-encoded table has key; false when it
+// cannot be decoded.
+func hasKey(encoded []byte, key string) bool {
+	if len(encoded) == 0 {
+		return false
+	}
+	t, _, err := frames.DecodeTable(encoded)
+	if err != nil {
+		return false
+	}
+	_, ok := t.Get(key)
+	return ok
+}

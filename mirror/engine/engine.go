@@ -1,0 +1,345 @@
+// Package engine carries out mirror's decisions: it is the replication
+// engine the proxy's data path asks (proxy.Mirror). It records where queues
+// live in the metadata Store, keeps a lock-free snapshot of it for the
+// publish path, adopts queues found on the backends, keeps slave copies in
+// step (a controllink.Trimmer per slave), applies policy changes to
+// existing queues (adding and dropping slaves), and synchronises new slaves.
+//
+// The proxy does the work that needs a client (declares, binds, publishes,
+// consumes on the client's own backend links); the engine does the rest on
+// the proxy's own connections, those of the controllink.Watcher.
+//
+// # Goroutines and locks
+//
+// Start runs three goroutines until Close: one rebuilds the Lookup
+// snapshot on every Store change, one takes the Watcher's events (it must
+// never stop reading them) and wakes the third, which owns the background
+// work: reconciling every queue with its policy, checking masters that may
+// have deleted themselves, and backlogs of manual slaves. Syncs run in
+// goroutines of their own, one per queue at most. Client goroutines call
+// Place, Declared, Deleted, Purged, Bound and Settle concurrently with all
+// of that; the Store's conditional writes settle races over metadata.
+//
+// Lock order: Engine.mu, then a Trimmer's own lock (Settle is called under
+// a read lock of mu). Nothing does network I/O while holding mu.
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+)
+
+// Options configure an Engine.
+type Options struct {
+	// Backends are the configured backends in configuration order (ties in
+	// placement, ring order of slaves).
+	Backends []controllink.Backend
+	// Node is the backend beside this proxy (config `node`), "" in drop-in
+	// mode.
+	Node string
+	// Locator is the configured queue_master_locator.
+	Locator  config.Locator
+	Store    *mirror.Store
+	Policies *config.PolicyStore
+	// Watcher gives each backend's liveness and the proxy's own connection
+	// to it; the engine reads its events.
+	Watcher *controllink.Watcher
+	Logger  *slog.Logger
+
+	// Interval is how often the engine reconciles every queue, checks
+	// masters that may have deleted themselves and the backlogs of manual
+	// slaves. Default 1s.
+	Interval time.Duration
+	// NegativeCache is how long Resolve remembers that no backend has a
+	// queue. Default 1s.
+	NegativeCache time.Duration
+	// OperationTimeout bounds one background operation on a backend
+	// (declare, delete, passive declare). Default 10s.
+	OperationTimeout time.Duration
+	// Trimmer configures the trimmers of slave copies (Logger is set by
+	// the engine).
+	Trimmer controllink.TrimmerOptions
+}
+
+// Engine is the replication engine. Create it with New, then Start it.
+type Engine struct {
+	opts     Options
+	log      *slog.Logger
+	backends []string
+
+	// snapshot is what Lookup reads: the Store's queues by ID, replaced as a
+	// whole, never modified.
+	snapshot  atomic.Pointer[map[mirror.QueueID]mirror.QueueMeta]
+	rebuildMu sync.Mutex // serialises rebuilds, so that an older List never overwrites a newer one
+
+	negMu    sync.Mutex
+	negative map[mirror.QueueID]time.Time // queues no backend had, until when
+
+	mu     sync.RWMutex
+	queues map[mirror.QueueID]*queueState
+
+	ctx    context.Context // ends at Close; background work runs under it
+	cancel context.CancelFunc
+	wake   chan struct{} // capacity one: liveness changed
+	wg     sync.WaitGroup
+	syncWG sync.WaitGroup
+
+	startOnce sync.Once
+	closeOnce sync.Once
+}
+
+// queueState is what the engine runs for one queue, guarded by
+// Engine.mu.
+type queueState struct {
+	trimmers map[string]*trimmerRun // by slave backend
+	sync     *syncRun               // the sync running now, nil when none
+	// syncFailed is when the last automatic sync failed, so that it is not
+	// retried at every tick.
+	syncFailed time.Time
+	// backlogs of never-synced slaves, by backend (mirror.Backlog).
+	backlogs map[string]*backlog
+}
+
+type trimmerRun struct {
+	t          *controllink.Trimmer
+	generation uint64 // of the watcher's connection it runs on
+	// copiesUntil keeps the trimmer remembering what it trimmed for a
+	// while after a copy into it ended, since copies may still be on
+	// their way to it.
+	copiesUntil time.Time
+}
+
+// backlog is a never-synced slave's mirror.Backlog: Held at its join, and
+// the trimmer's Missed count then, from which Settled is counted.
+type backlog struct {
+	held       int
+	missedBase int
+}
+
+// New returns an engine; nothing runs before Start.
+func New(opts Options) *Engine {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	if opts.NegativeCache <= 0 {
+		opts.NegativeCache = time.Second
+	}
+	if opts.OperationTimeout <= 0 {
+		opts.OperationTimeout = 10 * time.Second
+	}
+	log := opts.Logger.With("component", "mirror-engine")
+	opts.Trimmer.Logger = opts.Logger
+	e := &Engine{
+		opts:     opts,
+		log:      log,
+		negative: make(map[mirror.QueueID]time.Time),
+		queues:   make(map[mirror.QueueID]*queueState),
+		wake:     make(chan struct{}, 1),
+	}
+	for _, b := range opts.Backends {
+		e.backends = append(e.backends, b.Name)
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	empty := map[mirror.QueueID]mirror.QueueMeta{}
+	e.snapshot.Store(&empty)
+	return e
+}
+
+// Start waits (until ctx ends) for the watcher's first verdict on every
+// backend, so that the first placements see which are up, then starts
+// keeping the slaves of every recorded queue in step and runs the
+// background work until Close. Backends still unknown when ctx ends are
+// treated as down until the watcher says otherwise.
+func (e *Engine) Start(ctx context.Context) error {
+	started := false
+	e.startOnce.Do(func() { started = true })
+	if !started {
+		return errors.New("mirror engine: started twice")
+	}
+	e.awaitVerdicts(ctx)
+	e.rebuild()
+	changes, stopChanges := e.opts.Store.Changes()
+	policies, stopPolicies := e.opts.Policies.Subscribe()
+	e.wg.Add(3)
+	go func() {
+		defer e.wg.Done()
+		defer stopChanges()
+		for {
+			select {
+			case <-e.ctx.Done():
+				return
+			case _, ok := <-changes:
+				if !ok {
+					return
+				}
+				e.rebuild()
+			}
+		}
+	}()
+	go func() {
+		defer e.wg.Done()
+		for {
+			select {
+			case <-e.ctx.Done():
+				return
+			case ev := <-e.opts.Watcher.Events():
+				e.log.Debug("backend event", "backend", ev.Backend, "state", ev.State.String(), "cause", ev.Cause.String())
+				e.poke()
+			}
+		}
+	}()
+	go func() {
+		defer e.wg.Done()
+		defer stopPolicies()
+		e.run(policies)
+	}()
+	e.poke()
+	return nil
+}
+
+// Close stops every goroutine, sync and trimmer of the engine. The slave
+// copies keep every message not trimmed yet (a closed trimmer's channel
+// requeues what it held). It is idempotent.
+func (e *Engine) Close() {
+	e.closeOnce.Do(func() {
+		e.cancel()
+		e.wg.Wait()
+		e.syncWG.Wait()
+		e.mu.Lock()
+		var trimmers []*controllink.Trimmer
+		for _, qs := range e.queues {
+			for _, tr := range qs.trimmers {
+				trimmers = append(trimmers, tr.t)
+			}
+		}
+		e.queues = make(map[mirror.QueueID]*queueState)
+		e.mu.Unlock()
+		for _, t := range trimmers {
+			t.Close()
+		}
+	})
+}
+
+func (e *Engine) awaitVerdicts(ctx context.Context) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		unknown := false
+		for _, b := range e.backends {
+			if e.opts.Watcher.State(b) == controllink.Unknown {
+				unknown = true
+			}
+		}
+		if !unknown {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// poke asks the background loop to look at every queue now.
+func (e *Engine) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the background loop.
+func (e *Engine) run(policies <-chan *config.Snapshot) {
+	tick := time.NewTicker(e.opts.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-policies:
+			e.reconcileAll()
+		case <-e.wake:
+			e.ensureTrimmers()
+			e.reconcileAll()
+		case <-tick.C:
+			e.checkExpired()
+			e.ensureTrimmers()
+			e.reconcileAll()
+			e.checkBacklogs()
+		}
+	}
+}
+
+// rebuild replaces the Lookup snapshot with the Store's current state.
+func (e *Engine) rebuild() {
+	e.rebuildMu.Lock()
+	defer e.rebuildMu.Unlock()
+	list := e.opts.Store.List()
+	m := make(map[mirror.QueueID]mirror.QueueMeta, len(list))
+	for _, q := range list {
+		m[q.ID] = q
+	}
+	e.snapshot.Store(&m)
+}
+
+// Lookup returns what the metadata log says about a queue. It reads an
+// immutable snapshot: no lock, no allocation.
+func (e *Engine) Lookup(id mirror.QueueID) (mirror.QueueMeta, bool) {
+	m, ok := (*e.snapshot.Load())[id]
+	return m, ok
+}
+
+// live returns the backends the watcher sees up.
+func (e *Engine) live() mirror.LiveSet {
+	var up []string
+	for _, b := range e.backends {
+		if e.opts.Watcher.State(b) == controllink.Up {
+			up = append(up, b)
+		}
+	}
+	return mirror.NewLiveSet(up...)
+}
+
+// definition returns the effective policy definition of a queue and the
+// name of the user policy that applies ("" for none).
+func (e *Engine) definition(id mirror.QueueID) (config.Definition, string) {
+	snap := e.opts.Policies.Snapshot()
+	user := snap.Match(id.VHost, id.Name, config.KindQueue, false)
+	def := config.Effective(user, snap.MatchOperator(id.VHost, id.Name, config.KindQueue, false))
+	name := ""
+	if user != nil {
+		name = user.Name
+	}
+	return def, name
+}
+
+// state returns the queue's state, created when missing; call with mu held
+// for writing.
+func (e *Engine) stateLocked(id mirror.QueueID) *queueState {
+	qs := e.queues[id]
+	if qs == nil {
+		qs = &queueState{trimmers: map[string]*trimmerRun{}, backlogs: map[string]*backlog{}}
+		e.queues[id] = qs
+	}
+	return qs
+}
+
+func (e *Engine) opContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(e.ctx, e.opts.OperationTimeout)
+}
+
+// random is the random locator's source.
+func random(n int) int { return rand.IntN(n) }

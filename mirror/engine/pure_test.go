@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+func TestAdoptedMeta(t *testing.T) {
+	id := mirror.QueueID{VHost: "/", Name: "q"}
+	tests := []struct {
+		name   string
+		copies []found
+		master string
+		slaves []string
+	}{
+		{name: "one copy", copies: []found{{"rabbit2", 1000}}, master: "rabbit2"},
+		{name: "most messages wins", copies: []found{{"rabbit1", 3}, {"rabbit2", 10}, {"rabbit3", 5}}, master: "rabbit2", slaves: []string{"rabbit1", "rabbit3"}},
+		{name: "a tie goes to the first configured", copies: []found{{"rabbit1", 0}, {"rabbit3", 0}}, master: "rabbit1", slaves: []string{"rabbit3"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := adoptedMeta(id, tt.copies)
+			if m.Master != tt.master {
+				t.Errorf("master = %s, want %s", m.Master, tt.master)
+			}
+			var slaves []string
+			for _, s := range m.Slaves {
+				if s.Synchronised {
+					t.Errorf("adopted slave on %s is synchronised; want unsynchronised", s.Backend)
+				}
+				slaves = append(slaves, s.Backend)
+			}
+			if !reflect.DeepEqual(slaves, tt.slaves) {
+				t.Errorf("slaves = %v, want %v", slaves, tt.slaves)
+			}
+			if !m.Durable || m.ID != id {
+				t.Errorf("got %+v, want a durable record of %v", m, id)
+			}
+		})
+	}
+}
+
+func encode(t *testing.T, table frames.Table) []byte {
+	t.Helper()
+	b, err := frames.AppendTable(nil, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestTables(t *testing.T) {
+	tests := []struct {
+		name    string
+		table   frames.Table
+		want    amqp.Table
+		locator string
+	}{
+		{name: "none", table: nil, want: nil},
+		{name: "empty", table: frames.Table{}, want: nil},
+		{
+			name: "queue arguments",
+			table: frames.Table{
+				{Key: "x-max-priority", Value: uint8(10)},
+				{Key: "x-message-ttl", Value: int32(60000)},
+				{Key: "x-queue-master-locator", Value: "client-local"},
+				{Key: "x-dead-letter-exchange", Value: []byte("dlx")},
+			},
+			want: amqp.Table{
+				"x-max-priority": uint8(10), "x-message-ttl": int32(60000),
+				"x-queue-master-locator": "client-local", "x-dead-letter-exchange": []byte("dlx"),
+			},
+			locator: "client-local",
+		},
+		{
+			name: "nested values",
+			table: frames.Table{
+				{Key: "t", Value: frames.Table{{Key: "d", Value: frames.Decimal{Scale: 2, Value: 314}}}},
+				{Key: "a", Value: []any{frames.Timestamp(1700000000), "x"}},
+				{Key: "t", Value: "a duplicate key: the first wins"},
+			},
+			want: amqp.Table{
+				"t": amqp.Table{"d": amqp.Decimal{Scale: 2, Value: 314}},
+				"a": []any{time.Unix(1700000000, 0), "x"},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var encoded []byte
+			if tt.table != nil {
+				encoded = encode(t, tt.table)
+			}
+			got, err := amqpTable(encoded)
+			if err != nil {
+				t.Fatalf("amqpTable: %v", err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("amqpTable = %#v, want %#v", got, tt.want)
+			}
+			if got, err := tableString(encoded, "x-queue-master-locator"); err != nil || got != tt.locator {
+				t.Errorf("locator argument = %q, %v; want %q", got, err, tt.locator)
+			}
+			if got := hasKey(encoded, "x-max-priority"); got != (tt.want["x-max-priority"] != nil) {
+				t.Errorf("hasKey(x-max-priority) = %v", got)
+			}
+		})
+	}
+}

@@ -1,0 +1,218 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// What the proxy tells the engine about queues its clients declare, use
+// and delete (proxy.Mirror).
+
+// maxConflicts bounds the retries of a read-modify-write of one queue's
+// metadata that keeps losing to other writers.
+const maxConflicts = 10
+
+// Place decides where a new queue lives: its master by the locator (the
+// x-queue-master-locator argument, the policy's, the configured one), its
+// slaves by the effective policy, all synchronised since the queue is new
+// and empty. Nothing is recorded.
+func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode string) (mirror.QueueMeta, error) {
+	def, _ := e.definition(q.ID)
+	argument, err := tableString(q.Arguments, "x-queue-master-locator")
+	if err != nil {
+		return mirror.QueueMeta{}, fmt.Errorf("placing %s: arguments: %w", q.ID, err)
+	}
+	locator, err := mirror.ResolveLocator(argument, def, e.opts.Locator)
+	if err != nil {
+		return mirror.QueueMeta{}, fmt.Errorf("placing %s: %w", q.ID, err)
+	}
+	live := e.live()
+	candidates := e.backends
+	if def.HAMode == config.HANodes {
+		// Master on a named backend where one is up: a master elsewhere
+		// would be handed over as soon as its (empty) slaves count as
+		// synchronised, for nothing.
+		var named []string
+		for _, b := range e.backends {
+			if slices.Contains(def.HAParams.Nodes, b) && live.Has(b) {
+				named = append(named, b)
+			}
+		}
+		if len(named) > 0 {
+			candidates = named
+		}
+	}
+	placement := mirror.Placement{
+		Backends:   candidates,
+		Live:       live,
+		Masters:    mirror.CountMasters(e.opts.Store.List()),
+		ClientNode: clientNode,
+		Random:     random,
+	}
+	master, err := placement.Master(locator)
+	if err != nil {
+		return mirror.QueueMeta{}, fmt.Errorf("placing %s: %w", q.ID, err)
+	}
+	q = q.Clone()
+	q.Master, q.Slaves, q.Epoch, q.Version = master, nil, 0, 0
+	plan := mirror.Reconcile(q, def, e.backends, live)
+	out := plan.Meta
+	for i := range out.Slaves {
+		out.Slaves[i].Synchronised = true
+	}
+	return out, nil
+}
+
+// Declared records a queue the proxy declared on every backend of q and
+// starts trimming its slaves. When the queue was recorded meanwhile (by
+// another client or proxy), the stored record is returned.
+func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.QueueMeta, error) {
+	written, err := e.opts.Store.Put(ctx, q, 0)
+	if errors.Is(err, mirror.ErrConflict) {
+		if stored, ok := e.opts.Store.Get(q.ID); ok {
+			return stored, nil
+		}
+	}
+	if err != nil {
+		return mirror.QueueMeta{}, err
+	}
+	e.forgetNegative(q.ID)
+	e.rebuild()
+	e.startTrimmers(written)
+	return written, nil
+}
+
+// Deleted forgets a queue the client deleted: its trimmers and any sync
+// stop, and its record goes.
+func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
+	e.stopQueue(id)
+	for range maxConflicts {
+		m, ok := e.opts.Store.Get(id)
+		if !ok {
+			break
+		}
+		err := e.opts.Store.Delete(ctx, id, m.Version)
+		if errors.Is(err, mirror.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			e.log.Warn("queue deleted but its record stays", "queue", id.Name, "vhost", id.VHost, "err", err)
+		}
+		break
+	}
+	e.rebuild()
+}
+
+// stopQueue stops what the engine runs for a queue (trimmers, sync) and
+// forgets it.
+func (e *Engine) stopQueue(id mirror.QueueID) {
+	e.mu.Lock()
+	qs := e.queues[id]
+	delete(e.queues, id)
+	e.mu.Unlock()
+	if qs == nil {
+		return
+	}
+	if qs.sync != nil {
+		qs.sync.cancel()
+		<-qs.sync.done
+	}
+	for _, tr := range qs.trimmers {
+		tr.t.Close()
+	}
+}
+
+// Purged empties every slave copy of a queue whose master the client
+// purged, through each slave's trimmer (which holds most of the copy's
+// messages unacknowledged). A slave without a trimmer is purged directly.
+func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
+	m, ok := e.opts.Store.Get(id)
+	if !ok {
+		return
+	}
+	e.mu.RLock()
+	trimmers := map[string]*trimmerRun{}
+	if qs := e.queues[id]; qs != nil {
+		for b, tr := range qs.trimmers {
+			trimmers[b] = tr
+		}
+	}
+	e.mu.RUnlock()
+	var wg sync.WaitGroup
+	for _, s := range m.Slaves {
+		wg.Add(1)
+		go func(backend string) {
+			defer wg.Done()
+			var err error
+			if tr := trimmers[backend]; tr != nil {
+				_, err = tr.t.Purge(ctx)
+			} else {
+				err = e.purgeCopy(backend, id.Name)
+			}
+			if err != nil {
+				e.log.Warn("cannot purge a slave copy", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
+			}
+		}(s.Backend)
+	}
+	wg.Wait()
+}
+
+func (e *Engine) purgeCopy(backend, queue string) error {
+	return e.withChannel(backend, func(ch *amqp.Channel) error {
+		_, err := ch.QueuePurge(queue, false)
+		return err
+	})
+}
+
+// Bound records a binding made (bound) or removed on every copy of a
+// queue, so that a slave added later is bound the same way.
+func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool) {
+	for range maxConflicts {
+		m, ok := e.opts.Store.Get(id)
+		if !ok {
+			return
+		}
+		i := slices.IndexFunc(m.Bindings, func(x mirror.Binding) bool {
+			return x.Exchange == b.Exchange && x.RoutingKey == b.RoutingKey && slices.Equal(x.Arguments, b.Arguments)
+		})
+		switch {
+		case bound && i >= 0, !bound && i < 0:
+			return // recorded already
+		case bound:
+			m = m.Clone()
+			m.Bindings = append(m.Bindings, b)
+		default:
+			m = m.Clone()
+			m.Bindings = slices.Delete(m.Bindings, i, i+1)
+		}
+		_, err := e.opts.Store.Put(ctx, m, m.Version)
+		if errors.Is(err, mirror.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			e.log.Warn("cannot record a binding", "queue", id.Name, "vhost", id.VHost, "exchange", b.Exchange, "err", err)
+		}
+		return
+	}
+}
+
+// Settle tells the trimmers of a queue's slaves that the master's copies
+// of ids are gone. It never waits on the network: each trimmer queues the
+// acks for its own goroutine.
+func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID) {
+	e.mu.RLock()
+	if qs := e.queues[id]; qs != nil {
+		for _, tr := range qs.trimmers {
+			tr.t.Settle(ids...)
+		}
+	}
+	e.mu.RUnlock()
+}

@@ -1,0 +1,185 @@
+package engine
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// The background work of the engine's loop: every queue against its
+// policy (mirror.Reconcile, carried out here), masters that deleted
+// themselves, and the backlogs of slaves that never synced.
+
+// reconcileAll reconciles every recorded queue with its effective policy.
+// Reconcile is pure and cheap, so every queue is looked at every time; only
+// a plan that changes something touches a backend.
+func (e *Engine) reconcileAll() {
+	live := e.live()
+	for _, m := range e.opts.Store.List() {
+		if e.ctx.Err() != nil {
+			return
+		}
+		def, _ := e.definition(m.ID)
+		plan := mirror.Reconcile(m, def, e.backends, live)
+		if plan.Changed() {
+			e.carryOut(m, plan, def)
+			continue
+		}
+		if len(plan.Sync) > 0 {
+			e.startSync(m.ID, plan.Sync, def, false)
+		}
+	}
+}
+
+// carryOut carries out a plan in the order Plan documents: declare the new
+// copies, record, start trimming and syncing them, and delete dropped
+// copies last, once the metadata no longer names them.
+func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.Definition) {
+	log := e.log.With("queue", read.ID.Name, "vhost", read.ID.VHost)
+	for _, b := range plan.Add {
+		if err := e.declareCopy(b, plan.Meta); err != nil {
+			log.Warn("cannot add a slave; retrying later", "backend", b, "err", err)
+			return
+		}
+	}
+	ctx, cancel := e.opContext()
+	written, err := e.opts.Store.Put(ctx, plan.Meta, read.Version)
+	cancel()
+	if err != nil {
+		// A conflict means someone changed the queue meanwhile: the next
+		// round decides again on what they wrote.
+		level := slog.LevelWarn
+		if errors.Is(err, mirror.ErrConflict) {
+			level = slog.LevelDebug
+		}
+		log.Log(e.ctx, level, "cannot record a policy change; retrying later", "err", err)
+		return
+	}
+	e.rebuild()
+	if len(plan.Add) > 0 {
+		log.Info("slaves added", "backends", plan.Add, "slaves", written.Backends()[1:])
+	}
+	if plan.HandOver.To != "" {
+		log.Info("master handed over", "from", plan.HandOver.From, "to", plan.HandOver.To, "epoch", written.Epoch)
+	}
+	for _, b := range plan.Add {
+		e.ensureTrimmer(written, b)
+	}
+	if len(plan.Sync) > 0 {
+		e.startSync(written.ID, plan.Sync, def, false)
+	} else if len(plan.Add) > 0 {
+		// A slave that joins an empty queue is synchronised at once.
+		e.checkBacklog(written)
+	}
+	for _, b := range plan.Drop {
+		e.stopTrimmer(written.ID, b)
+		if err := e.deleteCopy(b, written.ID.Name); err != nil {
+			log.Warn("cannot delete a dropped copy", "backend", b, "err", err)
+			continue
+		}
+		log.Info("copy dropped", "backend", b)
+	}
+}
+
+// checkExpired finds queues whose master deleted itself (auto-delete after
+// its last consumer went, x-expires) and removes their slaves and record.
+func (e *Engine) checkExpired() {
+	live := e.live()
+	for _, m := range e.opts.Store.List() {
+		if !m.AutoDelete && !hasKey(m.Arguments, "x-expires") || !live.Has(m.Master) {
+			continue
+		}
+		if ok, err := e.exists(m.Master, m.ID.Name); ok || err != nil {
+			continue
+		}
+		e.forget(m, "its master deleted itself")
+	}
+}
+
+// forget removes a queue whose master is gone: its slaves' copies and its
+// record.
+func (e *Engine) forget(m mirror.QueueMeta, why string) {
+	e.stopQueue(m.ID)
+	for _, s := range m.Slaves {
+		if err := e.deleteCopy(s.Backend, m.ID.Name); err != nil {
+			e.log.Warn("cannot delete a slave copy", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", s.Backend, "err", err)
+		}
+	}
+	ctx, cancel := e.opContext()
+	defer cancel()
+	if err := e.opts.Store.Delete(ctx, m.ID, m.Version); err != nil {
+		e.log.Warn("cannot remove a queue's record", "queue", m.ID.Name, "vhost", m.ID.VHost, "err", err)
+		return
+	}
+	e.rebuild()
+	e.log.Info("queue forgotten", "queue", m.ID.Name, "vhost", m.ID.VHost, "why", why)
+}
+
+// checkBacklogs marks never-synced slaves synchronised once the master's
+// backlog at their join is gone.
+func (e *Engine) checkBacklogs() {
+	for _, m := range e.opts.Store.List() {
+		if e.ctx.Err() != nil {
+			return
+		}
+		if len(m.SynchronisedSlaves()) < len(m.Slaves) {
+			e.checkBacklog(m)
+		}
+	}
+}
+
+// checkBacklog checks the unsynchronised slaves of one queue (mirror.Backlog):
+// the backlog is the master's message count when the engine first looks at
+// the slave, and is settled by the settlements the slave's trimmer missed
+// (the messages it never had). A priority queue delivers out of order, so
+// only an empty master counts there.
+func (e *Engine) checkBacklog(m mirror.QueueMeta) {
+	live := e.live()
+	if !live.Has(m.Master) {
+		return
+	}
+	e.mu.RLock()
+	syncing := e.queues[m.ID] != nil && e.queues[m.ID].sync != nil
+	e.mu.RUnlock()
+	if syncing {
+		return
+	}
+	q, err := e.inspect(m.Master, m.ID.Name)
+	if err != nil {
+		return
+	}
+	priority := hasKey(m.Arguments, "x-max-priority")
+	for _, s := range m.Slaves {
+		if s.Synchronised || !live.Has(s.Backend) {
+			continue
+		}
+		tr := e.trimmer(m.ID, s.Backend)
+		if tr == nil {
+			continue
+		}
+		missed := tr.t.Missed()
+		e.mu.Lock()
+		var bl backlog
+		if qs := e.queues[m.ID]; qs != nil {
+			p := qs.backlogs[s.Backend]
+			if p == nil {
+				p = &backlog{held: q.Messages, missedBase: missed}
+				qs.backlogs[s.Backend] = p
+			}
+			bl = *p
+		}
+		e.mu.Unlock()
+		b := mirror.Backlog{Held: bl.held, Settled: missed - bl.missedBase}
+		if priority {
+			b.Settled = 0
+			b.Held = max(b.Held, 1)
+		}
+		if b.CaughtUp(q.Messages == 0) {
+			if err := e.markSlave(m.ID, s.Backend, true); err != nil {
+				e.log.Warn("cannot record a caught-up slave", "queue", m.ID.Name, "backend", s.Backend, "err", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// Adoption: queues that were on the backends before the proxy (or were
+// declared past it) are found there the first time a client names one, and
+// recorded like queues declared through the proxy.
+
+// found is what probing the backends says about one queue.
+type found struct {
+	backend  string
+	messages int
+}
+
+// Resolve is Lookup for a queue the log may not know yet. On a miss it asks
+// every live backend (a passive declare on the proxy's own connection);
+// found on one, the queue is adopted with that backend as master; found on
+// several, the one with most messages (the first configured on a tie)
+// becomes master and the others unsynchronised slaves. The engine then
+// mirrors it per its policy like any queue. An exclusive queue of some
+// connection (405) is returned with its backend as master but not
+// recorded: exclusive queues are never mirrored. No backend having the
+// queue is ok=false, remembered for a moment, so that a stream of
+// publishes to a missing queue does not probe for each message.
+func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMeta, bool, error) {
+	if m, ok := e.Lookup(id); ok {
+		return m, true, nil
+	}
+	// The snapshot may lag a write by a moment.
+	if m, ok := e.opts.Store.Get(id); ok {
+		return m, true, nil
+	}
+	if e.negativeCached(id) {
+		return mirror.QueueMeta{}, false, nil
+	}
+	live := e.live()
+	var copies []found
+	var errs []error
+	for _, b := range e.backends {
+		if !live.Has(b) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return mirror.QueueMeta{}, false, err
+		}
+		q, err := e.inspect(b, id.Name)
+		switch replyCode(err) {
+		case 0:
+			if err != nil {
+				errs = append(errs, fmt.Errorf("backend %s: %w", b, err))
+				continue
+			}
+			copies = append(copies, found{backend: b, messages: q.Messages})
+		case amqp.NotFound:
+		case amqp.ResourceLocked:
+			return mirror.QueueMeta{ID: id, Master: b}, true, nil
+		default:
+			errs = append(errs, fmt.Errorf("backend %s: %w", b, err))
+		}
+	}
+	if len(copies) == 0 {
+		if len(errs) > 0 {
+			// Not known to be missing: a backend that could not answer may
+			// have it.
+			return mirror.QueueMeta{}, false, fmt.Errorf("resolving %s: %w", id, errors.Join(errs...))
+		}
+		e.cacheNegative(id)
+		return mirror.QueueMeta{}, false, nil
+	}
+	m := adoptedMeta(id, copies)
+	written, err := e.opts.Store.Put(ctx, m, 0)
+	if errors.Is(err, mirror.ErrConflict) {
+		if stored, ok := e.opts.Store.Get(id); ok {
+			return stored, true, nil
+		}
+	}
+	if err != nil {
+		return mirror.QueueMeta{}, false, fmt.Errorf("adopting %s: %w", id, err)
+	}
+	e.log.Info("queue adopted", "queue", id.Name, "vhost", id.VHost, "master", written.Master, "slaves", written.Backends()[1:])
+	e.rebuild()
+	e.startTrimmers(written)
+	e.poke() // reconcile it with its policy now
+	return written, true, nil
+}
+
+// adoptedMeta is the metadata of a queue found on the backends in copies
+// (in configuration order): the copy with most messages is master (the
+// first on a tie), the others unsynchronised slaves in configuration
+// order. What it was declared with cannot be read back over AMQP, so it is
+// recorded as durable without arguments: slaves added later are declared
+// so (a durable copy keeps persistent messages whatever the master is).
+func adoptedMeta(id mirror.QueueID, copies []found) mirror.QueueMeta {
+	master := 0
+	for i, c := range copies {
+		if c.messages > copies[master].messages {
+			master = i
+		}
+	}
+	m := mirror.QueueMeta{ID: id, Master: copies[master].backend, Durable: true}
+	for i, c := range copies {
+		if i != master {
+			m.Slaves = append(m.Slaves, mirror.Slave{Backend: c.backend})
+		}
+	}
+	return m
+}
+
+func (e *Engine) negativeCached(id mirror.QueueID) bool {
+	e.negMu.Lock()
+	defer e.negMu.Unlock()
+	until, ok := e.negative[id]
+	if ok && time.Now().Before(until) {
+		return true
+	}
+	if ok {
+		delete(e.negative, id)
+	}
+	return false
+}
+
+func (e *Engine) cacheNegative(id mirror.QueueID) {
+	e.negMu.Lock()
+	defer e.negMu.Unlock()
+	now := time.Now()
+	if len(e.negative) > 10000 {
+		// Bounded: a client naming many missing queues must not grow it
+		// for ever; expired entries go first.
+		for k, until := range e.negative {
+			if now.After(until) {
+				delete(e.negative, k)
+			}
+		}
+	}
+	e.negative[id] = now.Add(e.opts.NegativeCache)
+}
+
+func (e *Engine) forgetNegative(id mirror.QueueID) {
+	e.negMu.Lock()
+	delete(e.negative, id)
+	e.negMu.Unlock()
+}

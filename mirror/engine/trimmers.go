@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"errors"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+)
+
+// A trimmer per slave copy, on the watcher's connection to the slave's
+// backend. A trimmer lives as long as that connection: when the watcher
+// reconnects (the backend went down and came back), the trimmer is
+// replaced by one on the new connection.
+
+// startTrimmers starts the missing trimmers of m's slaves on live
+// backends.
+func (e *Engine) startTrimmers(m mirror.QueueMeta) {
+	for _, s := range m.Slaves {
+		e.ensureTrimmer(m, s.Backend)
+	}
+}
+
+// ensureTrimmer makes sure the slave on backend has a trimmer on the
+// watcher's current connection to it.
+func (e *Engine) ensureTrimmer(m mirror.QueueMeta, backend string) {
+	conn, gen := e.opts.Watcher.Conn(backend)
+	if conn == nil {
+		e.stopTrimmer(m.ID, backend) // its connection is gone with the backend
+		return
+	}
+	e.mu.RLock()
+	var current *trimmerRun
+	if qs := e.queues[m.ID]; qs != nil {
+		current = qs.trimmers[backend]
+	}
+	e.mu.RUnlock()
+	if current != nil && current.generation == gen {
+		return
+	}
+	if current != nil {
+		e.stopTrimmer(m.ID, backend)
+	}
+	t, err := controllink.StartTrimmer(conn, m.ID.Name, e.trimmerOptions(m.ID))
+	if replyCode(err) == amqp.NotFound {
+		// The copy is gone (its broker lost a transient queue, or someone
+		// deleted it): declare it again, empty, so it is no longer
+		// synchronised.
+		e.log.Warn("a slave copy is missing; declaring it again, unsynchronised", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend)
+		if err = e.declareCopy(backend, m); err == nil {
+			e.markSlave(m.ID, backend, false)
+			t, err = controllink.StartTrimmer(conn, m.ID.Name, e.trimmerOptions(m.ID))
+		}
+	}
+	if err != nil {
+		e.log.Warn("cannot trim a slave copy; retrying", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend, "err", err)
+		return
+	}
+	e.mu.Lock()
+	_, recorded := e.opts.Store.Get(m.ID)
+	qs := e.stateLocked(m.ID)
+	if old := qs.trimmers[backend]; old != nil || !recorded {
+		// Someone else started one meanwhile, or the queue was deleted.
+		e.mu.Unlock()
+		t.Close()
+		if !recorded {
+			e.mu.Lock()
+			if qs := e.queues[m.ID]; qs != nil && len(qs.trimmers) == 0 && qs.sync == nil {
+				delete(e.queues, m.ID)
+			}
+			e.mu.Unlock()
+		}
+		return
+	}
+	qs.trimmers[backend] = &trimmerRun{t: t, generation: gen}
+	e.mu.Unlock()
+}
+
+func (e *Engine) trimmerOptions(id mirror.QueueID) controllink.TrimmerOptions {
+	o := e.opts.Trimmer
+	o.Logger = e.opts.Logger.With("vhost", id.VHost)
+	return o
+}
+
+// stopTrimmer stops the trimmer of the slave on backend, if any.
+func (e *Engine) stopTrimmer(id mirror.QueueID, backend string) {
+	e.mu.Lock()
+	var tr *trimmerRun
+	if qs := e.queues[id]; qs != nil {
+		tr = qs.trimmers[backend]
+		delete(qs.trimmers, backend)
+		delete(qs.backlogs, backend)
+	}
+	e.mu.Unlock()
+	if tr != nil {
+		tr.t.Close()
+	}
+}
+
+// trimmer returns the trimmer of the slave on backend, nil when none.
+func (e *Engine) trimmer(id mirror.QueueID, backend string) *trimmerRun {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if qs := e.queues[id]; qs != nil {
+		return qs.trimmers[backend]
+	}
+	return nil
+}
+
+// ensureTrimmers brings the trimmers in line with the metadata: one per
+// slave on a live backend, on its current connection; none for queues or
+// slaves the metadata no longer has (another proxy dropped them).
+func (e *Engine) ensureTrimmers() {
+	metas := e.opts.Store.List()
+	byID := make(map[mirror.QueueID]mirror.QueueMeta, len(metas))
+	for _, m := range metas {
+		byID[m.ID] = m
+		e.startTrimmers(m)
+	}
+	type stale struct {
+		id      mirror.QueueID
+		backend string
+	}
+	var stop []stale
+	var gone []mirror.QueueID
+	now := time.Now()
+	e.mu.Lock()
+	for id, qs := range e.queues {
+		m, ok := byID[id]
+		if !ok && qs.sync == nil {
+			gone = append(gone, id)
+			continue
+		}
+		for b, tr := range qs.trimmers {
+			if m.SlaveIndex(b) < 0 {
+				stop = append(stop, stale{id, b})
+			} else if !tr.copiesUntil.IsZero() && now.After(tr.copiesUntil) {
+				tr.copiesUntil = time.Time{}
+				tr.t.ExpectCopies(false)
+			}
+		}
+	}
+	e.mu.Unlock()
+	for _, s := range stop {
+		e.stopTrimmer(s.id, s.backend)
+	}
+	for _, id := range gone {
+		e.stopQueue(id)
+	}
+}
+
+// markSlave records the slave on backend as synchronised or not.
+func (e *Engine) markSlave(id mirror.QueueID, backend string, synchronised bool) error {
+	for range maxConflicts {
+		m, ok := e.opts.Store.Get(id)
+		if !ok {
+			return errors.New("queue no longer recorded")
+		}
+		i := m.SlaveIndex(backend)
+		if i < 0 {
+			return errors.New("no longer a slave")
+		}
+		if m.Slaves[i].Synchronised == synchronised {
+			return nil
+		}
+		m = m.Clone()
+		m.Slaves[i].Synchronised = synchronised
+		ctx, cancel := e.opContext()
+		_, err := e.opts.Store.Put(ctx, m, m.Version)
+		cancel()
+		if errors.Is(err, mirror.ErrConflict) {
+			continue
+		}
+		if err == nil {
+			e.log.Info("slave synchronisation recorded", "queue", id.Name, "vhost", id.VHost, "backend", backend, "synchronised", synchronised)
+			e.rebuild()
+		}
+		return err
+	}
+	return mirror.ErrConflict
+}
