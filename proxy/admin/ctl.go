@@ -20,7 +20,7 @@ const (
 	ExitOK          = 0
 	ExitUsage       = 64 // bad command line
 	ExitDataErr     = 65 // the server refused the input
-	ExitUnavailable = 69 // the admin API could not be reached
+	ExitUnavailable = 69 // the admin API could not be reached, or its metadata log has no leader
 	ExitSoftware    = 70 // anything else
 	ExitTempFail    = 75 // sync_queue --wait: --timeout ran out first
 	ExitNoPerm      = 77 // wrong or missing token
