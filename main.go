@@ -28,7 +28,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
 	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
@@ -166,8 +168,21 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 	if err != nil {
 		return err
 	}
+	backendWatcher := controllink.NewWatcher(watchedBackends(cfg), controllink.WatcherOptions{Grace: cfg.FailoverGrace, Logger: logger})
+	defer backendWatcher.Close()
+	// Closed in reverse order after the proxy's shutdown: the engine (its
+	// trimmers and syncs), then the metadata store, then the watcher whose
+	// connections the engine used.
+	mirroring, err := startMirroring(ctx, cfg, store, backendWatcher, logger)
+	if err != nil {
+		return err
+	}
+	defer mirroring.close()
 	srv, err := proxy.New(proxy.Options{
 		Backend:          backend,
+		Others:           mirroring.others,
+		Mirror:           mirroring.mirror(),
+		ClientNode:       cfg.Node,
 		Logger:           logger,
 		HandshakeTimeout: cfg.HandshakeTimeout,
 		DialTimeout:      5 * time.Second,
@@ -207,12 +222,13 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 
 	serveCtx, cancelServe := context.WithCancel(context.Background())
 	defer cancelServe()
-	backendWatcher := controllink.NewWatcher(watchedBackends(cfg), controllink.WatcherOptions{Grace: cfg.FailoverGrace, Logger: logger})
-	defer backendWatcher.Close()
 	go func() {
-		// Nothing acts on backend events yet (failover is not built): the
-		// watcher logs them and its state feeds /metrics. Taking them keeps
-		// it probing.
+		if mirroring.engine != nil {
+			return // the engine takes the watcher's events
+		}
+		// With one backend nothing acts on backend events: the watcher
+		// logs them and its state feeds /metrics. Taking them keeps it
+		// probing.
 		for {
 			select {
 			case <-backendWatcher.Events():
@@ -234,7 +250,11 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 			closeListeners()
 			return fmt.Errorf("listen.admin: %w", err)
 		}
-		adminSrv := admin.NewServer(store, token, logger)
+		var adminOpts []admin.Option
+		if mirroring.engine != nil {
+			adminOpts = append(adminOpts, admin.WithQueues(mirroring.engine))
+		}
+		adminSrv := admin.NewServer(store, token, logger, adminOpts...)
 		srv.RegisterMetrics(adminSrv.Registry())
 		registerBackendMetrics(adminSrv.Registry(), cfg, backendWatcher)
 		running++
@@ -294,6 +314,93 @@ loop:
 	return failure
 }
 
+// The replication engine is the proxy's Mirror.
+var _ proxy.Mirror = (*engine.Engine)(nil)
+
+// mirroring is what serve runs for several backends: the metadata store
+// and the engine. With one backend both are nil and the proxy passes
+// frames through.
+type mirroring struct {
+	store  *mirror.Store
+	engine *engine.Engine
+	others []proxy.Backend // the backends other than the home one
+}
+
+// startMirroring opens the metadata store in state_dir/raft (a single
+// voter: the sidecar cluster adds voters to the same log) and starts the
+// engine, when more than one backend is configured.
+func startMirroring(ctx context.Context, cfg *config.Config, policies *config.PolicyStore, w *controllink.Watcher, logger *slog.Logger) (*mirroring, error) {
+	m := &mirroring{}
+	if len(cfg.Backends) < 2 {
+		return m, nil
+	}
+	home, err := proxyBackend(cfg)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range cfg.Backends {
+		if b.Name == home.Name {
+			continue
+		}
+		pb, err := backendAddress(b)
+		if err != nil {
+			return nil, err
+		}
+		m.others = append(m.others, pb)
+	}
+	nodeID := cfg.Node
+	if nodeID == "" {
+		nodeID = "proxy"
+	}
+	m.store, err = mirror.OpenStore(mirror.StoreConfig{Dir: filepath.Join(cfg.StateDir, "raft"), NodeID: nodeID, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := m.store.WaitLeader(waitCtx); err != nil {
+		m.store.Close()
+		return nil, err
+	}
+	m.engine = engine.New(engine.Options{
+		Backends: watchedBackends(cfg),
+		Node:     cfg.Node,
+		Locator:  cfg.QueueMasterLocator,
+		Store:    m.store,
+		Policies: policies,
+		Watcher:  w,
+		Logger:   logger,
+	})
+	// The first placements should see which backends are up: wait a moment
+	// for the watcher's first verdicts (a backend down is not an error).
+	startCtx, cancelStart := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelStart()
+	if err := m.engine.Start(startCtx); err != nil {
+		m.engine.Close()
+		m.store.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// mirror returns the engine as the proxy's Mirror, nil (not a nil
+// *engine.Engine) with one backend.
+func (m *mirroring) mirror() proxy.Mirror {
+	if m.engine == nil {
+		return nil
+	}
+	return m.engine
+}
+
+func (m *mirroring) close() {
+	if m.engine != nil {
+		m.engine.Close()
+	}
+	if m.store != nil {
+		m.store.Close()
+	}
+}
+
 // proxyBackend is the backend client connections go to: the node this proxy
 // sits beside, or the first backend.
 func proxyBackend(cfg *config.Config) (proxy.Backend, error) {
@@ -303,6 +410,11 @@ func proxyBackend(cfg *config.Config) (proxy.Backend, error) {
 			b = candidate
 		}
 	}
+	return backendAddress(b)
+}
+
+// backendAddress is where the proxy dials a backend for its clients.
+func backendAddress(b config.Backend) (proxy.Backend, error) {
 	u, err := url.Parse(b.URL)
 	if err != nil {
 		// url.Error quotes the whole URL, password included.
