@@ -3,7 +3,6 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -57,21 +56,23 @@ func (e *Engine) inspect(backend, queue string) (amqp.Queue, error) {
 
 // exists reports whether queue exists on backend without touching it: a
 // passive declare counts as a use of the queue and restarts its x-expires
-// timer, so a check by passive declare would keep an expiring queue alive
-// for ever. Removing a binding that does not exist asks the broker's
-// binding table only (unbind-ok when the queue exists, 404 when not).
+// timer (RabbitMQ 3.10 does), so a check by passive declare would keep an
+// expiring queue alive for ever, and queue.unbind answers unbind-ok for a
+// missing queue. A binding made and removed at once asks the broker's
+// binding table only: 404 when the queue is gone.
 func (e *Engine) exists(backend, queue string) (bool, error) {
+	const probe = "amqp-mirror-existence-probe"
 	err := e.withChannel(backend, func(ch *amqp.Channel) error {
-		return ch.QueueUnbind(queue, "amqp-mirror-existence-probe", "amq.direct", nil)
+		if err := ch.QueueBind(queue, probe, "amq.direct", false, nil); err != nil {
+			return err
+		}
+		return ch.QueueUnbind(queue, probe, "amq.direct", nil)
 	})
-	var ae *amqp.Error
 	switch {
 	case err == nil:
 		return true, nil
-	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
-		// Brokers that refuse to remove a missing binding say so; the
-		// queue is there then.
-		return strings.Contains(ae.Reason, "no binding"), nil
+	case replyCode(err) == amqp.NotFound:
+		return false, nil
 	}
 	return false, err
 }

@@ -118,13 +118,16 @@ func (e *Engine) forget(m mirror.QueueMeta, why string) {
 }
 
 // checkBacklogs marks never-synced slaves synchronised once the master's
-// backlog at their join is gone.
+// backlog at their join is gone. It asks the master with a passive declare,
+// which RabbitMQ counts as a use of the queue: queues with x-expires are
+// left out, or the check would keep them alive for ever (their slaves
+// synchronise by sync_queue or ha-sync-mode automatic).
 func (e *Engine) checkBacklogs() {
 	for _, m := range e.opts.Store.List() {
 		if e.ctx.Err() != nil {
 			return
 		}
-		if len(m.SynchronisedSlaves()) < len(m.Slaves) {
+		if len(m.SynchronisedSlaves()) < len(m.Slaves) && !hasKey(m.Arguments, "x-expires") {
 			e.checkBacklog(m)
 		}
 	}
