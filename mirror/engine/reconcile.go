@@ -127,7 +127,7 @@ func (e *Engine) checkBacklogs() {
 		if e.ctx.Err() != nil {
 			return
 		}
-		if len(m.SynchronisedSlaves()) < len(m.Slaves) && !hasKey(m.Arguments, "x-expires") {
+		if len(m.SynchronisedSlaves()) < len(m.Slaves) {
 			e.checkBacklog(m)
 		}
 	}
@@ -140,7 +140,7 @@ func (e *Engine) checkBacklogs() {
 // only an empty master counts there.
 func (e *Engine) checkBacklog(m mirror.QueueMeta) {
 	live := e.live()
-	if !live.Has(m.Master) {
+	if !live.Has(m.Master) || hasKey(m.Arguments, "x-expires") {
 		return
 	}
 	e.mu.RLock()
