@@ -165,8 +165,7 @@
 //
 // Built: the proxy data path (package proxy) with the proxy's own delivery
 // tags and confirm sequences per backend, the configuration and policy
-// matching (package config), and the pure decisions of this package, which
-// nothing carries out yet:
+// matching (package config), and the pure decisions of this package:
 //
 //   - placement.go: ResolveLocator (x-queue-master-locator argument, then
 //     policy, then config, default min-masters) and Placement.Master
@@ -183,19 +182,58 @@
 //   - sync.go: Backlog.CaughtUp (a manual slave is synchronised once the
 //     master's backlog at its join is settled) and MarkSynchronised.
 //
-// Built and tested against real brokers, carried out by nothing yet:
+// Built and tested against real brokers:
 //
 //   - store.go: the metadata Store on a Raft log (single voter by default),
-//     surviving restarts, with conditional writes;
+//     surviving restarts, with conditional writes; serve opens it in
+//     state_dir/raft when more than one backend is configured;
 //   - controllink: Watcher (each backend's liveness through the proxy's own
 //     connection: down at once on reset or clean shutdown, after
-//     failover_grace when frozen; serve runs it for logs and /metrics),
-//     Trimmer (a slave copy trimmed by the master's settlements, batched,
-//     surviving consumer_timeout) and Trimmer.CopyTo (synchronisation);
+//     failover_grace when frozen), Trimmer (a slave copy trimmed by the
+//     master's settlements, batched, surviving consumer_timeout; messages
+//     without the identity header keyed by their content, so adopted
+//     queues are trimmed too; Purge empties the copy with nothing held) and
+//     Trimmer.CopyTo (synchronisation);
+//   - engine: the replication engine, which serve gives the proxy as its
+//     Mirror. It places new queues (locator, then policy), records them,
+//     keeps a lock-free snapshot of the log for Lookup on the publish path,
+//     adopts queues found on the backends (Resolve: the copy with most
+//     messages is master, others unsynchronised slaves), runs a trimmer
+//     per slave, carries out Reconcile's plans when policies change or
+//     backends come and go (declaring new slaves with the queue's
+//     arguments and bindings, never auto-delete; deleting dropped copies
+//     last), synchronises (automatic at once, manual on `ctl sync_queue`;
+//     a never-synced slave is marked synchronised once the master's ready
+//     count at its first look has been settled, or the master is empty),
+//     empties slaves on purge, forgets queues whose master deleted itself
+//     (auto-delete, x-expires), and answers `ctl list_queues`. On a
+//     backend's loss it records promotions (Promote; the epoch rises) and
+//     slaves lost; a backend that returns rejoins as the youngest slave,
+//     purged;
 //   - cluster: serf membership driving the Raft voters (sidecar mode).
 //
-// Not yet built: the proxy side of mirroring — backend links per client
-// connection, routing each method to the copies, fan-out with the confirm
-// quorum, stripping the identity header, moving consumers on failover — and
-// therefore everything a client could observe of it.
+// How a sync copies when no slave is synchronised (the master alone, as
+// an adopted queue is): a short-lived consumer of the proxy's own takes
+// the master's ready messages, copies each to the new slave with
+// confirms, and when it has them all closes its channel, which gives them
+// back to their places in the queue. RabbitMQ sets the redelivered flag on
+// every message given back that way, so after such a sync clients see
+// those messages with redelivered=true; while it runs, clients are served
+// the messages behind them. Messages clients hold unacknowledged at the
+// master are not ready and are not copied: one requeued after the sync is
+// missing on the slave.
+//
+// What a manual slave's backlog counts is an approximation: the master's
+// ready count when the engine first looks at the slave (messages clients
+// hold unacknowledged then are not in it), settled by the settlements the
+// slave's trimmer never received a copy of. It can call a slave
+// synchronised early when clients held many messages at its join.
+//
+// Not yet built: failover on the data path (moving consumers to a new
+// master, requeueing what clients had not acked there, epoch-scoped tags);
+// the engine records the promotion, and the new master's copy holds the
+// messages ready. A promotion is recorded by every proxy that sees the
+// loss, conditionally, so one wins. The engine does its part of the data
+// path only as far as package proxy calls it (proxy.Mirror): see the
+// proxy's documentation for which of those calls it makes today.
 package mirror

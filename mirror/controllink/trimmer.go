@@ -113,6 +113,9 @@ type Trimmer struct {
 	// channelsLost counts channels the broker closed under the trimmer
 	// (consumer_timeout, a channel error), recycles not included.
 	channelsLost atomic.Int64
+	// queueMissing is set while consuming fails because the queue does
+	// not exist (someone deleted the slave copy, or its broker lost it).
+	queueMissing atomic.Bool
 
 	// copies takes CopyTo's requests; job is the copy running, owned by
 	// the run goroutine.
@@ -227,6 +230,11 @@ func (t *Trimmer) Missed() int {
 	return t.missed
 }
 
+// QueueMissing reports whether the trimmer's last attempt to consume found
+// no queue: the slave copy is gone, and the trimmer can do nothing until
+// it is declared again.
+func (t *Trimmer) QueueMissing() bool { return t.queueMissing.Load() }
+
 // ChannelsLost is how many of its channels the broker closed under the
 // trimmer (each one was replaced).
 func (t *Trimmer) ChannelsLost() int64 { return t.channelsLost.Load() }
@@ -282,9 +290,17 @@ func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 		var err error
 		for {
 			if ch, deliveries, err = t.consume(); err == nil {
+				t.queueMissing.Store(false)
 				break
 			}
-			t.log.Warn("trimmer cannot consume; retrying", "err", err, "retry", t.opts.Retry)
+			var ae *amqp.Error
+			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+				if !t.queueMissing.Swap(true) {
+					t.log.Warn("the slave copy is gone; retrying until the trimmer is closed", "err", err, "retry", t.opts.Retry)
+				}
+			} else {
+				t.log.Warn("trimmer cannot consume; retrying", "err", err, "retry", t.opts.Retry)
+			}
 			select {
 			case <-t.done:
 				t.endCopy(errTrimmerClosed)

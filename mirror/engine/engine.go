@@ -86,6 +86,16 @@ type Engine struct {
 
 	mu     sync.RWMutex
 	queues map[mirror.QueueID]*queueState
+	// formerMasters remembers the master each promotion replaced, so that
+	// its stale copy rejoins as a slave when its backend returns.
+	formerMasters map[mirror.QueueID]string
+
+	evMu   sync.Mutex
+	events []controllink.Event // taken by the loop
+	// lost are the backends seen going down and not yet back, owned by the
+	// loop: only a return after a loss is a rejoin (the watcher's first Up
+	// of each backend is not).
+	lost map[string]bool
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -146,7 +156,10 @@ func New(opts Options) *Engine {
 		log:      log,
 		negative: make(map[mirror.QueueID]time.Time),
 		queues:   make(map[mirror.QueueID]*queueState),
-		wake:     make(chan struct{}, 1),
+
+		formerMasters: make(map[mirror.QueueID]string),
+		lost:          make(map[string]bool),
+		wake:          make(chan struct{}, 1),
 	}
 	for _, b := range opts.Backends {
 		e.backends = append(e.backends, b.Name)
@@ -195,8 +208,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			case <-e.ctx.Done():
 				return
 			case ev := <-e.opts.Watcher.Events():
-				e.log.Debug("backend event", "backend", ev.Backend, "state", ev.State.String(), "cause", ev.Cause.String())
-				e.poke()
+				e.addEvent(ev)
 			}
 		}
 	}()
@@ -272,6 +284,9 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 		case <-policies:
 			e.reconcileAll()
 		case <-e.wake:
+			for _, ev := range e.takeEvents() {
+				e.handleEvent(ev)
+			}
 			e.ensureTrimmers()
 			e.reconcileAll()
 		case <-tick.C:
@@ -279,6 +294,21 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 			e.ensureTrimmers()
 			e.reconcileAll()
 			e.checkBacklogs()
+		}
+	}
+}
+
+// handleEvent applies a backend event: a loss at once, a return only after
+// a loss this engine saw.
+func (e *Engine) handleEvent(ev controllink.Event) {
+	switch ev.State {
+	case controllink.Down:
+		e.lost[ev.Backend] = true
+		e.backendLost(ev)
+	case controllink.Up:
+		if e.lost[ev.Backend] {
+			delete(e.lost, ev.Backend)
+			e.backendBack(ev.Backend)
 		}
 	}
 }

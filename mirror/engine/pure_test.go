@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -112,4 +113,41 @@ func TestTables(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLookupDoesNotAllocate: Lookup is on every publish.
+func TestLookupDoesNotAllocate(t *testing.T) {
+	e := New(Options{})
+	defer e.cancel()
+	id := mirror.QueueID{VHost: "/", Name: "orders"}
+	m := map[mirror.QueueID]mirror.QueueMeta{id: {ID: id, Master: "rabbit1", Slaves: []mirror.Slave{{Backend: "rabbit2"}}}}
+	e.snapshot.Store(&m)
+	var found bool
+	allocs := testing.AllocsPerRun(1000, func() {
+		_, found = e.Lookup(id)
+	})
+	if !found {
+		t.Fatal("Lookup does not find the queue in the snapshot")
+	}
+	if allocs != 0 {
+		t.Errorf("Lookup allocates %.1f times per call, want 0", allocs)
+	}
+}
+
+func BenchmarkLookup(b *testing.B) {
+	e := New(Options{})
+	defer e.cancel()
+	m := map[mirror.QueueID]mirror.QueueMeta{}
+	for i := range 10000 {
+		id := mirror.QueueID{VHost: "/", Name: fmt.Sprint("queue-", i)}
+		m[id] = mirror.QueueMeta{ID: id, Master: "rabbit1"}
+	}
+	e.snapshot.Store(&m)
+	id := mirror.QueueID{VHost: "/", Name: "queue-4242"}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			e.Lookup(id)
+		}
+	})
 }

@@ -91,13 +91,21 @@ func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.Queue
 }
 
 // Deleted forgets a queue the client deleted: its trimmers and any sync
-// stop, and its record goes.
+// stop, and its record goes. The proxy deleted every copy; the slave
+// copies are deleted again (a missing one is no error) in case the engine
+// declared one again meanwhile, taking its disappearance for a broker's
+// loss.
 func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 	e.stopQueue(id)
 	for range maxConflicts {
 		m, ok := e.opts.Store.Get(id)
 		if !ok {
 			break
+		}
+		for _, s := range m.Slaves {
+			if err := e.deleteCopy(s.Backend, id.Name); err != nil && !errors.Is(err, errBackendDown) {
+				e.log.Debug("cannot delete a slave copy again", "queue", id.Name, "backend", s.Backend, "err", err)
+			}
 		}
 		err := e.opts.Store.Delete(ctx, id, m.Version)
 		if errors.Is(err, mirror.ErrConflict) {

@@ -39,7 +39,14 @@ func (e *Engine) reconcileAll() {
 func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.Definition) {
 	log := e.log.With("queue", read.ID.Name, "vhost", read.ID.VHost)
 	for _, b := range plan.Add {
-		if err := e.declareCopy(b, plan.Meta); err != nil {
+		err := e.declareCopy(b, plan.Meta)
+		if err == nil {
+			// A new slave starts empty: a copy left there (an old master
+			// back after a promotion, a slave dropped while its backend
+			// was down) is stale.
+			err = e.purgeCopy(b, plan.Meta.ID.Name)
+		}
+		if err != nil {
 			log.Warn("cannot add a slave; retrying later", "backend", b, "err", err)
 			return
 		}

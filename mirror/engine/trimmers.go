@@ -123,7 +123,7 @@ func (e *Engine) ensureTrimmers() {
 		id      mirror.QueueID
 		backend string
 	}
-	var stop []stale
+	var stop, missing []stale
 	var gone []mirror.QueueID
 	now := time.Now()
 	e.mu.Lock()
@@ -136,6 +136,8 @@ func (e *Engine) ensureTrimmers() {
 		for b, tr := range qs.trimmers {
 			if m.SlaveIndex(b) < 0 {
 				stop = append(stop, stale{id, b})
+			} else if tr.t.QueueMissing() {
+				missing = append(missing, stale{id, b})
 			} else if !tr.copiesUntil.IsZero() && now.After(tr.copiesUntil) {
 				tr.copiesUntil = time.Time{}
 				tr.t.ExpectCopies(false)
@@ -149,6 +151,29 @@ func (e *Engine) ensureTrimmers() {
 	for _, id := range gone {
 		e.stopQueue(id)
 	}
+	for _, s := range missing {
+		e.copyMissing(byID[s.id], s.backend)
+	}
+}
+
+// copyMissing handles a slave copy that is gone under its trimmer. When
+// the master is gone too (a client deleted the queue and the proxy has
+// not said so yet, or the master deleted itself) the queue is forgotten;
+// otherwise the copy is declared again, empty and unsynchronised.
+func (e *Engine) copyMissing(m mirror.QueueMeta, backend string) {
+	if !e.live().Has(m.Master) {
+		return
+	}
+	exists, err := e.exists(m.Master, m.ID.Name)
+	if err != nil {
+		return
+	}
+	if !exists {
+		e.forget(m, "its master and a slave copy are gone")
+		return
+	}
+	e.stopTrimmer(m.ID, backend)
+	e.ensureTrimmer(m, backend) // declares it again
 }
 
 // markSlave records the slave on backend as synchronised or not.

@@ -1,0 +1,167 @@
+package engine
+
+import (
+	"errors"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+)
+
+// Backend events in the metadata: a master lost is replaced by its oldest
+// live synchronised slave (mirror.Promote), a synchronised slave lost is
+// no longer synchronised (mirror.SlaveLost), and a backend that returns
+// takes its place as the youngest slave of the queues it held, purged
+// first (mirror.Rejoin). The data path's side of a failover (moving
+// consumers, requeueing what clients had not acked, epoch-scoped tags) is
+// the proxy's; here the new master's trimmer is stopped, so that what it
+// held returns to its queue, ready.
+
+// takeEvents returns the backend events received since the last call.
+func (e *Engine) takeEvents() []controllink.Event {
+	e.evMu.Lock()
+	defer e.evMu.Unlock()
+	evs := e.events
+	e.events = nil
+	return evs
+}
+
+// addEvent queues a watcher event for the loop; it never blocks.
+func (e *Engine) addEvent(ev controllink.Event) {
+	e.evMu.Lock()
+	e.events = append(e.events, ev)
+	e.evMu.Unlock()
+	e.poke()
+}
+
+func (e *Engine) backendLost(ev controllink.Event) {
+	cause := mirror.CauseFailure
+	if ev.Cause == controllink.CauseShutdown {
+		cause = mirror.CauseShutdown
+	}
+	live := e.live()
+	delete(live, ev.Backend) // whatever the watcher says now, this event is a loss
+	for _, m := range e.opts.Store.List() {
+		switch {
+		case m.Master == ev.Backend:
+			e.promote(m.ID, ev, cause, live)
+		case m.SlaveIndex(ev.Backend) >= 0:
+			e.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+				return mirror.SlaveLost(m, ev.Backend)
+			})
+		}
+	}
+}
+
+// promote replaces the lost master of a queue, deciding again on the
+// current record if another writer got there first.
+func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.Cause, live mirror.LiveSet) {
+	def, _ := e.definition(id)
+	var p mirror.Promotion
+	written, err := e.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+		if m.Master != ev.Backend {
+			return m, false // promoted meanwhile
+		}
+		p = mirror.Promote(m, live, cause, def)
+		return p.Meta, p.Promoted()
+	})
+	log := e.log.With("queue", id.Name, "vhost", id.VHost)
+	switch {
+	case err != nil:
+		log.Warn("cannot record a promotion", "from", ev.Backend, "err", err)
+	case !p.Promoted():
+		log.Warn("master lost; nobody promoted", "master", ev.Backend, "cause", cause.String(), "reason", p.Reason)
+	default:
+		e.rememberFormerMaster(id, ev.Backend)
+		e.stopTrimmer(id, p.To) // what it held is the new master's, ready again
+		log.Warn("master lost; slave promoted", "from", p.From, "to", p.To, "epoch", written.Epoch,
+			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", cause.String(),
+			"since_detection", time.Since(ev.At), "reason", p.Reason)
+	}
+}
+
+// backendBack lets a returning backend rejoin the queues it held a copy
+// of as a slave: those listing it as a slave, and those it was master of
+// before a promotion (as far as this engine saw the promotion).
+func (e *Engine) backendBack(backend string) {
+	for _, m := range e.opts.Store.List() {
+		former := e.formerMaster(m.ID) == backend
+		if m.Master == backend || m.SlaveIndex(backend) < 0 && !former {
+			continue
+		}
+		r := mirror.Rejoin(m, backend)
+		if !r.Joined {
+			continue
+		}
+		if r.Purge {
+			err := e.declareCopy(backend, m) // a transient copy did not survive a restart
+			if err == nil {
+				err = e.purgeCopy(backend, m.ID.Name)
+			}
+			if err != nil {
+				e.log.Warn("a returning copy cannot rejoin; retrying at the next event", "queue", m.ID.Name, "backend", backend, "err", err)
+				continue
+			}
+		}
+		e.stopTrimmer(m.ID, backend)
+		if _, err := e.update(m.ID, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+			if cur.Master == backend {
+				return cur, false
+			}
+			r := mirror.Rejoin(cur, backend)
+			return r.Meta, r.Joined
+		}); err != nil {
+			e.log.Warn("cannot record a rejoining slave", "queue", m.ID.Name, "backend", backend, "err", err)
+			continue
+		}
+		e.forgetFormerMaster(m.ID, backend)
+		e.log.Info("copy rejoined as the youngest slave, purged", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend)
+	}
+}
+
+// update applies change to the queue's current record and writes it
+// conditionally, deciding again on conflicts. It returns the record
+// written (or the current one when change changed nothing).
+func (e *Engine) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirror.QueueMeta, bool)) (mirror.QueueMeta, error) {
+	for range maxConflicts {
+		m, ok := e.opts.Store.Get(id)
+		if !ok {
+			return mirror.QueueMeta{}, errors.New("queue no longer recorded")
+		}
+		next, changed := change(m)
+		if !changed {
+			return m, nil
+		}
+		ctx, cancel := e.opContext()
+		written, err := e.opts.Store.Put(ctx, next, m.Version)
+		cancel()
+		if errors.Is(err, mirror.ErrConflict) {
+			continue
+		}
+		if err == nil {
+			e.rebuild()
+		}
+		return written, err
+	}
+	return mirror.QueueMeta{}, mirror.ErrConflict
+}
+
+func (e *Engine) rememberFormerMaster(id mirror.QueueID, backend string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.formerMasters[id] = backend
+}
+
+func (e *Engine) formerMaster(id mirror.QueueID) string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.formerMasters[id]
+}
+
+func (e *Engine) forgetFormerMaster(id mirror.QueueID, backend string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.formerMasters[id] == backend {
+		delete(e.formerMasters, id)
+	}
+}

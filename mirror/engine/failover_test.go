@@ -1,0 +1,69 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// TestMasterLostAndBack: when the master's broker stops, its oldest
+// synchronised slave is promoted (the epoch rises) and holds the messages
+// ready; when the broker returns, its stale copy rejoins as the youngest
+// slave, purged, and ha-mode all with automatic sync synchronises it again.
+func TestMasterLostAndBack(t *testing.T) {
+	h := newHarness(t, "", nil)
+	setPolicy(t, h.policies, "ha-all", "^failover-", `{"ha-mode": "all", "ha-sync-mode": "automatic"}`)
+	ctx := context.Background()
+	id := queueID(uniqueName(t, "failover"))
+	placed := mirror.QueueMeta{ID: id, Durable: true, Master: "rabbit3",
+		Slaves: []mirror.Slave{{Backend: "rabbit1", Synchronised: true}, {Backend: "rabbit2", Synchronised: true}}}
+	declareCopies(t, placed)
+	m, err := h.engine.Declared(ctx, placed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishTo(t, id.Name, 0, 50, m.Backends()...)
+	expectHeld(t, h.engine, id, 50, "rabbit1", "rabbit2")
+
+	rabbit3 := brokers.Node("rabbit3")
+	stopCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := rabbit3.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	// Whatever happens below, the node is back for the other tests.
+	t.Cleanup(func() {
+		if !rabbit3.Running() {
+			rabbit3.Restart(context.Background())
+		}
+	})
+	promoted := expectMeta(t, h.store, id, func(m mirror.QueueMeta, ok bool) error {
+		if m.Master != "rabbit1" || m.Epoch != 1 || m.Holds("rabbit3") {
+			return fmt.Errorf("master %s, epoch %d, slaves %+v; want rabbit1, epoch 1, rabbit3 gone", m.Master, m.Epoch, m.Slaves)
+		}
+		return nil
+	})
+	if !slices.Equal(promoted.SynchronisedSlaves(), []string{"rabbit2"}) {
+		t.Errorf("after the promotion the synchronised slaves are %v, want [rabbit2]", promoted.SynchronisedSlaves())
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := readyOn(t, "rabbit1", id.Name); n != 50 {
+			return fmt.Errorf("the new master has %d ready messages, want 50 (its trimmer gave them back)", n)
+		}
+		return nil
+	})
+
+	if err := rabbit3.Restart(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	rejoined := expectMeta(t, h.store, id, synchronisedSlaves(2))
+	if got := rejoined.Backends(); !slices.Equal(got, []string{"rabbit1", "rabbit2", "rabbit3"}) {
+		t.Errorf("after the return the copies are %v, want [rabbit1 rabbit2 rabbit3] (rabbit3 the youngest slave)", got)
+	}
+	expectHeld(t, h.engine, id, 50, "rabbit2", "rabbit3")
+}
