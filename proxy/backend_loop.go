@@ -6,183 +6,304 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 // errBackendDone ends the backend loop after the backend's close-ok was
 // passed to the client: the backend has nothing more to say.
 var errBackendDone = errors.New("backend connection closed cleanly")
 
-// backendIndex is the index of the one backend link a client connection has
-// today. Tag and confirm bookkeeping already name the backend of each entry,
-// so that mirroring can add links without changing it.
-const backendIndex = 0
-
-// backendLoop reads the backend's frames and passes them to the client,
-// giving deliveries the proxy's delivery tags and confirms the client's
-// sequence numbers. After teardown it keeps reading only until the backend
-// confirms the proxy's connection.close.
-func (c *clientConn) backendLoop() {
-	defer close(c.backendDone)
-	defer c.backend.conn.Close()
-	c.backend.whenDry(func() { c.client.flush() })
-	for {
-		f, err := c.backend.in.ReadFrame()
-		if err != nil {
-			if !c.tornDown.Load() {
-				if c.closeInProgress() == closeByClient {
-					// The backend hung up instead of sending close-ok: the
-					// client asked to close, so that is what happened.
-					reason, detail := c.outcome()
-					c.markBackendClosed()
-					c.teardown(reason, detail)
-					return
-				}
-				c.backendLost(err)
-			}
-			return
-		}
-		if c.tornDown.Load() {
-			if f.Type == frames.FrameMethod && f.Channel == 0 && isMethod(f.Payload, frames.ConnectionCloseOkKey, frames.ConnectionCloseKey) {
-				return
-			}
-			continue
-		}
-		if err := c.fromBackend(f); err != nil {
-			if !errors.Is(err, errBackendDone) {
-				c.backendLost(err)
-			}
-			return
-		}
-	}
-}
-
-// fromBackend handles one backend frame. An error means the backend broke
-// the protocol and the connection to it is lost.
-func (c *clientConn) fromBackend(f frames.Frame) error {
+// fromLink handles one frame from a link. An error means the backend broke
+// the protocol and the link is lost.
+func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 	if f.Type == frames.FrameHeartbeat {
 		return nil
 	}
 	if f.Channel == 0 {
-		return c.fromBackendConnection(f)
+		if l.idx == 0 {
+			return c.fromBackendConnection(f)
+		}
+		return c.fromLinkConnection(l, f)
 	}
-	if c.channels.isProxyClosing(f.Channel) {
-		return c.fromBackendOnClosedChannel(f)
+	ch := c.channels.get(f.Channel)
+	l.mu.Lock()
+	lc := l.chans[f.Channel]
+	closing := lc != nil && lc.closing
+	l.mu.Unlock()
+	if ch == nil || lc == nil {
+		if ch == nil && l.idx == 0 && !closing {
+			c.toClient(f) // a channel the proxy does not track
+		}
+		return nil
 	}
 	if f.Type != frames.FrameMethod {
-		c.toClient(f)
+		m := &lc.assembled
+		if !m.active {
+			return nil
+		}
+		complete, err := m.content(f)
+		if err != nil {
+			return err
+		}
+		if complete {
+			m.active = false
+			if !closing {
+				c.messageArrived(ch, l, m)
+			}
+		}
 		return nil
 	}
 	classID, methodID, args, err := frames.ParseMethodID(f.Payload)
 	if err != nil {
 		return err
 	}
-	ch := c.channels.get(f.Channel)
-	if ch == nil {
-		c.toClient(f)
-		return nil
-	}
 	key := frames.MethodKey(classID, methodID)
-	ch.backendContentOpen = key == frames.BasicDeliverKey || key == frames.BasicGetOkKey || key == frames.BasicReturnKey
+	lc.assembled.active = false
+	if closing {
+		return c.fromLinkOnClosingChannel(ch, l, f, key)
+	}
 	switch key {
-	case frames.BasicDeliverKey:
-		d := &ch.deliver
-		if err := d.Decode(args); err != nil {
-			return err
-		}
-		ch.mu.Lock()
-		noAck, known := ch.consumers[d.ConsumerTag]
-		if !known {
-			noAck = ch.unknownConsumerNoAck
-		}
-		tag := ch.tags.deliver(backendIndex, d.DeliveryTag, !noAck)
-		ch.mu.Unlock()
-		if tag != d.DeliveryTag {
-			d.DeliveryTag = tag
-			c.toClientMethod(f.Channel, d)
-			return nil
-		}
+	case frames.BasicDeliverKey, frames.BasicReturnKey:
+		lc.assembled.begin(key, f.Payload, nil)
+		return nil
 	case frames.BasicGetOkKey:
-		g := &ch.getOk
-		if err := g.Decode(args); err != nil {
-			return err
+		g, ok := l.nextReply(ch.id)
+		var get *pendingGet
+		if ok && g != nil {
+			get = g.get
 		}
-		ch.mu.Lock()
-		noAck := popFront(&ch.pendingGets)
-		tag := ch.tags.deliver(backendIndex, g.DeliveryTag, !noAck)
-		ch.mu.Unlock()
-		if tag != g.DeliveryTag {
-			g.DeliveryTag = tag
-			c.toClientMethod(f.Channel, g)
-			return nil
+		if get == nil {
+			get = &pendingGet{}
 		}
-	case frames.BasicGetEmptyKey:
-		ch.mu.Lock()
-		popFront(&ch.pendingGets)
-		ch.mu.Unlock()
-	case frames.BasicConsumeOkKey:
-		if err := ch.consumeOk.Decode(args); err != nil {
-			return err
-		}
-		ch.mu.Lock()
-		ch.consumers[ch.consumeOk.ConsumerTag] = popFront(&ch.pendingConsumes)
-		ch.mu.Unlock()
-	case frames.BasicCancelKey: // the server cancelled a consumer (queue deleted, failover)
-		if err := ch.cancel.Decode(args); err != nil {
-			return err
-		}
-		ch.mu.Lock()
-		delete(ch.consumers, ch.cancel.ConsumerTag)
-		ch.mu.Unlock()
-	case frames.BasicCancelOkKey:
-		if err := ch.cancelOk.Decode(args); err != nil {
-			return err
-		}
-		ch.mu.Lock()
-		delete(ch.consumers, ch.cancelOk.ConsumerTag)
-		ch.mu.Unlock()
+		lc.assembled.begin(key, f.Payload, get)
+		return nil
 	case frames.BasicAckKey:
-		if err := ch.backAck.Decode(args); err != nil {
+		if err := l.backAck.Decode(args); err != nil {
 			return err
 		}
-		return c.confirm(ch, f, ch.backAck.DeliveryTag, ch.backAck.Multiple, false)
+		c.confirm(ch, l, f, l.backAck.DeliveryTag, l.backAck.Multiple, false)
+		return nil
 	case frames.BasicNackKey:
-		if err := ch.backNack.Decode(args); err != nil {
+		if err := l.backNack.Decode(args); err != nil {
 			return err
 		}
-		return c.confirm(ch, f, ch.backNack.DeliveryTag, ch.backNack.Multiple, true)
+		c.confirm(ch, l, f, l.backNack.DeliveryTag, l.backNack.Multiple, true)
+		return nil
+	case frames.BasicCancelKey: // the server cancelled a consumer (queue deleted)
+		if err := l.cancel.Decode(args); err != nil {
+			return err
+		}
+		ch.mu.Lock()
+		delete(ch.consumers, l.cancel.ConsumerTag)
+		ch.mu.Unlock()
+		c.toClientOnChannel(ch, f)
+		return nil
+	case frames.ChannelCloseKey: // a channel error
+		return c.linkClosesChannel(ch, l, f)
 	case frames.BasicRecoverOkKey:
 		ch.mu.Lock()
 		ch.tags.dropAll()
 		ch.mu.Unlock()
-	case frames.ChannelCloseKey: // a channel error: the client's close-ok follows
-		ch.closedByBackend.Store(true)
-	case frames.ChannelCloseOkKey: // the backend confirms the client's close
-		c.channels.remove(f.Channel, ch)
 	}
-	c.toClient(f)
+	if isReply(key) {
+		c.replyArrived(ch, l, f)
+		return nil
+	}
+	c.toClientOnChannel(ch, f)
 	return nil
 }
 
+// fromLinkOnClosingChannel handles a link's frames on a channel the proxy is
+// closing there: replies to what was sent before the close are matched and
+// dropped, the close-ok ends it, and a close of the link's own is answered.
+func (c *clientConn) fromLinkOnClosingChannel(ch *channelState, l *link, f frames.Frame, key uint32) error {
+	switch {
+	case key == frames.ChannelCloseKey:
+		// The backend closed it too; it still answers ours with close-ok.
+		return l.sock.sendMethod(ch.id, &frames.ChannelCloseOk{})
+	case key == frames.ChannelCloseOkKey:
+		for {
+			g, ok := l.nextReply(ch.id)
+			if !ok {
+				return nil
+			}
+			if g != nil && g.primary == -1 {
+				g.after(nil)
+				return nil
+			}
+			c.abandonReply(ch, g)
+		}
+	case isReply(key):
+		g, _ := l.nextReply(ch.id)
+		c.abandonReply(ch, g)
+	}
+	return nil
+}
+
+// messageArrived passes a whole delivery, get-ok or return to the client.
+// The proxy's delivery tag is assigned and the frames written in one
+// critical section, so tags reach the client in order and frames of two
+// messages never interleave on the channel.
+func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
+	header, id, hasID, err := stripIdentity(l.headerScratch[:0], m.header)
+	if err != nil {
+		c.linkFailed(l, err)
+		return
+	}
+	if hasID {
+		l.headerScratch = header
+	}
+	_, _, methodArgs, _ := frames.ParseMethodID(m.method)
+	switch m.key {
+	case frames.BasicReturnKey:
+		if hasID {
+			ch.mu.Lock()
+			pass := ch.returns.arrived(id)
+			ch.mu.Unlock()
+			if !pass {
+				return
+			}
+		}
+		ch.outMu.Lock()
+		c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+		c.writeContent(ch.id, m, header)
+		ch.outMu.Unlock()
+	case frames.BasicDeliverKey:
+		d := &l.deliver
+		if err := d.Decode(methodArgs); err != nil {
+			c.linkFailed(l, err)
+			return
+		}
+		ch.mu.Lock()
+		cons, known := ch.consumers[d.ConsumerTag]
+		if !known {
+			cons = ch.consumers[""]
+		}
+		ch.mu.Unlock()
+		queue := c.trimmable(cons.queue, m, hasID, &id)
+		ch.outMu.Lock()
+		ch.mu.Lock()
+		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: d.DeliveryTag, queue: queue, id: id}, !cons.noAck)
+		ch.mu.Unlock()
+		if tag == d.DeliveryTag && !hasID {
+			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+		} else {
+			d.DeliveryTag = tag
+			c.toClientMethod(ch.id, d)
+		}
+		c.writeContent(ch.id, m, header)
+		ch.outMu.Unlock()
+		if cons.noAck && queue != nil {
+			c.srv.opts.Mirror.Settle(queue.id, []mirror.MessageID{id})
+		}
+	case frames.BasicGetOkKey:
+		g := &l.getOk
+		if err := g.Decode(methodArgs); err != nil {
+			c.linkFailed(l, err)
+			return
+		}
+		queue := c.trimmable(m.get.queue, m, hasID, &id)
+		ch.outMu.Lock()
+		ch.mu.Lock()
+		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: g.DeliveryTag, queue: queue, id: id}, !m.get.noAck)
+		ch.mu.Unlock()
+		if tag == g.DeliveryTag {
+			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+		} else {
+			g.DeliveryTag = tag
+			c.toClientMethod(ch.id, g)
+		}
+		c.writeContent(ch.id, m, header)
+		ch.outMu.Unlock()
+		if m.get.noAck && queue != nil {
+			c.srv.opts.Mirror.Settle(queue.id, []mirror.MessageID{id})
+		}
+	}
+}
+
+// linkFailed ends a link that sent what the proxy cannot read.
+func (c *clientConn) linkFailed(l *link, err error) {
+	if l.idx == 0 {
+		c.backendLost(err)
+		return
+	}
+	c.linkLost(l, err)
+}
+
+// trimmable returns the queue whose slaves drop this message when the
+// client settles it, or nil when there is nothing to trim: no mirroring, or
+// a queue without slaves. A message without the identity header (it was on
+// the broker before the proxy) is identified by its body.
+func (c *clientConn) trimmable(q *queueRef, m *message, hasID bool, id *mirror.MessageID) *queueRef {
+	if q == nil || c.srv.opts.Mirror == nil {
+		return nil
+	}
+	if hasID {
+		return q
+	}
+	meta, ok := c.srv.opts.Mirror.Lookup(q.id)
+	if !ok || len(meta.Slaves) == 0 {
+		return nil
+	}
+	*id = mirror.ContentID(m.body)
+	return q
+}
+
 // confirm turns a backend's publisher confirm into the client's.
-func (c *clientConn) confirm(ch *channelState, f frames.Frame, seq uint64, multiple, nack bool) error {
+func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint64, multiple, nack bool) {
+	if !ch.confirming {
+		return // the proxy's own confirm mode: nothing to tell the client
+	}
+	ch.outMu.Lock()
+	defer ch.outMu.Unlock()
 	ch.mu.Lock()
-	out := ch.confirms.confirm(backendIndex, seq, multiple, nack, ch.confirmed[:0])
-	ch.confirmed = out
+	out := ch.confirms.confirm(l.idx, seq, multiple, nack, l.confirmed[:0])
+	l.confirmed = out
 	ch.mu.Unlock()
 	if len(out) == 1 && out[0] == (clientConfirm{seq: seq, multiple: multiple, nack: nack}) {
 		c.toClient(f)
-		return nil
+		return
 	}
 	for _, cc := range out {
-		var m frames.Method
-		if cc.nack {
-			m = &frames.BasicNack{DeliveryTag: cc.seq, Multiple: cc.multiple}
-		} else {
-			m = &frames.BasicAck{DeliveryTag: cc.seq, Multiple: cc.multiple}
-		}
-		c.toClientMethod(f.Channel, m)
+		c.writeConfirm(ch.id, cc)
 	}
-	return nil
+}
+
+// writeConfirm writes one confirm to the client; the caller holds outMu.
+func (c *clientConn) writeConfirm(channel uint16, cc clientConfirm) {
+	if cc.nack {
+		c.toClientMethod(channel, &frames.BasicNack{DeliveryTag: cc.seq, Multiple: cc.multiple})
+		return
+	}
+	c.toClientMethod(channel, &frames.BasicAck{DeliveryTag: cc.seq, Multiple: cc.multiple})
+}
+
+// fromLinkConnection handles channel-0 methods of a link other than the
+// home link. A broker that closes it with 320 (it is shutting down) loses
+// the link and the client's connection goes on; another connection error is
+// the client's doing (a frame the broker refused), and the client hears it
+// as from a single broker.
+func (c *clientConn) fromLinkConnection(l *link, f frames.Frame) error {
+	if f.Type != frames.FrameMethod {
+		return nil
+	}
+	classID, methodID, args, err := frames.ParseMethodID(f.Payload)
+	if err != nil {
+		return err
+	}
+	if frames.MethodKey(classID, methodID) != frames.ConnectionCloseKey {
+		return nil // blocked/unblocked: only the home broker's reach the client
+	}
+	var cl frames.ConnectionClose
+	if err := cl.Decode(args); err != nil {
+		return err
+	}
+	l.sock.sendMethod(0, &frames.ConnectionCloseOk{})
+	l.markClosed()
+	if cl.ReplyCode != frames.ConnectionForced {
+		c.closeClient(ReasonBackendClosed, cl.ReplyCode, cl.ReplyText, cl.ClassID, cl.MethodID)
+	}
+	return fmt.Errorf("backend %s closed the connection: %d %s", l.name, cl.ReplyCode, cl.ReplyText)
 }
 
 // fromBackendConnection handles the backend's channel-0 methods.
@@ -231,37 +352,19 @@ func (c *clientConn) fromBackendConnection(f frames.Frame) error {
 	return nil
 }
 
-// fromBackendOnClosedChannel handles the backend's frames on a channel the
-// proxy closed, up to its close-ok. A delivery already begun reaches the
-// client whole; later ones are dropped (the backend requeues them when the
-// channel closes, as the broker does after a channel error). The client gets
-// the proxy's channel.close only with the backend's close-ok: only then may
-// it reuse the channel id, which the backend would otherwise still be
-// closing.
-func (c *clientConn) fromBackendOnClosedChannel(f frames.Frame) error {
-	ch := c.channels.get(f.Channel)
-	if f.Type != frames.FrameMethod {
-		if ch != nil && ch.backendContentOpen {
-			c.toClient(f)
-		}
-		return nil
-	}
-	if ch != nil {
-		ch.backendContentOpen = false
-	}
-	switch {
-	case isMethod(f.Payload, frames.ChannelCloseOkKey):
-		if notice := c.channels.takeNotice(f.Channel); notice != nil {
-			c.toClientMethod(f.Channel, notice)
-		}
-		c.channels.closeOkArrived(f.Channel)
-	case isMethod(f.Payload, frames.ChannelCloseKey):
-		// The backend closed it too; it still answers ours with close-ok.
-		if err := c.backend.writeMethod(f.Channel, &frames.ChannelCloseOk{}); err != nil {
-			return err
-		}
-	}
-	return nil
+// toClientOnChannel passes a frame to the client on its channel's output.
+func (c *clientConn) toClientOnChannel(ch *channelState, f frames.Frame) {
+	ch.outMu.Lock()
+	c.toClient(f)
+	ch.outMu.Unlock()
+}
+
+// toClientMethodOnChannel writes a method to the client on its channel's
+// output.
+func (c *clientConn) toClientMethodOnChannel(ch *channelState, m frames.Method) {
+	ch.outMu.Lock()
+	c.toClientMethod(ch.id, m)
+	ch.outMu.Unlock()
 }
 
 // toClient passes a frame to the client as it came.
@@ -290,14 +393,4 @@ func isMethod(payload []byte, keys ...uint32) bool {
 		}
 	}
 	return false
-}
-
-// popFront removes and returns the first element, or false when empty.
-func popFront(q *[]bool) bool {
-	if len(*q) == 0 {
-		return false
-	}
-	v := (*q)[0]
-	*q = (*q)[1:]
-	return v
 }

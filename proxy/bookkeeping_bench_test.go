@@ -8,13 +8,13 @@ func BenchmarkDeliveryTags(b *testing.B) {
 	var d deliveryTags
 	var acks []backendAck
 	for i := uint64(1); i <= 100; i++ {
-		d.deliver(0, i, true)
+		d.deliver(delivered{backendTag: i}, true)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := uint64(101); i < uint64(b.N)+101; i++ {
-		d.deliver(0, i, true)
-		acks, _, _ = d.settle(i-100, false, acks[:0], false, nil)
+		d.deliver(delivered{backendTag: i}, true)
+		acks, _, _ = d.settle(i-100, false, acks[:0], false, nil, nil)
 	}
 }
 

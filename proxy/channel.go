@@ -7,49 +7,56 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/frames"
 )
 
-// channelState is the proxy's view of one client channel. Two goroutines
-// touch it: the client read loop (publishes, acks, consumes) and the backend
-// read loop (deliveries, confirms). mu guards the fields below it; the
-// decode scratch structs are each used by one loop only.
+// channelState is the proxy's view of one client channel. The client read
+// loop and the read loop of every link that serves the channel touch it; mu
+// guards the fields below it, and the decode scratch structs are used by the
+// client read loop only (each link has its own, see link).
 type channelState struct {
 	id uint16
 
+	// Client read loop only.
+	//
 	// confirming is set once the client sent confirm.select; dropContent
 	// while the content frames that follow belong to a method the proxy
-	// discarded. Only the client read loop uses them.
+	// discarded; pub is the publish whose content frames are coming.
 	confirming  bool
 	dropContent bool
-	// backendContentOpen is set while the content frames the backend sends
-	// belong to a method the proxy passed to the client (a delivery, a
-	// get-ok, a return), which must reach the client whole. Only the
-	// backend read loop uses it.
-	backendContentOpen bool
+	pub         publishing
+	// qos is the client's last basic.qos, repeated on every link the
+	// channel opens on later.
+	qos *frames.BasicQos
+
+	// outMu serialises what the link read loops write to the client on this
+	// channel: a message's frames go out together, and delivery tags and
+	// confirms in the order they were assigned. Taken before mu.
+	outMu sync.Mutex
 
 	mu       sync.Mutex
 	confirms publisherConfirms
 	tags     deliveryTags
-	// consumers maps consumer tags to whether they were declared no-ack:
-	// deliveries to a no-ack consumer are never acked and get no tag entry.
-	consumers map[string]bool
-	// pendingConsumes holds the no-ack flag of each basic.consume that asked
-	// the server to choose the tag, until its consume-ok names it.
-	pendingConsumes []bool
-	// pendingGets holds the no-ack flag of each basic.get in flight.
-	pendingGets []bool
+	// consumers are the channel's consumers by tag.
+	consumers map[string]consumer
 	// transactional is set once the client sent tx.select. txSettled holds
 	// the deliveries the client settled in the open transaction, restored
 	// if it rolls back (the broker never applied those acks).
 	transactional bool
 	txSettled     []tagEntry
-	// unknownConsumerNoAck is the mode of a consumer whose tag the server
-	// chose without telling (basic.consume with no tag and no-wait).
-	unknownConsumerNoAck bool
+	// The channel close in progress (see chanclose.go).
+	closer    *link                // the link whose channel.close the client gets
+	notice    *frames.ChannelClose // the close the client gets once closeWait is 0
+	closeWait int                  // links that still owe close-ok for the proxy's close
+	// crossed: the client closed the channel too before it saw the notice;
+	// it gets close-ok instead, once closeWait is 0.
+	crossed bool
+	// returns counts, for mandatory publishes sent to several backends,
+	// the backends that returned each (see returnArrived).
+	returns returnCounts
+	// confirmedLost is scratch for the confirms a lost link settles.
+	confirmedLost []clientConfirm
 
-	// closedByProxy is set once the proxy itself closed the channel (see
-	// closeChannelByProxy); closedByBackend once the backend sent
-	// channel.close. Either way the channel only waits for its close-ok.
-	closedByProxy   atomic.Bool
-	closedByBackend atomic.Bool
+	// closing is the channel's close state (chanClosing…), set under mu and
+	// read on every frame.
+	closing atomic.Uint32
 
 	// Scratch for the client read loop.
 	clientAck     frames.BasicAck
@@ -57,21 +64,22 @@ type channelState struct {
 	clientReject  frames.BasicReject
 	clientConsume frames.BasicConsume
 	clientGet     frames.BasicGet
+	clientPublish frames.BasicPublish
+	clientQueue   queueMethod
 	acks          []backendAck
+	trims         []trimmed
+	reachable     []*link
+}
 
-	// Scratch for the backend read loop.
-	deliver   frames.BasicDeliver
-	getOk     frames.BasicGetOk
-	consumeOk frames.BasicConsumeOk
-	cancel    frames.BasicCancel
-	cancelOk  frames.BasicCancelOk
-	backAck   frames.BasicAck
-	backNack  frames.BasicNack
-	confirmed []clientConfirm
+// consumer is one consumer of a channel.
+type consumer struct {
+	noAck bool
+	link  int       // the backend link it consumes on
+	queue *queueRef // the queue it consumes
 }
 
 func newChannelState(id uint16) *channelState {
-	return &channelState{id: id, consumers: make(map[string]bool)}
+	return &channelState{id: id, consumers: make(map[string]consumer)}
 }
 
 // channelTable holds the open channels of one client connection. Lookups
@@ -84,24 +92,6 @@ type channelTable struct {
 	chunks []atomic.Pointer[[slotChunk]atomic.Pointer[channelState]]
 	limit  int // ids up to channel_max are tracked
 
-	// closingIDs counts the ids in proxyCloses, so the per-frame check
-	// costs one atomic load while no proxy-initiated close is in flight.
-	closingIDs atomic.Int32
-	mu         sync.Mutex
-	// proxyCloses holds, per channel id, the closes the proxy itself
-	// started (see closeChannelByProxy); until the backend's close-ok
-	// arrives, its frames on that id belong to the dead channel.
-	proxyCloses map[uint16]*proxyClose
-}
-
-// proxyClose is a channel close the proxy started.
-type proxyClose struct {
-	// closeOks is how many channel.close-ok the backend still owes.
-	closeOks int
-	// notice is the channel.close for the client, sent by the backend loop
-	// with the backend's close-ok (see fromBackendOnClosedChannel); nil once
-	// sent or no longer wanted.
-	notice *frames.ChannelClose
 }
 
 // slotChunk is how many channel ids share one lazily made chunk of slots.
@@ -110,9 +100,8 @@ const slotChunk = 64
 func newChannelTable(channelMax uint16) *channelTable {
 	limit := int(channelMax) + 1
 	return &channelTable{
-		chunks:      make([]atomic.Pointer[[slotChunk]atomic.Pointer[channelState]], (limit+slotChunk-1)/slotChunk),
-		limit:       limit,
-		proxyCloses: make(map[uint16]*proxyClose),
+		chunks: make([]atomic.Pointer[[slotChunk]atomic.Pointer[channelState]], (limit+slotChunk-1)/slotChunk),
+		limit:  limit,
 	}
 }
 
@@ -158,69 +147,4 @@ func (t *channelTable) remove(id uint16, ch *channelState) {
 	if s := t.slot(id, false); s != nil {
 		s.CompareAndSwap(ch, nil)
 	}
-}
-
-// beginProxyClose records that the proxy sent channel.close to the backend
-// and that the client is to receive notice.
-func (t *channelTable) beginProxyClose(id uint16, notice *frames.ChannelClose) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	pc := t.proxyCloses[id]
-	if pc == nil {
-		pc = &proxyClose{}
-		t.proxyCloses[id] = pc
-		t.closingIDs.Add(1)
-	}
-	pc.closeOks++
-	pc.notice = notice
-}
-
-// isProxyClosing reports whether backend frames on id belong to a channel
-// the proxy closed and the backend has not confirmed closing yet.
-func (t *channelTable) isProxyClosing(id uint16) bool {
-	if t.closingIDs.Load() == 0 {
-		return false
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.proxyCloses[id] != nil
-}
-
-// takeNotice returns the client's channel.close for id, once.
-func (t *channelTable) takeNotice(id uint16) *frames.ChannelClose {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	pc := t.proxyCloses[id]
-	if pc == nil {
-		return nil
-	}
-	notice := pc.notice
-	pc.notice = nil
-	return notice
-}
-
-// dropNotice forgets the client's notice: the client closed the channel
-// itself meanwhile.
-func (t *channelTable) dropNotice(id uint16) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if pc := t.proxyCloses[id]; pc != nil {
-		pc.notice = nil
-	}
-}
-
-// closeOkArrived consumes one expected close-ok and reports whether there
-// was one.
-func (t *channelTable) closeOkArrived(id uint16) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	pc := t.proxyCloses[id]
-	if pc == nil {
-		return false
-	}
-	if pc.closeOks--; pc.closeOks == 0 {
-		delete(t.proxyCloses, id)
-		t.closingIDs.Add(-1)
-	}
-	return true
 }

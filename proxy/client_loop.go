@@ -15,7 +15,7 @@ import (
 // acting on the ones that touch proxy state. It returns when the client
 // socket is closed.
 func (c *clientConn) clientLoop() {
-	c.client.whenDry(func() { c.backend.flush() })
+	c.client.whenDry(c.flushLinks)
 	for {
 		f, err := c.client.in.ReadFrame()
 		if err == nil {
@@ -132,8 +132,9 @@ func resetOnClose(conn net.Conn) {
 	}
 }
 
-// fromClient handles one client frame. An error return is a *frames.Error
-// that closes the connection.
+// fromClient handles one client frame: it is decoded as far as the proxy
+// acts on it, applied to its channel's state, and sent to the links the
+// method must reach (route.go decides which).
 func (c *clientConn) fromClient(f frames.Frame) error {
 	if st := c.closeInProgress(); st != closeNone {
 		return c.fromClientWhileClosing(st, f)
@@ -146,11 +147,15 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		// assembles content even on a channel it is closing, so content
 		// without its method, or a method without its content, would be
 		// a connection error there.
-		if ch := c.channels.get(f.Channel); ch != nil && ch.dropContent {
+		ch := c.channels.get(f.Channel)
+		if ch == nil {
+			c.toBackend(f)
 			return nil
 		}
-		c.toBackend(f)
-		return nil
+		if ch.dropContent {
+			return nil
+		}
+		return c.publishContent(ch, f)
 	}
 	classID, methodID, args, err := frames.ParseMethodID(f.Payload)
 	if err != nil {
@@ -178,34 +183,28 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 	ch := c.channels.get(f.Channel)
 	if ch == nil {
 		if key == frames.ChannelOpenKey {
-			c.channels.open(f.Channel)
+			ch = c.channels.open(f.Channel)
+			if ch != nil && c.linkAt(0) != nil {
+				return c.openChannel(ch, f)
+			}
 		}
-		// Anything else on a channel that is not open: the backend answers
-		// it with the error a broker gives.
+		// Anything else on a channel that is not open: the home backend
+		// answers it with the error a broker gives.
 		c.toBackend(f)
 		return nil
 	}
 	ch.dropContent = false
-	if ch.closedByProxy.Load() {
+	if state := ch.closing.Load(); state != chanOpen {
 		ch.dropContent = true
-		return c.fromClientOnClosedChannel(ch, key)
-	}
-	if ch.closedByBackend.Load() && key != frames.ChannelCloseOkKey && key != frames.ChannelCloseKey {
-		// Sent before the client saw the backend's channel.close: the
-		// backend discards it, as the spec says, and so does the proxy, so
-		// that a late ack cannot start a second close. The close handshake
-		// itself passes (both sides may close at once; the backend answers).
-		ch.dropContent = true
+		if state != chanClientClosing {
+			c.fromClientOnClosingChannel(ch, state, key, f)
+		}
 		return nil
 	}
 
 	switch key {
 	case frames.BasicPublishKey:
-		if ch.confirming {
-			ch.mu.Lock()
-			ch.confirms.publish(0)
-			ch.mu.Unlock()
-		}
+		return c.publish(ch, f, args)
 	case frames.BasicAckKey:
 		if err := ch.clientAck.Decode(args); err != nil {
 			return err
@@ -222,38 +221,43 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		}
 		return c.settle(ch, f, key, ch.clientReject.DeliveryTag, false, ch.clientReject.Requeue)
 	case frames.BasicConsumeKey:
-		if err := ch.clientConsume.Decode(args); err != nil {
-			return err
-		}
-		ch.mu.Lock()
-		if tag := ch.clientConsume.ConsumerTag; tag != "" {
-			ch.consumers[tag] = ch.clientConsume.NoAck
-		}
-		if !ch.clientConsume.NoWait {
-			ch.pendingConsumes = append(ch.pendingConsumes, ch.clientConsume.NoAck)
-		} else if ch.clientConsume.ConsumerTag == "" {
-			// The server picks a tag the client never learns; deliveries
-			// with a tag we do not know take this consumer's mode.
-			ch.unknownConsumerNoAck = ch.clientConsume.NoAck
-		}
-		ch.mu.Unlock()
+		return c.consume(ch, f, args)
 	case frames.BasicGetKey:
-		if err := ch.clientGet.Decode(args); err != nil {
+		return c.get(ch, f, args)
+	case frames.BasicCancelKey:
+		return c.cancel(ch, f, args)
+	case frames.ChannelCloseKey:
+		c.clientClosesChannel(ch, f)
+		return nil
+	case frames.ChannelCloseOkKey:
+		// Not closing: nothing to answer. The home backend judges it.
+		c.sendTo(ch, f, nil, c.openLinks(ch), false)
+		return nil
+	case frames.QueueDeclareKey, frames.QueueBindKey, frames.QueueUnbindKey, frames.QueuePurgeKey, frames.QueueDeleteKey:
+		return c.queueMethod(ch, f, key, args)
+	case frames.ExchangeDeclareKey, frames.ExchangeDeleteKey, frames.ExchangeBindKey, frames.ExchangeUnbindKey:
+		// Exchanges and their bindings exist on every backend, as in a
+		// RabbitMQ cluster.
+		return c.everywhere(ch, f, key, args)
+	case frames.BasicQosKey:
+		var qos frames.BasicQos
+		if err := qos.Decode(args); err != nil {
 			return err
 		}
-		ch.mu.Lock()
-		ch.pendingGets = append(ch.pendingGets, ch.clientGet.NoAck)
-		ch.mu.Unlock()
-	case frames.BasicRecoverAsyncKey:
-		ch.mu.Lock()
-		ch.tags.dropAll()
-		ch.mu.Unlock()
+		ch.qos = &qos
+		return c.onOpenLinks(ch, f, true)
 	case frames.ConfirmSelectKey:
+		var sel frames.ConfirmSelect
+		if err := sel.Decode(args); err != nil {
+			return err
+		}
 		ch.confirming = true
+		return c.onOpenLinks(ch, f, !sel.NoWait)
 	case frames.TxSelectKey:
 		ch.mu.Lock()
 		ch.transactional = true
 		ch.mu.Unlock()
+		return c.onOpenLinks(ch, f, true)
 	case frames.TxCommitKey, frames.TxRollbackKey:
 		// The broker applies the transaction before anything sent after
 		// it, so the client's next acks already see the outcome: a
@@ -262,23 +266,57 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		ch.mu.Lock()
 		if key == frames.TxRollbackKey {
 			ch.tags.restore(ch.txSettled)
+		} else {
+			c.trimSettled(ch.txSettled)
 		}
 		ch.txSettled = ch.txSettled[:0]
 		ch.mu.Unlock()
-	case frames.ChannelCloseOkKey:
-		// The client confirms a close the backend started.
-		c.channels.remove(f.Channel, ch)
+		return c.onOpenLinks(ch, f, true)
+	case frames.BasicRecoverAsyncKey:
+		ch.mu.Lock()
+		ch.tags.dropAll()
+		ch.mu.Unlock()
+		return c.onOpenLinks(ch, f, false)
+	case frames.BasicRecoverKey:
+		return c.onOpenLinks(ch, f, true)
+	case frames.ChannelFlowKey:
+		return c.onOpenLinks(ch, f, true)
+	case frames.ChannelOpenKey:
+		// Already open: the home backend answers as a broker does.
+		c.toBackend(f)
+		return nil
 	}
 	c.toBackend(f)
 	return nil
 }
 
+// openChannel opens a client channel on the home link; other links open it
+// when the channel first needs them (ensureChannel).
+func (c *clientConn) openChannel(ch *channelState, f frames.Frame) error {
+	home := c.linkAt(0)
+	home.mu.Lock()
+	lc := home.channelLocked(ch.id)
+	lc.open, lc.confirm, lc.closing = true, false, false
+	home.mu.Unlock()
+	c.send(ch, f, []*link{home}, true, nil)
+	return nil
+}
+
 // settle passes a client's basic.ack, basic.nack or basic.reject to the
-// backend with the backend's delivery tags. With a single backend the tags
-// coincide and the frame passes as it came.
+// backends of the deliveries it settles, with their own delivery tags; the
+// slave copies of the messages it removes from their masters are trimmed.
 func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag uint64, multiple, requeue bool) error {
+	var trims *[]trimmed
+	if c.srv.opts.Mirror != nil && (key == frames.BasicAckKey || !requeue) {
+		ch.trims = ch.trims[:0]
+		trims = &ch.trims
+	}
 	ch.mu.Lock()
-	acks, settled, ok := ch.tags.settle(tag, multiple, ch.acks[:0], ch.transactional, ch.txSettled)
+	transactional := ch.transactional
+	if transactional {
+		trims = nil // trimmed at tx.commit, from txSettled
+	}
+	acks, settled, ok := ch.tags.settle(tag, multiple, ch.acks[:0], transactional, ch.txSettled, trims)
 	ch.acks, ch.txSettled = acks, settled
 	ch.mu.Unlock()
 	if !ok {
@@ -287,11 +325,20 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 			fmt.Sprintf("PRECONDITION_FAILED - unknown delivery tag %d", tag), classID, methodID)
 		return nil
 	}
-	if len(acks) == 1 && acks[0].backendTag == tag && acks[0].multiple == multiple {
-		c.toBackend(f)
+	if trims != nil && len(*trims) > 0 {
+		c.trim(*trims)
+	}
+	if len(acks) == 1 && acks[0].backend == 0 && acks[0].backendTag == tag && acks[0].multiple == multiple {
+		if home := c.linkAt(0); home != nil && home.gen == acks[0].gen {
+			c.toBackend(f)
+		}
 		return nil
 	}
 	for _, a := range acks {
+		l := c.linkAt(a.backend)
+		if l == nil || l.gen != a.gen {
+			continue // the delivery's link is gone, and its broker requeued it
+		}
 		var m frames.Method
 		switch key {
 		case frames.BasicAckKey:
@@ -301,41 +348,46 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 		default:
 			m = &frames.BasicReject{DeliveryTag: a.backendTag, Requeue: requeue}
 		}
-		if err := c.backend.writeMethod(f.Channel, m); err != nil {
-			c.backendLost(err)
-			return nil
+		if err := l.sock.writeMethod(f.Channel, m); err != nil {
+			c.writeFailed(l, err)
 		}
 	}
 	return nil
 }
 
-// closeChannelByProxy closes a channel for a reason the proxy found itself:
-// a plain channel.close to the backend now, whose close-ok and any frames
-// before it are swallowed, and channel.close with the broker's code and
-// text to the client, sent by the backend loop with that close-ok.
-func (c *clientConn) closeChannelByProxy(ch *channelState, code uint16, text string, classID, methodID uint16) {
-	if !ch.closedByProxy.CompareAndSwap(false, true) {
+// trimSettled trims the mirrored messages among tx-settled entries, at
+// commit.
+func (c *clientConn) trimSettled(entries []tagEntry) {
+	if c.srv.opts.Mirror == nil {
 		return
 	}
-	c.channels.beginProxyClose(ch.id, &frames.ChannelClose{ReplyCode: code, ReplyText: text, ClassID: classID, MethodID: methodID})
-	if err := c.backend.writeMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: "closed by amqp-mirror: " + text}); err != nil {
-		c.backendLost(err)
+	var trims []trimmed
+	for _, e := range entries {
+		if e.queue != nil {
+			trims = append(trims, trimmed{queue: e.queue, id: e.id})
+		}
 	}
+	c.trim(trims)
 }
 
-// fromClientOnClosedChannel handles client frames on a channel the proxy is
-// closing: only the close handshake counts, the rest is discarded, as the
-// spec asks of a peer that sent channel.close.
-func (c *clientConn) fromClientOnClosedChannel(ch *channelState, key uint32) error {
-	switch key {
-	case frames.ChannelCloseOkKey:
-		c.channels.remove(ch.id, ch)
-	case frames.ChannelCloseKey: // the client closed it too: answer, and it is closed
-		c.channels.dropNotice(ch.id)
-		c.client.sendMethod(ch.id, &frames.ChannelCloseOk{})
-		c.channels.remove(ch.id, ch)
+// trim tells the engine which messages left their masters, one call per
+// queue.
+func (c *clientConn) trim(trims []trimmed) {
+	for len(trims) > 0 {
+		q := trims[0].queue
+		ids := c.trimIDs[:0]
+		rest := trims[:0]
+		for _, t := range trims {
+			if t.queue == q {
+				ids = append(ids, t.id)
+			} else {
+				rest = append(rest, t)
+			}
+		}
+		c.srv.opts.Mirror.Settle(q.id, ids)
+		c.trimIDs = ids
+		trims = rest
 	}
-	return nil
 }
 
 // fromClientWhileClosing handles client frames during a connection close.
@@ -376,7 +428,7 @@ func (c *clientConn) markBackendClosed() {
 	c.mu.Unlock()
 }
 
-// toBackend passes a frame to the backend as it came.
+// toBackend passes a frame to the home backend as it came.
 func (c *clientConn) toBackend(f frames.Frame) {
 	if err := c.backend.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
 		c.backendLost(err)

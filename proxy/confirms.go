@@ -5,10 +5,12 @@ import "sort"
 // publisherConfirms tracks, on one channel in confirm mode, which of the
 // client's publishes the backends have confirmed. The client's sequence
 // numbers are the proxy's own. Each publish is sent to one or more backends,
-// each numbering it in its own sequence; a client publish is confirmed when
-// every backend it went to has acked it, and nacked when any has nacked it.
-// Today every publish goes to one backend; mirroring fans publishes out and
-// reuses this bookkeeping unchanged.
+// each numbering it in its own sequence. A client publish is confirmed when
+// every backend of its quorum (the master and the synchronised slaves of a
+// mirrored queue; every backend for an exchange publish) has answered, and
+// nacked when one nacked it, or when every backend that would have held it
+// was lost before acking. Backends outside the quorum (unsynchronised
+// slaves) are numbered but not waited for.
 type publisherConfirms struct {
 	lastClient uint64 // the client's last publish sequence number
 	// waiting holds every unconfirmed client publish, in sequence order.
@@ -19,7 +21,8 @@ type publisherConfirms struct {
 
 type pendingPublish struct {
 	seq    uint64
-	copies uint8 // backends that have not answered yet
+	copies uint8 // quorum backends that have not answered yet
+	acks   uint8 // quorum backends that acked
 	nacked bool
 }
 
@@ -30,6 +33,7 @@ type backendSequence struct {
 
 type backendPublish struct {
 	backendSeq, clientSeq uint64
+	counts                bool // the backend is in the publish's quorum
 }
 
 // clientConfirm is one basic.ack or basic.nack to send to the client.
@@ -39,24 +43,66 @@ type clientConfirm struct {
 	nack     bool
 }
 
-// publish records a client publish sent to the given backends and returns
-// its client sequence number.
+// publish records a client publish sent to the given backends, all of them
+// in its quorum, and returns its client sequence number.
 func (p *publisherConfirms) publish(backends ...int) uint64 {
+	return p.publishTo(backends, nil)
+}
+
+// publishTo records a client publish sent to the quorum backends and to the
+// extra ones (numbered, not waited for) and returns its sequence number.
+func (p *publisherConfirms) publishTo(quorum, extra []int) uint64 {
 	p.lastClient++
-	p.waiting = append(p.waiting, pendingPublish{seq: p.lastClient, copies: uint8(len(backends))})
+	p.waiting = append(p.waiting, pendingPublish{seq: p.lastClient, copies: uint8(len(quorum))})
 	if p.backendSeqs == nil {
 		p.backendSeqs = make(map[int]*backendSequence, 1)
 	}
-	for _, b := range backends {
-		bs := p.backendSeqs[b]
-		if bs == nil {
-			bs = &backendSequence{}
-			p.backendSeqs[b] = bs
-		}
-		bs.last++
-		bs.pending = append(bs.pending, backendPublish{backendSeq: bs.last, clientSeq: p.lastClient})
+	for _, b := range quorum {
+		p.number(b, true)
+	}
+	for _, b := range extra {
+		p.number(b, false)
 	}
 	return p.lastClient
+}
+
+func (p *publisherConfirms) number(b int, counts bool) {
+	bs := p.backendSeqs[b]
+	if bs == nil {
+		bs = &backendSequence{}
+		p.backendSeqs[b] = bs
+	}
+	bs.last++
+	bs.pending = append(bs.pending, backendPublish{backendSeq: bs.last, clientSeq: p.lastClient, counts: counts})
+}
+
+// backendLost stops waiting for a backend whose link was lost: its pending
+// publishes count as neither acked nor nacked, and a publish no quorum
+// backend acked is nacked. A new link to the backend numbers from 1 again.
+func (p *publisherConfirms) backendLost(backend int, out []clientConfirm) []clientConfirm {
+	bs := p.backendSeqs[backend]
+	if bs == nil {
+		return out
+	}
+	delete(p.backendSeqs, backend)
+	answered := 0
+	for _, bp := range bs.pending {
+		if !bp.counts {
+			continue
+		}
+		if i := p.indexOf(bp.clientSeq); i >= 0 {
+			w := &p.waiting[i]
+			w.copies--
+			if w.copies == 0 {
+				w.nacked = w.nacked || w.acks == 0
+				answered++
+			}
+		}
+	}
+	if answered == 0 {
+		return out
+	}
+	return p.collect(answered, out)
 }
 
 // confirm applies a backend's basic.ack or basic.nack and appends to out the
@@ -73,21 +119,27 @@ func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, na
 		n = sort.Search(len(bs.pending), func(i int) bool { return bs.pending[i].backendSeq > backendSeq })
 	}
 	answered := 0
-	apply := func(clientSeq uint64) {
-		i := p.indexOf(clientSeq)
+	apply := func(bp backendPublish) {
+		if !bp.counts {
+			return
+		}
+		i := p.indexOf(bp.clientSeq)
 		if i < 0 {
 			return
 		}
 		w := &p.waiting[i]
 		w.copies--
 		w.nacked = w.nacked || nack
+		if !nack {
+			w.acks++
+		}
 		if w.copies == 0 {
 			answered++
 		}
 	}
 	if multiple {
 		for _, bp := range bs.pending[:n] {
-			apply(bp.clientSeq)
+			apply(bp)
 		}
 		bs.pending = append(bs.pending[:0], bs.pending[n:]...)
 	} else {
@@ -95,7 +147,7 @@ func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, na
 		if i == len(bs.pending) || bs.pending[i].backendSeq != backendSeq {
 			return out
 		}
-		apply(bs.pending[i].clientSeq)
+		apply(bs.pending[i])
 		bs.pending = append(bs.pending[:i], bs.pending[i+1:]...)
 	}
 	if answered == 0 {

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 // clientConn is one client connection and the backend connection that
@@ -26,7 +29,11 @@ type clientConn struct {
 	id      uint64
 	log     *slog.Logger
 	client  *socket
-	backend *socket // nil until the handshake dialled it
+	backend *socket // the home link's socket; nil until the handshake dialled it
+
+	// ctx ends with the connection; calls to the engine run under it.
+	ctx       context.Context
+	cancelCtx context.CancelFunc
 
 	channels *channelTable
 	// Negotiated at tune.
@@ -38,6 +45,23 @@ type clientConn struct {
 	startRelayed bool
 	// started is when the client connected.
 	started time.Time
+	// What opens further links: the client's start-ok (its credentials)
+	// and connection.open, and the negotiated channel_max.
+	startOk, openPayload []byte
+	channelMax           uint16
+	// homeTargets is the home link as a target list.
+	homeTargets [1]*link
+	// Client read loop only: identities of published messages (a random
+	// prefix per connection and a counter), and scratch.
+	idPrefix      mirror.MessageID
+	messageSeq    uint64
+	headerScratch []byte
+	trimIDs       []mirror.MessageID
+	// unrecorded remembers where exclusive queues of other connections
+	// are (see locate).
+	unrecorded map[string]mirror.QueueMeta
+	// linkLoops counts the link read loops running.
+	linkLoops sync.WaitGroup
 
 	// closing is the connection-level close in progress (a closeState),
 	// and tornDown is set once teardown began. Both are read on every frame,
@@ -59,9 +83,14 @@ type clientConn struct {
 	// backendClosed is set when the backend connection ended its close
 	// handshake, so teardown need not send connection.close to it.
 	backendClosed bool
+	// links are the connection's backend links by backend index (0 is the
+	// home link); nil where none is open. linkGens counts each backend's
+	// links, linkFailedAt is when a link to it last failed.
+	links        []*link
+	linkGens     []uint64
+	linkFailedAt []time.Time
 
-	done        chan struct{} // closed by teardown
-	backendDone chan struct{} // closed when the backend read loop returns
+	done chan struct{} // closed by teardown
 }
 
 // closeState is the connection-level close handshake in progress.
@@ -81,12 +110,19 @@ const (
 )
 
 func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
+	n := len(srv.backends)
 	c := &clientConn{
-		srv:         srv,
-		id:          id,
-		client:      newSocket(conn),
-		done:        make(chan struct{}),
-		backendDone: make(chan struct{}),
+		srv:          srv,
+		id:           id,
+		client:       newSocket(conn),
+		done:         make(chan struct{}),
+		links:        make([]*link, n),
+		linkGens:     make([]uint64, n),
+		linkFailedAt: make([]time.Time, n),
+	}
+	c.ctx, c.cancelCtx = context.WithCancel(context.Background())
+	if srv.opts.Mirror != nil {
+		rand.Read(c.idPrefix[:8])
 	}
 	c.log = srv.log.With("conn", id, "client", conn.RemoteAddr().String())
 	return c
@@ -107,9 +143,13 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 			"user", c.user, "vhost", c.vhost, "duration", time.Since(c.started).Round(time.Millisecond))
 		return false, reason
 	}
+	home := newLink(0, c.srv.opts.Backend.Name, 1, c.backend)
 	c.mu.Lock()
 	c.opened = time.Now()
 	c.backendLoopRunning = true
+	c.links[0] = home
+	c.linkGens[0] = 1
+	c.homeTargets[0] = home
 	c.mu.Unlock()
 	c.log = c.log.With("user", c.user, "vhost", c.vhost)
 	c.log.Info("connection opened", "backend", c.srv.opts.Backend.Name,
@@ -119,7 +159,8 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 
 // run serves an open connection to its end and returns why it ended.
 func (c *clientConn) run() CloseReason {
-	go c.backendLoop()
+	c.linkLoops.Add(1)
+	go c.linkLoop(c.linkAt(0))
 	stopHeartbeats := c.startHeartbeats()
 	c.clientLoop()
 	c.wait()
@@ -131,15 +172,10 @@ func (c *clientConn) run() CloseReason {
 	return reason
 }
 
-// wait blocks until both sockets are closed and the backend loop ended.
+// wait blocks until the sockets are closed and the link loops ended.
 func (c *clientConn) wait() {
 	<-c.done
-	c.mu.Lock()
-	loopRunning := c.backendLoopRunning
-	c.mu.Unlock()
-	if loopRunning {
-		<-c.backendDone
-	}
+	c.linkLoops.Wait()
 }
 
 func (c *clientConn) outcome() (CloseReason, string) {
@@ -189,7 +225,9 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	c.mu.Unlock()
 
 	close(c.done)
+	c.cancelCtx()
 	c.client.conn.Close()
+	c.closeLinks(reason)
 	if backend == nil {
 		return
 	}
@@ -369,6 +407,16 @@ func (c *clientConn) heartbeatCheck(now time.Time) bool {
 		if silent := c.backend.silentFor(now); silent > hb*3/2 {
 			c.backendLost(fmt.Errorf("%w, timeout: %s", errMissedHeartbeats, hb))
 			return false // the close under way ends the connection
+		}
+		for i := 1; i < len(c.links); i++ {
+			l := c.linkAt(i)
+			if l == nil {
+				continue
+			}
+			l.sock.heartbeatIfIdle(now, hb/2)
+			if silent := l.sock.silentFor(now); silent > hb*3/2 {
+				c.linkLost(l, fmt.Errorf("%w, timeout: %s", errMissedHeartbeats, hb))
+			}
 		}
 	}
 	return true

@@ -38,7 +38,7 @@ func (c *clientConn) handshake() error {
 		return fmt.Errorf("reading protocol header: %w", err)
 	}
 
-	backendConn, err := c.dialBackend(deadline)
+	backendConn, err := c.dialBackend(c.srv.opts.Backend, deadline)
 	if err != nil {
 		return c.refuseUnavailable(err)
 	}
@@ -76,6 +76,9 @@ func (c *clientConn) handshake() error {
 		return c.clientSyntaxError(err)
 	}
 	c.user = saslUser(startOk.Mechanism, startOk.Response)
+	if c.srv.opts.Mirror != nil {
+		c.startOk = append([]byte(nil), f.Payload...)
+	}
 	if err := c.backend.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
 		return c.refuseUnavailable(err)
 	}
@@ -157,6 +160,10 @@ func (c *clientConn) handshake() error {
 		return c.clientSyntaxError(err)
 	}
 	c.vhost = open.VirtualHost
+	c.channelMax = tuneOk.ChannelMax
+	if c.srv.opts.Mirror != nil {
+		c.openPayload = append([]byte(nil), f.Payload...)
+	}
 	if err := c.backend.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
 		return c.refuseUnavailable(err)
 	}
@@ -216,8 +223,7 @@ func (c *clientConn) negotiate(offer frames.ConnectionTune, tuneOk *frames.Conne
 	return nil
 }
 
-func (c *clientConn) dialBackend(deadline time.Time) (net.Conn, error) {
-	b := c.srv.opts.Backend
+func (c *clientConn) dialBackend(b Backend, deadline time.Time) (net.Conn, error) {
 	ctx, cancel := context.WithDeadline(context.Background(), minTime(deadline, time.Now().Add(c.srv.opts.DialTimeout)))
 	defer cancel()
 	go func() { // a shutdown during the dial cancels it

@@ -38,7 +38,7 @@ type Options struct {
 	// ClientNode is the backend the client-local locator picks for clients
 	// of this proxy (the config's node), "" in drop-in mode.
 	ClientNode string
-	Logger  *slog.Logger
+	Logger     *slog.Logger
 	// HandshakeTimeout bounds the time from accept to connection.open-ok.
 	HandshakeTimeout time.Duration
 	// DialTimeout bounds opening a backend connection.
@@ -97,6 +97,12 @@ type Server struct {
 	closed    bool
 	connWG    sync.WaitGroup
 
+	// backends are the home backend and the others, by index; backendIndex
+	// finds them by name.
+	backends     []Backend
+	backendIndex map[string]int
+	backendNames []string
+
 	nextConnID atomic.Uint64
 	stats      Stats
 	// releaser returns memory to the system after a storm of connections.
@@ -119,12 +125,22 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	backends := append([]Backend{opts.Backend}, opts.Others...)
+	index := make(map[string]int, len(backends))
+	names := make([]string, len(backends))
+	for i, b := range backends {
+		index[b.Name] = i
+		names[i] = b.Name
+	}
 	return &Server{
-		opts:      opts,
-		log:       opts.Logger,
-		listeners: make(map[net.Listener]struct{}),
-		conns:     make(map[*clientConn]struct{}),
-		releaser:  newMemoryReleaser(),
+		backends:     backends,
+		backendIndex: index,
+		backendNames: names,
+		opts:         opts,
+		log:          opts.Logger,
+		listeners:    make(map[net.Listener]struct{}),
+		conns:        make(map[*clientConn]struct{}),
+		releaser:     newMemoryReleaser(),
 	}, nil
 }
 

@@ -1,6 +1,10 @@
 package proxy
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
 
 // deliveryTags maps the delivery tags a client sees on one channel to the
 // backend and backend tag of each delivery. The client's tags are the proxy's
@@ -21,24 +25,50 @@ type deliveryTags struct {
 type tagEntry struct {
 	proxyTag   uint64
 	backendTag uint64
-	backend    int // index of the backend link the delivery came from
+	backend    int    // index of the backend link the delivery came from
+	gen        uint64 // the link's generation
 	settled    bool
+	// queue and id say which message of which mirrored queue it was, so
+	// that settling it trims the slaves; queue is nil otherwise.
+	queue *queueRef
+	id    mirror.MessageID
+}
+
+// queueRef names the queue of a consumer or get, shared by its deliveries.
+type queueRef struct{ id mirror.QueueID }
+
+// trimmed is a message whose master copy the client settled: its slave
+// copies are to go.
+type trimmed struct {
+	queue *queueRef
+	id    mirror.MessageID
 }
 
 // backendAck is one acknowledgement to send to a backend: settle
 // backendTag, and with multiple every earlier unsettled tag on that backend.
+// It is void when the link's generation is no longer gen.
 type backendAck struct {
 	backend    int
+	gen        uint64
 	backendTag uint64
 	multiple   bool
 }
 
+// delivered describes one delivery for deliveryTags.deliver.
+type delivered struct {
+	backend    int
+	gen        uint64
+	backendTag uint64
+	queue      *queueRef // nil unless the message's slaves are to be trimmed
+	id         mirror.MessageID
+}
+
 // deliver assigns the proxy tag for a delivery. Deliveries that need no
 // acknowledgement (no-ack consumers and gets) get a tag but no entry.
-func (d *deliveryTags) deliver(backend int, backendTag uint64, needsAck bool) uint64 {
+func (d *deliveryTags) deliver(m delivered, needsAck bool) uint64 {
 	d.next++
 	if needsAck {
-		d.pending = append(d.pending, tagEntry{proxyTag: d.next, backendTag: backendTag, backend: backend})
+		d.pending = append(d.pending, tagEntry{proxyTag: d.next, backendTag: m.backendTag, backend: m.backend, gen: m.gen, queue: m.queue, id: m.id})
 		d.live++
 	}
 	return d.next
@@ -50,7 +80,9 @@ func (d *deliveryTags) deliver(backend int, backendTag uint64, needsAck bool) ui
 // entries it settled appended to settled (a transaction that rolls back
 // restores them); and false when the tag is not an outstanding delivery:
 // RabbitMQ answers that with PRECONDITION_FAILED - unknown delivery tag.
-func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, keep bool, settled []tagEntry) ([]backendAck, []tagEntry, bool) {
+// With trims non-nil, the settled messages of mirrored queues are appended
+// to *trims (their master copies are gone: the slaves drop theirs).
+func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, keep bool, settled []tagEntry, trims *[]trimmed) ([]backendAck, []tagEntry, bool) {
 	if multiple && proxyTag == 0 {
 		proxyTag = d.next
 		if d.live == 0 {
@@ -68,7 +100,10 @@ func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, 
 			if keep {
 				settled = append(settled, *e)
 			}
-			ack := backendAck{backend: e.backend, backendTag: e.backendTag}
+			ack := backendAck{backend: e.backend, gen: e.gen, backendTag: e.backendTag}
+			if trims != nil && e.queue != nil {
+				*trims = append(*trims, trimmed{queue: e.queue, id: e.id})
+			}
 			d.compact() // moves entries: e points at another one afterwards
 			return append(out, ack), settled, true
 		}
@@ -91,16 +126,19 @@ func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, 
 		if keep {
 			settled = append(settled, *e)
 		}
+		if trims != nil && e.queue != nil {
+			*trims = append(*trims, trimmed{queue: e.queue, id: e.id})
+		}
 		found := false
 		for j := first; j < len(out); j++ {
-			if out[j].backend == e.backend {
+			if out[j].backend == e.backend && out[j].gen == e.gen {
 				out[j].backendTag = e.backendTag
 				found = true
 				break
 			}
 		}
 		if !found {
-			out = append(out, backendAck{backend: e.backend, backendTag: e.backendTag, multiple: true})
+			out = append(out, backendAck{backend: e.backend, gen: e.gen, backendTag: e.backendTag, multiple: true})
 		}
 	}
 	d.compact()

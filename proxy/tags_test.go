@@ -92,12 +92,12 @@ func TestDeliveryTagsSettle(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var d deliveryTags
 			for i, dl := range tt.deliveries {
-				if got := d.deliver(dl.backend, dl.backendTag, dl.needsAck); got != uint64(i+1) {
+				if got := d.deliver(delivered{backend: dl.backend, backendTag: dl.backendTag}, dl.needsAck); got != uint64(i+1) {
 					t.Fatalf("deliver %d: got proxy tag %d, want %d", i, got, i+1)
 				}
 			}
 			for i, s := range tt.settle {
-				got, _, ok := d.settle(s.tag, s.multiple, nil, false, nil)
+				got, _, ok := d.settle(s.tag, s.multiple, nil, false, nil, nil)
 				if ok != s.wantOK {
 					t.Fatalf("settle %d (tag %d): got ok=%v, want %v", i, s.tag, ok, s.wantOK)
 				}
@@ -115,9 +115,9 @@ func TestDeliveryTagsSettle(t *testing.T) {
 func TestDeliveryTagsRestoreAfterRollback(t *testing.T) {
 	var d deliveryTags
 	for i := uint64(1); i <= 3; i++ {
-		d.deliver(0, i, true)
+		d.deliver(delivered{backendTag: i}, true)
 	}
-	_, settled, ok := d.settle(2, true, nil, true, nil)
+	_, settled, ok := d.settle(2, true, nil, true, nil, nil)
 	if !ok || len(settled) != 2 {
 		t.Fatalf("settle: got ok=%v settled=%v, want 2 settled", ok, settled)
 	}
@@ -125,7 +125,7 @@ func TestDeliveryTagsRestoreAfterRollback(t *testing.T) {
 	if got := d.outstanding(); got != 3 {
 		t.Fatalf("after restore: got %d outstanding, want 3", got)
 	}
-	acks, _, ok := d.settle(1, false, nil, false, nil)
+	acks, _, ok := d.settle(1, false, nil, false, nil, nil)
 	if !ok || !reflect.DeepEqual(acks, []backendAck{{backend: 0, backendTag: 1}}) {
 		t.Errorf("ack after restore: got %+v ok=%v", acks, ok)
 	}
@@ -137,8 +137,8 @@ func TestDeliveryTagsSteadyStateDoesNotAllocate(t *testing.T) {
 	backendTag := uint64(0)
 	step := func() {
 		backendTag++
-		tag := d.deliver(0, backendTag, true)
-		acks, _, _ = d.settle(tag, false, acks[:0], false, nil)
+		tag := d.deliver(delivered{backendTag: backendTag}, true)
+		acks, _, _ = d.settle(tag, false, acks[:0], false, nil, nil)
 	}
 	for i := 0; i < 100; i++ {
 		step()
@@ -151,18 +151,18 @@ func TestDeliveryTagsSteadyStateDoesNotAllocate(t *testing.T) {
 func TestDeliveryTagsCompactsSettledEntries(t *testing.T) {
 	var d deliveryTags
 	for i := uint64(1); i <= 1000; i++ {
-		d.deliver(0, i, true)
+		d.deliver(delivered{backendTag: i}, true)
 	}
 	// Ack all but the first: the first pins the front, the rest must go.
 	for i := uint64(2); i <= 1000; i++ {
-		if _, _, ok := d.settle(i, false, nil, false, nil); !ok {
+		if _, _, ok := d.settle(i, false, nil, false, nil, nil); !ok {
 			t.Fatalf("settle %d refused", i)
 		}
 	}
 	if len(d.pending) > 64 {
 		t.Errorf("pending holds %d entries for 1 outstanding delivery, want compaction", len(d.pending))
 	}
-	if _, _, ok := d.settle(1, false, nil, false, nil); !ok {
+	if _, _, ok := d.settle(1, false, nil, false, nil, nil); !ok {
 		t.Errorf("the pinned first delivery can no longer be acked")
 	}
 }

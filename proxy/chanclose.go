@@ -1,0 +1,270 @@
+package proxy
+
+import (
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// A client channel is open on one or more links. Closing it closes it on
+// every link, and the client sees one close handshake, as with one broker:
+//
+//   - the client closes: channel.close goes to every link; the client gets
+//     close-ok when all answered (clientClosing);
+//   - a link closes it (a channel error): the proxy closes it on the other
+//     links, and once they answered, the client gets the link's
+//     channel.close; the client's close-ok goes to that link
+//     (backendClosing);
+//   - the proxy closes it (an error it found itself, or the only link that
+//     could answer was lost): channel.close on every link, and then the
+//     proxy's own to the client (proxyClosing).
+//
+// Until the client may reuse the channel id, every link must have finished:
+// the client learns of a close only after the links' close-oks, and a link
+// still closing the id answers (close-ok) before anything sent after it.
+const (
+	chanOpen uint32 = iota
+	chanClientClosing
+	chanBackendClosing
+	chanProxyClosing
+)
+
+// closeOnLinks sends the proxy's channel.close on every link where the
+// channel is open, except skip, and counts the close-oks owed in closeWait.
+// The links drop the channel's frames until their close-ok. Callers hold no
+// locks.
+func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
+	for _, l := range c.allLinks() {
+		if l == skip {
+			continue
+		}
+		l.mu.Lock()
+		lc := l.chans[ch.id]
+		if lc == nil || !lc.open {
+			l.mu.Unlock()
+			continue
+		}
+		lc.open, lc.closing = false, true
+		g := &rpcGroup{pending: 1, primary: -1, after: func([]byte) []byte {
+			c.linkCloseOk(ch, l)
+			return nil
+		}}
+		lc.replies = append(lc.replies, g)
+		l.mu.Unlock()
+		ch.mu.Lock()
+		ch.closeWait++
+		ch.mu.Unlock()
+		if err := l.sock.sendMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+			c.writeFailed(l, err)
+		}
+	}
+}
+
+// linkCloseOk counts one link's close-ok for a close of the proxy's, and
+// tells the client once none is owed.
+func (c *clientConn) linkCloseOk(ch *channelState, l *link) {
+	l.mu.Lock()
+	if lc := l.chans[ch.id]; lc != nil {
+		lc.closing = false
+	}
+	l.mu.Unlock()
+	ch.mu.Lock()
+	ch.closeWait--
+	c.closeWaitDoneLocked(ch)
+}
+
+// closeWaitDoneLocked sends the client what waited for the links' close-oks:
+// the notice of the close, or the close-ok of a close the client crossed it
+// with. It unlocks ch.mu.
+func (c *clientConn) closeWaitDoneLocked(ch *channelState) {
+	if ch.closeWait > 0 {
+		ch.mu.Unlock()
+		return
+	}
+	notice, crossed := ch.notice, ch.crossed
+	ch.notice = nil
+	ch.mu.Unlock()
+	switch {
+	case crossed:
+		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
+		c.channels.remove(ch.id, ch)
+	case notice != nil:
+		c.toClientMethodOnChannel(ch, notice)
+	}
+}
+
+// clientClosesChannel sends the client's channel.close to every link where
+// the channel is open; the client gets the first link's close-ok once all
+// answered.
+func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
+	ch.closing.Store(chanClientClosing)
+	var targets []*link
+	for _, l := range c.allLinks() {
+		l.mu.Lock()
+		if lc := l.chans[ch.id]; lc != nil && lc.open {
+			lc.open = false
+			targets = append(targets, l)
+		}
+		l.mu.Unlock()
+	}
+	if len(targets) == 0 {
+		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
+		c.channels.remove(ch.id, ch)
+		return
+	}
+	c.send(ch, f, targets, true, func(reply []byte) []byte {
+		c.channels.remove(ch.id, ch)
+		return reply
+	})
+}
+
+// linkClosesChannel handles a link's channel.close (a channel error there).
+func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame) error {
+	var cl frames.ChannelClose
+	if err := decodeArgs(f.Payload, &cl); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	lc := l.channelLocked(ch.id)
+	wasOpen := lc.open
+	lc.open = false
+	abandoned := lc.replies
+	lc.replies = nil
+	l.mu.Unlock()
+	// The link answers nothing more on the channel but the close handshake.
+	for _, g := range abandoned {
+		if g != nil && g.primary == -1 {
+			g.after(nil) // a close of the proxy's: this close answers it
+			continue
+		}
+		c.abandonReply(ch, g)
+	}
+	if !wasOpen || ch.closing.Load() != chanOpen {
+		// Closes crossed: the proxy or the client closed it meanwhile. The
+		// link gets its close-ok; what the client is owed is settled by
+		// the close under way.
+		if err := l.sock.sendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
+			c.writeFailed(l, err)
+		}
+		return nil
+	}
+	ch.mu.Lock()
+	ch.closing.Store(chanBackendClosing)
+	ch.closer = l
+	ch.notice = &cl
+	ch.mu.Unlock()
+	c.closeOnLinks(ch, l, "closed by amqp-mirror: "+cl.ReplyText)
+	ch.mu.Lock()
+	c.closeWaitDoneLocked(ch)
+	return nil
+}
+
+// closeChannelByProxy closes a channel for a reason the proxy found itself:
+// channel.close on every link, and channel.close with the broker's code and
+// text to the client once the links answered.
+func (c *clientConn) closeChannelByProxy(ch *channelState, code uint16, text string, classID, methodID uint16) {
+	ch.mu.Lock()
+	if !ch.closing.CompareAndSwap(chanOpen, chanProxyClosing) {
+		ch.mu.Unlock()
+		return
+	}
+	ch.notice = &frames.ChannelClose{ReplyCode: code, ReplyText: text, ClassID: classID, MethodID: methodID}
+	ch.mu.Unlock()
+	c.closeOnLinks(ch, nil, "closed by amqp-mirror: "+text)
+	ch.mu.Lock()
+	c.closeWaitDoneLocked(ch)
+}
+
+// fromClientOnClosingChannel handles client frames on a channel a link or
+// the proxy is closing: only the close handshake counts, the rest is
+// discarded, as the spec asks of a peer that sent channel.close.
+func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, key uint32, f frames.Frame) {
+	switch key {
+	case frames.ChannelCloseOkKey:
+		ch.mu.Lock()
+		closer := ch.closer
+		ch.mu.Unlock()
+		if state == chanBackendClosing && closer != nil {
+			if err := closer.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+				c.writeFailed(closer, err)
+			}
+		}
+		c.channels.remove(ch.id, ch)
+	case frames.ChannelCloseKey:
+		// The client closed it too. If it has not been told of our close
+		// yet, it never will be: it gets close-ok instead, once the links
+		// answered; if it has, it gets close-ok now and its close-ok for
+		// ours still follows.
+		ch.mu.Lock()
+		if ch.notice != nil || ch.closeWait > 0 {
+			ch.notice = nil
+			ch.crossed = true
+			closer := ch.closer
+			ch.closer = nil
+			if closer != nil {
+				if err := closer.sock.writeMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
+					c.writeFailed(closer, err)
+				}
+			}
+			c.closeWaitDoneLocked(ch)
+			return
+		}
+		closer := ch.closer
+		ch.mu.Unlock()
+		if state == chanBackendClosing && closer != nil {
+			// The broker, closing, answers the client's close with
+			// close-ok, as a direct client would see it.
+			closer.expect(ch.id, &rpcGroup{pending: 1, primary: closer.idx})
+			if err := closer.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+				c.writeFailed(closer, err)
+			}
+			return
+		}
+		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
+	}
+}
+
+// channelLostLink settles what a client channel had in flight on a link that
+// was lost: consumers there are cancelled, confirms owed by the link stop
+// counting, requests it alone could answer close the channel with 541, and
+// a close waiting for its close-ok goes on without it.
+func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel) {
+	for _, g := range lc.replies {
+		switch {
+		case g == nil:
+		case g.primary == -1:
+			g.after(nil)
+		case g.primary == l.idx:
+			c.closeChannelByProxy(ch, frames.InternalError,
+				"INTERNAL_ERROR - backend "+l.name+" connection lost", 0, 0)
+		default:
+			c.abandonReply(ch, g)
+		}
+	}
+	ch.outMu.Lock()
+	ch.mu.Lock()
+	var cancelled []string
+	for tag, cons := range ch.consumers {
+		if cons.link == l.idx {
+			delete(ch.consumers, tag)
+			cancelled = append(cancelled, tag)
+		}
+	}
+	confirms := ch.confirms.backendLost(l.idx, ch.confirmedLost[:0])
+	ch.confirmedLost = confirms
+	ch.mu.Unlock()
+	for _, cc := range confirms {
+		c.writeConfirm(ch.id, cc)
+	}
+	for _, tag := range cancelled {
+		c.toClientMethod(ch.id, &frames.BasicCancel{ConsumerTag: tag, NoWait: true})
+	}
+	ch.outMu.Unlock()
+	if ch.closing.Load() == chanBackendClosing {
+		ch.mu.Lock()
+		if ch.closer == l {
+			// The client's close-ok has nowhere to go; the channel is closed
+			// once the client sends it.
+			ch.closer = nil
+		}
+		ch.mu.Unlock()
+	}
+}

@@ -1,0 +1,400 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// link is a client connection's connection to one backend. The home link
+// (index 0) is the one the handshake opened; with mirroring, links to the
+// other backends open when the connection first needs them, with the
+// client's own credentials, so that every broker authenticates and
+// authorises the client as always. The credentials (the client's start-ok
+// and open) stay in memory for the connection's life, as RabbitMQ's
+// shovels keep theirs, and are never logged.
+//
+// A link is one socket with its own read loop (linkLoop). It is identified
+// by its backend index and a generation: a link that is lost and opened
+// again gets a new generation, so that a delivery tag from the old one can
+// never settle a message of the new one.
+type link struct {
+	idx  int
+	name string
+	gen  uint64
+	sock *socket
+	done chan struct{} // closed when the read loop returns
+
+	mu sync.Mutex // guards the fields below
+	// chans holds the link's side of each client channel, by channel id.
+	chans map[uint16]*linkChannel
+	// lost is set once the link failed; it is never used again.
+	lost bool
+	// closed is set when the connection-level close handshake ended.
+	closed bool
+
+	// Scratch for the read loop.
+	deliver       frames.BasicDeliver
+	getOk         frames.BasicGetOk
+	cancel        frames.BasicCancel
+	backAck       frames.BasicAck
+	backNack      frames.BasicNack
+	confirmed     []clientConfirm
+	headerScratch []byte
+}
+
+// linkChannel is one client channel's channel on one backend link.
+type linkChannel struct {
+	// open: channel.open was sent and no close since. The client loop sets
+	// it; the replays (qos, confirm.select, tx.select) follow the open.
+	open      bool
+	confirm   bool // confirm.select sent on this link's channel
+	closing   bool // the proxy sent channel.close; frames until its close-ok are dropped
+	replies   []*rpcGroup
+	assembled message // content being assembled (read loop only)
+}
+
+func newLink(idx int, name string, gen uint64, sock *socket) *link {
+	return &link{idx: idx, name: name, gen: gen, sock: sock, done: make(chan struct{}), chans: make(map[uint16]*linkChannel)}
+}
+
+// channel returns the link's side of client channel id, made on first use.
+// Callers hold l.mu.
+func (l *link) channelLocked(id uint16) *linkChannel {
+	lc := l.chans[id]
+	if lc == nil {
+		lc = &linkChannel{}
+		l.chans[id] = lc
+	}
+	return lc
+}
+
+// expect queues a reply the link owes on channel id, for g (nil: swallow it).
+func (l *link) expect(id uint16, g *rpcGroup) {
+	l.mu.Lock()
+	lc := l.channelLocked(id)
+	lc.replies = append(lc.replies, g)
+	l.mu.Unlock()
+}
+
+// nextReply takes the oldest reply the link owes on channel id; ok is false
+// when it owes none (the reply answers nothing the proxy sent).
+func (l *link) nextReply(id uint16) (g *rpcGroup, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.chans[id]
+	if lc == nil || len(lc.replies) == 0 {
+		return nil, false
+	}
+	g = lc.replies[0]
+	lc.replies[0] = nil
+	lc.replies = lc.replies[1:]
+	if len(lc.replies) == 0 {
+		lc.replies = nil
+	}
+	return g, true
+}
+
+// links is the client connection's links, by backend index.
+func (c *clientConn) linkAt(i int) *link {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.links[i]
+}
+
+// allLinks returns the links that are open now.
+func (c *clientConn) allLinks() []*link {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*link, 0, len(c.links))
+	for _, l := range c.links {
+		if l != nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// ensureLink returns the link to backend i, opening it when the connection
+// has none (or lost it). Only the client loop calls it.
+func (c *clientConn) ensureLink(i int) (*link, error) {
+	if l := c.linkAt(i); l != nil {
+		return l, nil
+	}
+	if i == 0 {
+		return nil, errors.New("home link lost")
+	}
+	c.mu.Lock()
+	failedAt := c.linkFailedAt[i]
+	c.mu.Unlock()
+	if !failedAt.IsZero() && time.Since(failedAt) < linkRetryPause {
+		return nil, fmt.Errorf("backend %s: unreachable a moment ago", c.srv.backends[i].Name)
+	}
+	l, err := c.openLink(i)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.linkFailedAt[i] = time.Now()
+		c.log.Warn("cannot open a link to backend", "backend", c.srv.backends[i].Name, "err", err)
+		return nil, err
+	}
+	if c.tornDown.Load() {
+		l.sock.conn.Close()
+		return nil, errors.New("connection closing")
+	}
+	c.links[i] = l
+	c.linkLoops.Add(1)
+	go c.linkLoop(l)
+	return l, nil
+}
+
+// linkRetryPause is how long a backend that refused a link is not tried
+// again for the same connection, so that a dead backend costs a publish one
+// dial, not one per message.
+const linkRetryPause = time.Second
+
+// openLink connects to backend i and opens an AMQP connection on it with
+// the client's credentials, vhost and the limits negotiated with the client.
+func (c *clientConn) openLink(i int) (*link, error) {
+	b := c.srv.backends[i]
+	deadline := time.Now().Add(c.srv.opts.HandshakeTimeout)
+	conn, err := c.dialBackend(b, deadline)
+	if err != nil {
+		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
+	}
+	s := newSocket(conn)
+	fail := func(err error) (*link, error) {
+		conn.Close()
+		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
+	}
+	conn.SetDeadline(deadline)
+	if err := s.sendProtocolHeader(); err != nil {
+		return fail(err)
+	}
+	expect := func(want uint32) (frames.Frame, error) {
+		for {
+			f, err := s.in.ReadFrame()
+			if err != nil {
+				return f, err
+			}
+			if f.Type == frames.FrameHeartbeat {
+				continue
+			}
+			if isMethod(f.Payload, frames.ConnectionCloseKey) {
+				var cl frames.ConnectionClose
+				decodeArgs(f.Payload, &cl)
+				return f, fmt.Errorf("refused: %d %s", cl.ReplyCode, cl.ReplyText)
+			}
+			if f.Type != frames.FrameMethod || !isMethod(f.Payload, want) {
+				return f, fmt.Errorf("expected %s, got %s", keyName(want), frameDescription(f))
+			}
+			return f, nil
+		}
+	}
+	if _, err := expect(frames.ConnectionStartKey); err != nil {
+		return fail(err)
+	}
+	if err := s.sendFrame(frames.FrameMethod, 0, c.startOk); err != nil {
+		return fail(err)
+	}
+	if _, err := expect(frames.ConnectionTuneKey); err != nil {
+		return fail(fmt.Errorf("login (only mechanisms without a challenge open further links): %w", err))
+	}
+	tuneOk := frames.ConnectionTuneOk{
+		ChannelMax: c.channelMax,
+		FrameMax:   c.frameMax,
+		Heartbeat:  uint16(c.backendHeartbeat / time.Second),
+	}
+	if err := s.sendMethod(0, &tuneOk); err != nil {
+		return fail(err)
+	}
+	s.in.SetMaxFrameSize(c.frameMax)
+	if err := s.sendFrame(frames.FrameMethod, 0, c.openPayload); err != nil {
+		return fail(err)
+	}
+	if _, err := expect(frames.ConnectionOpenOkKey); err != nil {
+		return fail(err)
+	}
+	conn.SetDeadline(time.Time{})
+	c.mu.Lock()
+	c.linkGens[i]++
+	gen := c.linkGens[i]
+	c.mu.Unlock()
+	c.log.Debug("link opened", "backend", b.Name, "generation", gen)
+	return newLink(i, b.Name, gen, s), nil
+}
+
+// ensureChannel opens client channel ch on link l if it is not open there,
+// and repeats on it what the client set on the channel (prefetch, confirm
+// or transaction mode), swallowing the replies. Only the client loop calls it.
+func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
+	l.mu.Lock()
+	lc := l.channelLocked(ch.id)
+	if lc.open {
+		l.mu.Unlock()
+		return nil
+	}
+	lc.open = true
+	lc.confirm = false
+	lc.replies = append(lc.replies, nil) // channel.open-ok
+	qos := ch.qos
+	if qos != nil {
+		lc.replies = append(lc.replies, nil)
+	}
+	confirm := ch.confirming && !ch.transactional
+	if confirm {
+		lc.confirm = true
+		lc.replies = append(lc.replies, nil)
+	}
+	tx := ch.transactional
+	if tx {
+		lc.replies = append(lc.replies, nil)
+	}
+	l.mu.Unlock()
+
+	w := l.sock
+	if err := w.writeMethod(ch.id, &frames.ChannelOpen{}); err != nil {
+		return err
+	}
+	if qos != nil {
+		if err := w.writeMethod(ch.id, qos); err != nil {
+			return err
+		}
+	}
+	if confirm {
+		if err := w.writeMethod(ch.id, &frames.ConfirmSelect{}); err != nil {
+			return err
+		}
+	}
+	if tx {
+		if err := w.writeMethod(ch.id, &frames.TxSelect{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// linkLoop reads a link's frames and passes them to the client. After
+// teardown it keeps reading only until the backend confirms the proxy's
+// connection.close.
+func (c *clientConn) linkLoop(l *link) {
+	defer c.linkLoops.Done()
+	defer close(l.done)
+	defer l.sock.conn.Close()
+	l.sock.whenDry(func() { c.client.flush() })
+	for {
+		f, err := l.sock.in.ReadFrame()
+		if err != nil {
+			if c.tornDown.Load() {
+				return
+			}
+			if l.idx == 0 {
+				if c.closeInProgress() == closeByClient {
+					// The backend hung up instead of sending close-ok: the
+					// client asked to close, so that is what happened.
+					reason, detail := c.outcome()
+					c.markBackendClosed()
+					c.teardown(reason, detail)
+					return
+				}
+				c.backendLost(err)
+				return
+			}
+			c.linkLost(l, err)
+			return
+		}
+		if c.tornDown.Load() {
+			if f.Type == frames.FrameMethod && f.Channel == 0 && isMethod(f.Payload, frames.ConnectionCloseOkKey, frames.ConnectionCloseKey) {
+				return
+			}
+			continue
+		}
+		if err := c.fromLink(l, f); err != nil {
+			if errors.Is(err, errBackendDone) {
+				return
+			}
+			if l.idx == 0 {
+				c.backendLost(err)
+			} else {
+				c.linkLost(l, err)
+			}
+			return
+		}
+	}
+}
+
+// linkLost handles the loss of a link other than the home link: the client
+// connection goes on. What was in flight on the link is settled: its
+// consumers are cancelled (as RabbitMQ cancels the consumers of a queue whose
+// node went down), the confirms it owed stop counting, and a request whose
+// answer only it could give closes its channel with 541.
+func (c *clientConn) linkLost(l *link, err error) {
+	c.mu.Lock()
+	if c.links[l.idx] != l {
+		c.mu.Unlock()
+		return
+	}
+	c.links[l.idx] = nil
+	c.linkFailedAt[l.idx] = time.Now()
+	c.mu.Unlock()
+	l.mu.Lock()
+	l.lost = true
+	chans := l.chans
+	l.chans = map[uint16]*linkChannel{}
+	l.mu.Unlock()
+	l.sock.conn.Close()
+	c.log.Warn("backend link lost", "backend", l.name, "generation", l.gen, "err", err)
+
+	for id, lc := range chans {
+		ch := c.channels.get(id)
+		if ch == nil {
+			continue
+		}
+		c.channelLostLink(ch, l, lc)
+	}
+}
+
+// markLinkClosed records that a link's connection ended its close handshake.
+func (l *link) markClosed() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+}
+
+// closeLinks says goodbye to every link but the home one (teardown does that
+// one): connection.close, and the read loop waits for close-ok until
+// CloseTimeout.
+func (c *clientConn) closeLinks(reason CloseReason) {
+	c.mu.Lock()
+	links := append([]*link(nil), c.links[1:]...)
+	c.mu.Unlock()
+	text := "client connection closed"
+	if reason == ReasonShutdown {
+		text = "proxy shutting down"
+	}
+	for _, l := range links {
+		if l == nil {
+			continue
+		}
+		l.sock.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+		if err := l.sock.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+			l.sock.conn.Close()
+		}
+	}
+}
+
+// flushLinks sends what the client loop queued on every link.
+func (c *clientConn) flushLinks() {
+	if len(c.links) == 1 {
+		c.backend.flush()
+		return
+	}
+	for i := range c.links {
+		if l := c.linkAt(i); l != nil {
+			l.sock.flush()
+		}
+	}
+}

@@ -1,0 +1,652 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// This file decides which links a client method reaches. Without mirroring
+// every method goes to the home link. With it (a Mirror is configured):
+//
+//   - exchanges and exchange bindings: every backend;
+//   - a queue's declare, bind, unbind and delete: every backend holding a
+//     copy (its master and slaves); purge, consume and get: the master;
+//     exclusive and server-named queues live on the home backend and are
+//     never mirrored;
+//   - publishes: to the default exchange, every copy of the named queue;
+//     to another exchange, every backend (each routes to the copies it
+//     holds);
+//   - channel-wide methods (qos, confirm.select, tx, recover, flow): every
+//     link the channel is open on, and repeated on links it opens on later.
+
+// publishing is the publish whose content the client is sending.
+type publishing struct {
+	targets  []*link
+	identify bool // add the identity header: the message has several copies
+	returns  int  // a mandatory publish sent to several backends: how many
+}
+
+// mirrorTimeout bounds a call to the engine made for a client request.
+const mirrorTimeout = 10 * time.Second
+
+func (c *clientConn) mirrorContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(c.ctx, mirrorTimeout)
+}
+
+// homeOnly is the home link as a target list.
+func (c *clientConn) homeOnly() []*link {
+	if home := c.linkAt(0); home != nil {
+		return c.homeTargets[:]
+	}
+	return nil
+}
+
+// reach returns the links to the named backends with the channel open on
+// each, opening what is missing; a backend that cannot be reached is left
+// out (and logged by ensureLink).
+func (c *clientConn) reach(ch *channelState, backends ...string) []*link {
+	out := ch.reachable[:0]
+	for _, name := range backends {
+		i, ok := c.srv.backendIndex[name]
+		if !ok {
+			continue
+		}
+		l, err := c.ensureLink(i)
+		if err != nil {
+			continue
+		}
+		if err := c.ensureChannel(ch, l); err != nil {
+			c.writeFailed(l, err)
+			continue
+		}
+		out = append(out, l)
+	}
+	ch.reachable = out
+	return out
+}
+
+// reachAll returns every backend's link with the channel open on it, the
+// home link first.
+func (c *clientConn) reachAll(ch *channelState) []*link {
+	return c.reach(ch, c.srv.backendNames...)
+}
+
+// openLinks returns the links the channel is open on, the home link first.
+func (c *clientConn) openLinks(ch *channelState) []*link {
+	out := ch.reachable[:0]
+	for _, l := range c.allLinks() {
+		l.mu.Lock()
+		if lc := l.chans[ch.id]; lc != nil && lc.open {
+			out = append(out, l)
+		}
+		l.mu.Unlock()
+	}
+	ch.reachable = out
+	return out
+}
+
+// sendTo sends f to targets (the home link when there are none).
+func (c *clientConn) sendTo(ch *channelState, f frames.Frame, after func([]byte) []byte, targets []*link, wantReply bool) {
+	if len(targets) == 0 {
+		targets = c.homeOnly()
+		if len(targets) == 0 {
+			return
+		}
+	}
+	c.send(ch, f, targets, wantReply, after)
+}
+
+// onOpenLinks sends a channel-wide method to every link the channel is open
+// on; the home link answers.
+func (c *clientConn) onOpenLinks(ch *channelState, f frames.Frame, wantReply bool) error {
+	targets := c.openLinks(ch)
+	if len(targets) > 1 && f.Type == frames.FrameMethod && isMethod(f.Payload, frames.ConfirmSelectKey) {
+		for _, l := range targets {
+			l.mu.Lock()
+			l.channelLocked(ch.id).confirm = true
+			l.mu.Unlock()
+		}
+	}
+	c.sendTo(ch, f, nil, targets, wantReply)
+	return nil
+}
+
+// everywhere sends an exchange method to every backend.
+func (c *clientConn) everywhere(ch *channelState, f frames.Frame, key uint32, args []byte) error {
+	if c.srv.opts.Mirror == nil {
+		c.sendTo(ch, f, nil, c.homeOnly(), true)
+		return nil
+	}
+	noWait, err := exchangeNoWait(key, args)
+	if err != nil {
+		return err
+	}
+	c.sendTo(ch, f, nil, c.reachAll(ch), !noWait)
+	return nil
+}
+
+func exchangeNoWait(key uint32, args []byte) (bool, error) {
+	switch key {
+	case frames.ExchangeDeclareKey:
+		var d frames.ExchangeDeclare
+		err := d.Decode(args)
+		return d.NoWait, err
+	case frames.ExchangeDeleteKey:
+		var d frames.ExchangeDelete
+		err := d.Decode(args)
+		return d.NoWait, err
+	case frames.ExchangeBindKey:
+		var d frames.ExchangeBind
+		err := d.Decode(args)
+		return d.NoWait, err
+	case frames.ExchangeUnbindKey:
+		var d frames.ExchangeUnbind
+		err := d.Decode(args)
+		return d.NoWait, err
+	}
+	return false, nil
+}
+
+// queueMethod is the part of a queue method routing needs.
+type queueMethod struct {
+	queue     string
+	noWait    bool
+	passive   bool
+	exclusive bool
+	declare   *frames.QueueDeclare
+	binding   mirror.Binding
+}
+
+func decodeQueueMethod(key uint32, args []byte) (queueMethod, error) {
+	var q queueMethod
+	switch key {
+	case frames.QueueDeclareKey:
+		d := &frames.QueueDeclare{}
+		if err := d.Decode(args); err != nil {
+			return q, err
+		}
+		q.queue, q.noWait, q.passive, q.exclusive, q.declare = d.Queue, d.NoWait, d.Passive, d.Exclusive, d
+	case frames.QueueBindKey:
+		var d frames.QueueBind
+		if err := d.Decode(args); err != nil {
+			return q, err
+		}
+		q.queue, q.noWait = d.Queue, d.NoWait
+		q.binding = mirror.Binding{Exchange: d.Exchange, RoutingKey: d.RoutingKey, Arguments: encodeTable(d.Arguments)}
+	case frames.QueueUnbindKey:
+		var d frames.QueueUnbind
+		if err := d.Decode(args); err != nil {
+			return q, err
+		}
+		q.queue = d.Queue
+		q.binding = mirror.Binding{Exchange: d.Exchange, RoutingKey: d.RoutingKey, Arguments: encodeTable(d.Arguments)}
+	case frames.QueuePurgeKey:
+		var d frames.QueuePurge
+		if err := d.Decode(args); err != nil {
+			return q, err
+		}
+		q.queue, q.noWait = d.Queue, d.NoWait
+	case frames.QueueDeleteKey:
+		var d frames.QueueDelete
+		if err := d.Decode(args); err != nil {
+			return q, err
+		}
+		q.queue, q.noWait = d.Queue, d.NoWait
+	}
+	return q, nil
+}
+
+func encodeTable(t frames.Table) []byte {
+	if len(t) == 0 {
+		return nil
+	}
+	b, err := frames.AppendTable(nil, t)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// locate returns where a queue lives: from the metadata log, or found on
+// the backends (adopted). ok is false when no backend has it.
+func (c *clientConn) locate(name string) (mirror.QueueMeta, bool) {
+	id := mirror.QueueID{VHost: c.vhost, Name: name}
+	if m, ok := c.srv.opts.Mirror.Lookup(id); ok {
+		return m, true
+	}
+	if m, ok := c.unrecorded[name]; ok {
+		return m, true
+	}
+	ctx, cancel := c.mirrorContext()
+	defer cancel()
+	m, ok, err := c.srv.opts.Mirror.Resolve(ctx, id)
+	if err != nil {
+		c.log.Warn("cannot locate queue", "queue", name, "err", err)
+		return m, false
+	}
+	if ok && m.Version == 0 {
+		// An exclusive queue of some connection: never recorded, and it
+		// never moves, so this connection remembers where it is (an RPC
+		// server publishes every reply to one).
+		if c.unrecorded == nil || len(c.unrecorded) >= maxUnrecorded {
+			c.unrecorded = make(map[string]mirror.QueueMeta)
+		}
+		c.unrecorded[name] = m
+	}
+	return m, ok
+}
+
+// maxUnrecorded bounds a connection's memory of exclusive queues.
+const maxUnrecorded = 1024
+
+// queueMethod routes queue.declare, bind, unbind, purge and delete.
+func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
+	if c.srv.opts.Mirror == nil {
+		c.sendTo(ch, f, nil, c.homeOnly(), true)
+		return nil
+	}
+	q, err := decodeQueueMethod(key, args)
+	if err != nil {
+		return err
+	}
+	wantReply := !q.noWait
+	if q.queue == "" || q.exclusive {
+		// Server-named and exclusive queues live where the client is.
+		c.sendTo(ch, f, nil, c.homeOnly(), wantReply)
+		return nil
+	}
+	id := mirror.QueueID{VHost: c.vhost, Name: q.queue}
+	meta, found := c.locate(q.queue)
+	if !found {
+		if key != frames.QueueDeclareKey || q.passive {
+			// The home broker answers 404 as RabbitMQ would.
+			c.sendTo(ch, f, nil, c.homeOnly(), wantReply)
+			return nil
+		}
+		return c.declareNew(ch, f, q, wantReply)
+	}
+	master := c.reach(ch, meta.Master)
+	if len(master) == 0 {
+		c.closeChannelByProxy(ch, frames.NotFound, fmt.Sprintf(
+			"NOT_FOUND - home node '%s' of durable queue '%s' in vhost '%s' is down or inaccessible", meta.Master, q.queue, c.vhost),
+			uint16(key>>16), uint16(key))
+		return nil
+	}
+	masterLink := master[0]
+	switch key {
+	case frames.QueueDeclareKey, frames.QueuePurgeKey:
+		var after func([]byte) []byte
+		if key == frames.QueuePurgeKey && len(meta.Slaves) > 0 {
+			after = func(reply []byte) []byte {
+				ctx, cancel := c.mirrorContext()
+				defer cancel()
+				c.srv.opts.Mirror.Purged(ctx, id)
+				return reply
+			}
+		}
+		c.sendTo(ch, f, after, []*link{masterLink}, wantReply)
+	default: // bind, unbind, delete: every copy
+		targets := append([]*link{masterLink}, c.reach(ch, slaveNames(meta)...)...)
+		after := func(reply []byte) []byte {
+			ctx, cancel := c.mirrorContext()
+			defer cancel()
+			switch key {
+			case frames.QueueDeleteKey:
+				c.srv.opts.Mirror.Deleted(ctx, id)
+			case frames.QueueBindKey:
+				c.srv.opts.Mirror.Bound(ctx, id, q.binding, true)
+			case frames.QueueUnbindKey:
+				c.srv.opts.Mirror.Bound(ctx, id, q.binding, false)
+			}
+			return reply
+		}
+		if !wantReply {
+			after(nil)
+			after = nil
+		}
+		c.sendTo(ch, f, after, targets, wantReply)
+	}
+	return nil
+}
+
+func slaveNames(m mirror.QueueMeta) []string {
+	out := make([]string, len(m.Slaves))
+	for i, s := range m.Slaves {
+		out[i] = s.Backend
+	}
+	return out
+}
+
+// declareNew places a new queue and declares it on its master and every
+// slave; the client gets the master's declare-ok once every copy exists and
+// the engine recorded the queue.
+func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod, wantReply bool) error {
+	d := q.declare
+	meta := mirror.QueueMeta{
+		ID:         mirror.QueueID{VHost: c.vhost, Name: q.queue},
+		Durable:    d.Durable,
+		AutoDelete: d.AutoDelete,
+		Arguments:  encodeTable(d.Arguments),
+	}
+	ctx, cancel := c.mirrorContext()
+	placed, err := c.srv.opts.Mirror.Place(ctx, meta, c.srv.opts.ClientNode)
+	cancel()
+	if err != nil {
+		code, text := uint16(frames.InternalError), "INTERNAL_ERROR - cannot place queue: "+err.Error()
+		if errors.Is(err, mirror.ErrUnknownLocator) {
+			code, text = frames.PreconditionFailed, "PRECONDITION_FAILED - "+err.Error()
+		}
+		c.closeChannelByProxy(ch, code, text, 50, 10)
+		return nil
+	}
+	master := c.reach(ch, placed.Master)
+	if len(master) == 0 {
+		c.closeChannelByProxy(ch, frames.InternalError,
+			"INTERNAL_ERROR - backend "+placed.Master+" for the queue's master is unreachable", 50, 10)
+		return nil
+	}
+	masterLink := master[0]
+	slaves := c.reach(ch, slaveNames(placed)...)
+	// Slaves are never auto-delete: the proxy's own consumer on a slave
+	// comes and goes, and the engine removes slaves when the master goes.
+	slaveDecl := *d
+	slaveDecl.AutoDelete = false
+	slaveDecl.NoWait = false
+	kept := placed.Slaves[:0]
+	for _, s := range placed.Slaves {
+		for _, l := range slaves {
+			if l.name == s.Backend {
+				kept = append(kept, s)
+			}
+		}
+	}
+	placed.Slaves = kept
+	var g *rpcGroup
+	g = &rpcGroup{pending: 1 + len(slaves), primary: masterLink.idx, after: func(reply []byte) []byte {
+		ctx, cancel := c.mirrorContext()
+		defer cancel()
+		if _, err := c.srv.opts.Mirror.Declared(ctx, placed); err != nil {
+			c.log.Warn("queue declared but not recorded", "queue", q.queue, "err", err)
+		}
+		if !wantReply {
+			return nil
+		}
+		return reply
+	}}
+	masterLink.expect(ch.id, g)
+	noWaitOff := *d
+	noWaitOff.NoWait = false
+	if err := masterLink.sock.writeMethod(ch.id, &noWaitOff); err != nil {
+		c.writeFailed(masterLink, err)
+	}
+	for _, l := range slaves {
+		l.expect(ch.id, g)
+		if err := l.sock.writeMethod(ch.id, &slaveDecl); err != nil {
+			c.writeFailed(l, err)
+		}
+	}
+	return nil
+}
+
+// consume starts a consumer on the queue's master.
+func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) error {
+	d := &ch.clientConsume
+	if err := d.Decode(args); err != nil {
+		return err
+	}
+	targets := c.homeOnly()
+	var ref *queueRef
+	if c.srv.opts.Mirror != nil && d.Queue != "" {
+		if meta, ok := c.locate(d.Queue); ok {
+			if master := c.reach(ch, meta.Master); len(master) > 0 {
+				targets = []*link{master[0]}
+				ref = &queueRef{id: meta.ID}
+			}
+		}
+	}
+	if len(targets) == 0 {
+		return nil
+	}
+	cons := consumer{noAck: d.NoAck, link: targets[0].idx, queue: ref}
+	tag := d.ConsumerTag
+	ch.mu.Lock()
+	if tag != "" || d.NoWait {
+		// With no tag and no-wait, the server picks a tag the client never
+		// learns; deliveries with an unknown tag take this consumer's mode.
+		ch.consumers[tag] = cons
+	}
+	ch.mu.Unlock()
+	var after func([]byte) []byte
+	if tag == "" && !d.NoWait {
+		after = func(reply []byte) []byte {
+			var ok frames.BasicConsumeOk
+			if decodeArgs(reply, &ok) == nil {
+				ch.mu.Lock()
+				ch.consumers[ok.ConsumerTag] = cons
+				ch.mu.Unlock()
+			}
+			return reply
+		}
+	}
+	c.sendTo(ch, f, after, targets, !d.NoWait)
+	return nil
+}
+
+// get asks the queue's master for a message.
+func (c *clientConn) get(ch *channelState, f frames.Frame, args []byte) error {
+	d := &ch.clientGet
+	if err := d.Decode(args); err != nil {
+		return err
+	}
+	targets := c.homeOnly()
+	var ref *queueRef
+	if c.srv.opts.Mirror != nil && d.Queue != "" {
+		if meta, ok := c.locate(d.Queue); ok {
+			if master := c.reach(ch, meta.Master); len(master) > 0 {
+				targets = []*link{master[0]}
+				ref = &queueRef{id: meta.ID}
+			}
+		}
+	}
+	if len(targets) == 0 {
+		return nil
+	}
+	g := &rpcGroup{pending: 1, primary: targets[0].idx, get: &pendingGet{noAck: d.NoAck, queue: ref}}
+	targets[0].expect(ch.id, g)
+	if err := targets[0].sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+		c.writeFailed(targets[0], err)
+	}
+	return nil
+}
+
+// cancel ends a consumer on the link it consumes on.
+func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error {
+	var d frames.BasicCancel
+	if err := d.Decode(args); err != nil {
+		return err
+	}
+	ch.mu.Lock()
+	cons, known := ch.consumers[d.ConsumerTag]
+	ch.mu.Unlock()
+	targets := c.homeOnly()
+	if known {
+		if l := c.linkAt(cons.link); l != nil {
+			targets = []*link{l}
+		}
+	}
+	forget := func(reply []byte) []byte {
+		ch.mu.Lock()
+		delete(ch.consumers, d.ConsumerTag)
+		ch.mu.Unlock()
+		return reply
+	}
+	if d.NoWait {
+		forget(nil)
+		forget = nil
+	}
+	c.sendTo(ch, f, forget, targets, !d.NoWait)
+	return nil
+}
+
+// publish sends a basic.publish to the backends that hold the copies it
+// can reach; its content frames follow to the same backends
+// (publishContent).
+func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) error {
+	if c.srv.opts.Mirror == nil {
+		ch.pub = publishing{targets: c.homeOnly()}
+		if ch.confirming {
+			ch.mu.Lock()
+			ch.confirms.publish(0)
+			ch.mu.Unlock()
+		}
+		c.toBackend(f)
+		return nil
+	}
+	p := &ch.clientPublish
+	if err := p.Decode(args); err != nil {
+		return err
+	}
+	var quorum, extra []int
+	var targets []*link
+	identify := false
+	if p.Exchange == "" {
+		meta, found := c.locate(p.RoutingKey)
+		if found {
+			targets = c.reach(ch, meta.Backends()...)
+			identify = len(meta.Slaves) > 0
+			if ch.confirming {
+				for _, l := range targets {
+					if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
+						extra = append(extra, l.idx)
+					} else {
+						quorum = append(quorum, l.idx)
+					}
+				}
+			}
+		} else {
+			targets = c.homeOnly()
+		}
+	} else {
+		targets = c.reachAll(ch)
+		identify = len(targets) > 1
+	}
+	targets = append([]*link(nil), targets...) // reach's slice is scratch
+	if ch.confirming && quorum == nil && extra == nil {
+		for _, l := range targets {
+			quorum = append(quorum, l.idx)
+		}
+	}
+	if len(quorum) == 0 && len(extra) > 0 {
+		quorum, extra = extra, nil
+	}
+	ch.pub = publishing{targets: targets, identify: identify}
+	if p.Mandatory && len(targets) > 1 {
+		ch.pub.returns = len(targets)
+	}
+	if ch.confirming {
+		ch.mu.Lock()
+		ch.confirms.publishTo(quorum, extra)
+		var out []clientConfirm
+		if len(quorum) == 0 {
+			out = ch.confirms.collect(1, nil)
+		}
+		ch.mu.Unlock()
+		for _, cc := range out {
+			ch.outMu.Lock()
+			c.writeConfirm(ch.id, cc)
+			ch.outMu.Unlock()
+		}
+	}
+	if len(targets) == 0 {
+		ch.dropContent = true
+		return nil
+	}
+	for _, l := range targets {
+		if err := l.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+			c.writeFailed(l, err)
+		}
+	}
+	return nil
+}
+
+// publishContent sends a publish's content frame where its method went,
+// adding the identity header to the content header of a message with
+// several copies.
+func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
+	payload := f.Payload
+	if f.Type == frames.FrameHeader && ch.pub.identify {
+		id := c.nextMessageID()
+		var err error
+		c.headerScratch, err = addIdentity(c.headerScratch[:0], f.Payload, id)
+		if err != nil {
+			return err
+		}
+		payload = c.headerScratch
+		if ch.pub.returns > 1 {
+			ch.mu.Lock()
+			ch.returns.expect(id, ch.pub.returns)
+			ch.mu.Unlock()
+		}
+	}
+	for _, l := range ch.pub.targets {
+		if err := l.sock.writeFrame(f.Type, f.Channel, payload); err != nil {
+			c.writeFailed(l, err)
+		}
+	}
+	return nil
+}
+
+// nextMessageID returns a new message identity: the connection's random
+// prefix and a counter.
+func (c *clientConn) nextMessageID() mirror.MessageID {
+	c.messageSeq++
+	id := c.idPrefix
+	for i := 0; i < 8; i++ {
+		id[8+i] = byte(c.messageSeq >> (56 - 8*i))
+	}
+	return id
+}
+
+// returnCounts counts, per message identity, the backends that returned a
+// mandatory publish sent to several of them: the client gets the return
+// only when every one did (no backend routed it). Entries of messages that
+// were routed somewhere are never completed, so the oldest are forgotten
+// beyond a bound.
+type returnCounts struct {
+	want  map[mirror.MessageID]int
+	order []mirror.MessageID
+}
+
+const maxReturnCounts = 4096
+
+func (r *returnCounts) expect(id mirror.MessageID, backends int) {
+	if r.want == nil {
+		r.want = make(map[mirror.MessageID]int)
+	}
+	if len(r.order) >= maxReturnCounts {
+		delete(r.want, r.order[0])
+		r.order = r.order[1:]
+	}
+	r.want[id] = backends
+	r.order = append(r.order, id)
+}
+
+// arrived counts one backend's return of id and reports whether the client
+// gets it now.
+func (r *returnCounts) arrived(id mirror.MessageID) bool {
+	n, ok := r.want[id]
+	if !ok {
+		return true
+	}
+	if n--; n > 0 {
+		r.want[id] = n
+		return false
+	}
+	delete(r.want, id)
+	return true
+}

@@ -1,0 +1,135 @@
+package proxy
+
+import (
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// rpcGroup is one synchronous client request (queue.declare, basic.qos,
+// tx.commit…) sent to one or more links: the client gets one reply, the
+// primary link's, once every link answered. Each link answers its requests
+// on a channel in order (AMQP), so a link's replies are matched to groups by
+// a queue per link and channel (link.expect, link.nextReply).
+//
+// Replies reach the client as their groups complete. Clients wait for a
+// synchronous reply before the next request on a channel, so groups complete
+// in request order; the proxy's own requests on a link (channel.open and
+// its replays) are swallowed and never reach the client.
+type rpcGroup struct {
+	pending int // replies still owed; guarded by the channel's mu
+	primary int // index of the link whose reply the client gets
+	// reply is the primary's reply, kept when it arrives before the others.
+	reply []byte
+	// after runs, on the read loop that completes the group, before the
+	// reply is written: what the reply makes true (a queue's copies exist,
+	// a consumer's tag is known) is recorded before the client can act on it.
+	// It may return a replacement reply.
+	after func(reply []byte) []byte
+	// get carries what a basic.get needs when its get-ok arrives.
+	get *pendingGet
+}
+
+// pendingGet is a basic.get in flight.
+type pendingGet struct {
+	noAck bool
+	queue *queueRef
+}
+
+// isReply reports whether a method from a broker answers a client request.
+func isReply(key uint32) bool {
+	switch key {
+	case frames.ChannelOpenOkKey, frames.ChannelFlowOkKey, frames.ChannelCloseOkKey,
+		frames.ExchangeDeclareOkKey, frames.ExchangeDeleteOkKey, frames.ExchangeBindOkKey, frames.ExchangeUnbindOkKey,
+		frames.QueueDeclareOkKey, frames.QueueBindOkKey, frames.QueuePurgeOkKey, frames.QueueDeleteOkKey, frames.QueueUnbindOkKey,
+		frames.BasicQosOkKey, frames.BasicConsumeOkKey, frames.BasicCancelOkKey, frames.BasicGetOkKey, frames.BasicGetEmptyKey,
+		frames.BasicRecoverOkKey, frames.TxSelectOkKey, frames.TxCommitOkKey, frames.TxRollbackOkKey, frames.ConfirmSelectOkKey:
+		return true
+	}
+	return false
+}
+
+// send writes a client request to the links at targets, which must be open
+// with the channel open on them (c.reach). With wantReply, the first target
+// gives the client's reply, through a group; after, when set, runs first.
+// It returns false when a write failed (the link is being torn down).
+func (c *clientConn) send(ch *channelState, f frames.Frame, targets []*link, wantReply bool, after func([]byte) []byte) *rpcGroup {
+	var g *rpcGroup
+	if wantReply {
+		g = &rpcGroup{pending: len(targets), primary: targets[0].idx, after: after}
+	}
+	for _, l := range targets {
+		if g != nil {
+			l.expect(ch.id, g)
+		}
+		if err := l.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+			c.writeFailed(l, err)
+		}
+	}
+	return g
+}
+
+// writeFailed handles a failed write to a link: the home link's loss ends
+// the connection; another link's loss is noticed by its read loop too.
+func (c *clientConn) writeFailed(l *link, err error) {
+	if l.idx == 0 {
+		c.backendLost(err)
+		return
+	}
+	c.linkLost(l, err)
+}
+
+// replyArrived matches a broker's reply to the request it answers and passes
+// the group's reply to the client once every link answered.
+func (c *clientConn) replyArrived(ch *channelState, l *link, f frames.Frame) {
+	g, ok := l.nextReply(ch.id)
+	if !ok {
+		// Nothing the proxy sent asked for it: pass it on as it came.
+		c.toClientOnChannel(ch, f)
+		return
+	}
+	if g == nil {
+		return // the reply to the proxy's own request
+	}
+	ch.mu.Lock()
+	g.pending--
+	done := g.pending == 0
+	if l.idx == g.primary && (!done || g.after != nil) {
+		g.reply = append([]byte(nil), f.Payload...)
+	}
+	ch.mu.Unlock()
+	if !done {
+		return
+	}
+	if g.after == nil && l.idx == g.primary {
+		c.toClientOnChannel(ch, f)
+		return
+	}
+	c.finishGroup(ch, g)
+}
+
+// finishGroup runs a complete group's after and passes its reply on.
+func (c *clientConn) finishGroup(ch *channelState, g *rpcGroup) {
+	reply := g.reply
+	if g.after != nil {
+		reply = g.after(reply)
+	}
+	if reply == nil {
+		return
+	}
+	c.toClientOnChannel(ch, frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: reply})
+}
+
+// abandonReply counts a reply that will never come (its link or channel
+// closed) towards its group, and completes the group without it; a group
+// whose primary reply is lost gives the client nothing.
+func (c *clientConn) abandonReply(ch *channelState, g *rpcGroup) {
+	if g == nil {
+		return
+	}
+	ch.mu.Lock()
+	g.pending--
+	done := g.pending == 0
+	ch.mu.Unlock()
+	if done && g.reply != nil {
+		c.finishGroup(ch, g)
+	}
+}
