@@ -7,6 +7,7 @@
 //	go run ./integration/bench -scenario=full -rounds=3 -proxy-cpuprofile=/tmp/proxy.pprof
 //	go tool pprof -top /tmp/proxy.full.1.pprof
 //	go run ./integration/bench -targets=direct,proxy,baseline -baseline-cmd='/tmp/old-bench -role=proxy -backend={backend}'
+//	go run ./integration/bench -scenario=mirrored -rounds=3
 //
 // The last form compares two builds of the proxy in one run: build the bench of the older
 // commit to /tmp/old-bench and let it be the baseline target.
@@ -48,6 +49,24 @@
 //     the proxy and the broker give their memory per connection. Then all close, and the
 //     proxy's resident set is read 1, 5, 10 and -idle-linger seconds later. Run for the
 //     proxy and baseline targets; socat's process per connection would say nothing.
+//   - mirrored: full's load (amqp091-go) on a mirrored queue, four rows in one table with
+//     ratios to the first: direct, one plain RabbitMQ node; amqp-mirror, `amqp-mirror
+//     serve --config` (a separate process, built with go build into a temporary directory
+//     unless -amqp-mirror-bin names one) in front of three plain nodes, its config's
+//     policy ha-mode all with ha-sync-mode automatic; native-ha, RabbitMQ's own classic
+//     mirroring on a three-node RabbitMQ cluster of the same version (the same policy set
+//     with rabbitmqctl set_policy), clients on its first node; quorum, quorum queues on
+//     that cluster. The scenario starts these six nodes itself (-amqp-url does not apply)
+//     and runs -mirrored-targets in rounds like the other loads. Before each load it
+//     counts the copies of the run's queues on the brokers themselves (passive declares
+//     on each plain node; rabbitmqctl list_queues synchronised_slave_pids or online on the
+//     cluster) and waits up to 15 s for all three; a row with fewer says so in its copies
+//     column. Then the rate of queue.declare, directly and through amqp-mirror, for
+//     -declare-duration each: an RPC client's server-named exclusive auto-delete queue,
+//     declared and deleted per call, and a declare of a named durable queue that exists.
+//     About a minute to start and 20 s per run: three to four minutes with -rounds=1
+//     (direct, amqp-mirror, native-ha, quorum, direct), six to seven with -rounds=3, so it
+//     is not in the default list.
 //
 // Runs alternate, each round running every target of -targets once and a last direct run
 // ending the scenario (direct, socat, proxy, direct for -rounds=1), and the summary takes each target's median, so that drift of the broker

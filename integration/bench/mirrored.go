@@ -381,7 +381,8 @@ func (m *mirroredBench) startServer(ctx context.Context) (*proxyProcess, error) 
 		return nil, err
 	}
 	path := filepath.Join(dir, "amqp-mirror.yaml")
-	if err := os.WriteFile(path, []byte(m.serverConfig(addr, filepath.Join(dir, "state"))), 0o644); err != nil {
+	config := serverConfig(addr, filepath.Join(dir, "state"), m.cfg.proxyLogLevel, m.plain.Nodes())
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
 	cmd := exec.Command("sh", "-c", serverWrapper, "amqp-mirror-bench-wrapper", m.binary, "serve", "--config", path)
@@ -414,12 +415,11 @@ func (m *mirroredBench) startServer(ctx context.Context) (*proxyProcess, error) 
 // serverConfig is the amqp-mirror config of a bench server: the three plain nodes as
 // backends, every bench queue ha-mode all with automatic sync, no admin API and no
 // gossip (nothing that could collide with another program's ports).
-func (m *mirroredBench) serverConfig(addr, stateDir string) string {
+func serverConfig(addr, stateDir, level string, nodes []*harness.Node) string {
 	var b strings.Builder
-	level := m.cfg.proxyLogLevel
-	fmt.Fprintf(&b, "node: %s\nlisten:\n  amqp: %s\n  admin: \"\"\n", m.plain.Nodes()[0].Name, addr)
+	fmt.Fprintf(&b, "node: %s\nlisten:\n  amqp: %s\n  admin: \"\"\n", nodes[0].Name, addr)
 	fmt.Fprintf(&b, "state_dir: %s\nlog: {level: %s, format: text}\nshutdown_timeout: 5s\nbackends:\n", strconv.Quote(stateDir), level)
-	for _, node := range m.plain.Nodes() {
+	for _, node := range nodes {
 		fmt.Fprintf(&b, "  - name: %s\n    url: %s\n", node.Name, node.URL())
 	}
 	fmt.Fprintf(&b, "policies:\n  - name: bench-ha-all\n    pattern: \"^bench-\"\n    apply-to: queues\n    definition:\n")

@@ -205,7 +205,12 @@ func (p *proxyProcess) stop() error {
 	select {
 	case <-p.exited:
 	case <-time.After(10 * time.Second):
-		p.cmd.Process.Kill()
+		if attr := p.cmd.SysProcAttr; attr != nil && attr.Setpgid {
+			// A wrapper's group: its children too (amqp-mirror serve under its wrapper).
+			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		} else {
+			p.cmd.Process.Kill()
+		}
 		<-p.exited
 		return errors.New("proxy did not exit within 10s of its stdin closing; killed")
 	}
