@@ -76,10 +76,10 @@ type Engine struct {
 	log      *slog.Logger
 	backends []string
 
-	// snapshot is what Lookup reads: the Store's queues by ID, replaced as a
-	// whole, never modified.
-	snapshot  atomic.Pointer[map[mirror.QueueID]mirror.QueueMeta]
-	rebuildMu sync.Mutex // serialises rebuilds, so that an older List never overwrites a newer one
+	// snapshot is what Lookup reads (see snapshot.go), replaced as a whole,
+	// never modified.
+	snapshot  atomic.Pointer[snapshot]
+	rebuildMu sync.Mutex // serialises replacing it, so that an older List never overwrites a newer write
 
 	negMu    sync.Mutex
 	negative map[mirror.QueueID]time.Time // queues no backend had, until when
@@ -165,8 +165,7 @@ func New(opts Options) *Engine {
 		e.backends = append(e.backends, b.Name)
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	empty := map[mirror.QueueID]mirror.QueueMeta{}
-	e.snapshot.Store(&empty)
+	e.snapshot.Store(&snapshot{})
 	return e
 }
 
@@ -311,25 +310,6 @@ func (e *Engine) handleEvent(ev controllink.Event) {
 			e.backendBack(ev.Backend)
 		}
 	}
-}
-
-// rebuild replaces the Lookup snapshot with the Store's current state.
-func (e *Engine) rebuild() {
-	e.rebuildMu.Lock()
-	defer e.rebuildMu.Unlock()
-	list := e.opts.Store.List()
-	m := make(map[mirror.QueueID]mirror.QueueMeta, len(list))
-	for _, q := range list {
-		m[q.ID] = q
-	}
-	e.snapshot.Store(&m)
-}
-
-// Lookup returns what the metadata log says about a queue. It reads an
-// immutable snapshot: no lock, no allocation.
-func (e *Engine) Lookup(id mirror.QueueID) (mirror.QueueMeta, bool) {
-	m, ok := (*e.snapshot.Load())[id]
-	return m, ok
 }
 
 // live returns the backends the watcher sees up.

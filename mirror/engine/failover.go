@@ -139,7 +139,7 @@ func (e *Engine) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirror
 			continue
 		}
 		if err == nil {
-			e.rebuild()
+			e.noteWrite(written)
 		}
 		return written, err
 	}

@@ -53,7 +53,7 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	placement := mirror.Placement{
 		Backends:   candidates,
 		Live:       live,
-		Masters:    mirror.CountMasters(e.opts.Store.List()),
+		Masters:    e.countMasters(),
 		ClientNode: clientNode,
 		Random:     random,
 	}
@@ -71,6 +71,24 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	return out, nil
 }
 
+// countMasters counts the queues each backend masters, from the Lookup
+// snapshot (no copy of the Store's state).
+func (e *Engine) countMasters() map[string]int {
+	s := e.snapshot.Load()
+	counts := make(map[string]int, len(e.backends))
+	for id, m := range s.base {
+		if _, overridden := s.recent[id]; !overridden {
+			counts[m.Master]++
+		}
+	}
+	for _, w := range s.recent {
+		if !w.deleted {
+			counts[w.meta.Master]++
+		}
+	}
+	return counts
+}
+
 // Declared records a queue the proxy declared on every backend of q and
 // starts trimming its slaves. When the queue was recorded meanwhile (by
 // another client or proxy), the stored record is returned.
@@ -85,7 +103,7 @@ func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.Queue
 		return mirror.QueueMeta{}, err
 	}
 	e.forgetNegative(q.ID)
-	e.rebuild()
+	e.noteWrite(written)
 	e.startTrimmers(written)
 	return written, nil
 }
@@ -116,7 +134,9 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 		}
 		break
 	}
-	e.rebuild()
+	if _, ok := e.opts.Store.Get(id); !ok {
+		e.noteDelete(id)
+	}
 }
 
 // stopQueue stops what the engine runs for a queue (trimmers, sync) and

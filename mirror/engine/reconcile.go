@@ -64,7 +64,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 		log.Log(e.ctx, level, "cannot record a policy change; retrying later", "err", err)
 		return
 	}
-	e.rebuild()
+	e.noteWrite(written)
 	if len(plan.Add) > 0 {
 		log.Info("slaves added", "backends", plan.Add, "slaves", written.Backends()[1:])
 	}
@@ -120,7 +120,7 @@ func (e *Engine) forget(m mirror.QueueMeta, why string) {
 		e.log.Warn("cannot remove a queue's record", "queue", m.ID.Name, "vhost", m.ID.VHost, "err", err)
 		return
 	}
-	e.rebuild()
+	e.noteDelete(m.ID)
 	e.log.Info("queue forgotten", "queue", m.ID.Name, "vhost", m.ID.VHost, "why", why)
 }
 

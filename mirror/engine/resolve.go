@@ -87,7 +87,7 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 		return mirror.QueueMeta{}, false, fmt.Errorf("adopting %s: %w", id, err)
 	}
 	e.log.Info("queue adopted", "queue", id.Name, "vhost", id.VHost, "master", written.Master, "slaves", written.Backends()[1:])
-	e.rebuild()
+	e.noteWrite(written)
 	e.startTrimmers(written)
 	e.poke() // reconcile it with its policy now
 	return written, true, nil

@@ -193,14 +193,14 @@ func (e *Engine) markSlave(id mirror.QueueID, backend string, synchronised bool)
 		m = m.Clone()
 		m.Slaves[i].Synchronised = synchronised
 		ctx, cancel := e.opContext()
-		_, err := e.opts.Store.Put(ctx, m, m.Version)
+		written, err := e.opts.Store.Put(ctx, m, m.Version)
 		cancel()
 		if errors.Is(err, mirror.ErrConflict) {
 			continue
 		}
 		if err == nil {
 			e.log.Info("slave synchronisation recorded", "queue", id.Name, "vhost", id.VHost, "backend", backend, "synchronised", synchronised)
-			e.rebuild()
+			e.noteWrite(written)
 		}
 		return err
 	}
