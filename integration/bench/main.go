@@ -161,7 +161,7 @@ func parseFlags(args []string) (config, error) {
 	var cfg config
 	var scenarios, targets, idleCounts, mirrored string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes about five minutes a round)")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")

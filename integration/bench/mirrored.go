@@ -62,6 +62,7 @@ type mirroredBench struct {
 type declareResult struct {
 	Kind    string  `json:"kind"`
 	Target  string  `json:"target"`
+	Round   int     `json:"round"`
 	Calls   int     `json:"calls"`
 	Seconds float64 `json:"seconds"`
 	Rate    float64 `json:"calls_per_second"`
@@ -467,7 +468,8 @@ func awaitAccept(ctx context.Context, p *proxyProcess, timeout time.Duration) er
 }
 
 // runDeclares measures queue.declare directly at the first plain node and through one
-// amqp-mirror process in front of all three, each kind for -declare-duration.
+// amqp-mirror process in front of all three, each kind for -declare-duration, once per
+// round.
 func (m *mirroredBench) runDeclares(ctx context.Context) ([]declareResult, error) {
 	server, err := m.startServer(ctx)
 	if err != nil {
@@ -481,16 +483,19 @@ func (m *mirroredBench) runDeclares(ctx context.Context) ([]declareResult, error
 	direct := m.plain.Nodes()[0].URL()
 	urls := map[string]string{targetDirect: direct, targetMirror: proxyURL(direct, server.addr)}
 	var results []declareResult
-	for _, kind := range []string{declareServerNamed, declareNamed} {
-		for _, target := range []string{targetDirect, targetMirror} {
-			progress("queue.declare, %s: %s", target, kind)
-			r, err := measureDeclares(ctx, urls[target], kind, m.cfg.declareDuration)
-			r.Target = target
-			if err != nil {
-				return results, fmt.Errorf("queue.declare via %s (%s): %w", target, kind, err)
+	// Alternating, -rounds times, as the loads do: the table takes the medians.
+	for round := range m.cfg.rounds {
+		for _, kind := range []string{declareServerNamed, declareNamed} {
+			for _, target := range []string{targetDirect, targetMirror} {
+				progress("queue.declare, round %d of %d, %s: %s", round+1, m.cfg.rounds, target, kind)
+				r, err := measureDeclares(ctx, urls[target], kind, m.cfg.declareDuration)
+				r.Target, r.Round = target, round+1
+				if err != nil {
+					return results, fmt.Errorf("queue.declare via %s (%s): %w", target, kind, err)
+				}
+				results = append(results, r)
+				progress("  %.0f calls/s", r.Rate)
 			}
-			results = append(results, r)
-			progress("  %.0f calls/s", r.Rate)
 		}
 	}
 	return results, nil

@@ -73,9 +73,9 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 	if len(declares) == 0 {
 		return nil
 	}
-	fmt.Fprintf(out, "\nqueue.declare, one channel, each call waiting for the last (as an RPC client), %v each:\n", cfg.declareDuration)
+	fmt.Fprintf(out, "\nqueue.declare, one channel, each call waiting for the last (as an RPC client), %v per run; median (runs):\n", cfg.declareDuration)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "kind\tdirect calls/s\tamqp-mirror calls/s\tratio")
+	fmt.Fprintln(w, "kind\tdirect calls/s\t\tamqp-mirror calls/s\t\tratio")
 	var kinds []string
 	for _, d := range declares {
 		if !slices.Contains(kinds, d.Kind) {
@@ -83,13 +83,15 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 		}
 	}
 	for _, kind := range kinds {
-		rates := map[string]float64{}
+		rates := map[string][]float64{}
 		for _, d := range declares {
 			if d.Kind == kind {
-				rates[d.Target] = d.Rate
+				rates[d.Target] = append(rates[d.Target], d.Rate)
 			}
 		}
-		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.2f\n", kind, rates[targetDirect], rates[targetMirror], ratio(rates[targetMirror], rates[targetDirect]))
+		direct, through := medianOf(rates[targetDirect]), medianOf(rates[targetMirror])
+		fmt.Fprintf(w, "%s\t%.0f\t(%s)\t%.0f\t(%s)\t%.2f\n", kind, direct, rateRange(rates[targetDirect]),
+			through, rateRange(rates[targetMirror]), ratio(through, direct))
 	}
 	return w.Flush()
 }
@@ -105,9 +107,24 @@ func runsOf(runs []runResult, target string) []runResult {
 	return out
 }
 
+// medianOf is the median of the values, 0 for none.
+func medianOf(values []float64) float64 {
+	if len(values) == 0 {
+		return 0
+	}
+	v := slices.Sorted(slices.Values(values))
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
+}
+
 // rateRange is the lowest and highest of the rates, or the one rate.
 func rateRange(rates []float64) string {
-	if len(rates) == 1 {
+	switch len(rates) {
+	case 0:
+		return "-"
+	case 1:
 		return fmt.Sprintf("%.0f", rates[0])
 	}
 	return fmt.Sprintf("%.0f-%.0f", slices.Min(rates), slices.Max(rates))

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	productconfig "github.com/amqp-mirror/amqp-mirror/config"
@@ -64,4 +65,58 @@ func TestServerConfig(t *testing.T) {
 			t.Errorf("queue %s: got ha-mode %v ha-sync-mode %v, want all and automatic", c.queue, d.HAMode, d.SyncMode)
 		}
 	}
+}
+
+// TestPrintMirroredRatios: each row's ratio is its median over direct's median, and the
+// proxy's CPU per message is given for the amqp-mirror row only.
+func TestPrintMirroredRatios(t *testing.T) {
+	run := func(target string, rate, proxyCores float64) runResult {
+		return runResult{Scenario: "mirrored", Target: target, Copies: 3, ConsumeRate: rate, CPU: cpuUse{Proxy: proxyCores}}
+	}
+	runs := []runResult{
+		run(targetDirect, 9000, 0), run(targetMirror, 4000, 0.2), run(targetNativeHA, 3000, 0),
+		run(targetQuorum, 6000, 0), run(targetDirect, 11000, 0), run(targetMirror, 6000, 0.3),
+	}
+	declares := []declareResult{
+		{Kind: declareNamed, Target: targetDirect, Rate: 1000}, {Kind: declareNamed, Target: targetMirror, Rate: 500},
+	}
+	var out strings.Builder
+	cfg := config{publishers: 2, consumers: 2, confirmWindow: 256, prefetch: 256, size: 1024}
+	if err := printMirrored(&out, cfg, runs, declares); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		row  string
+		want []string // fields of the row, in order
+	}{
+		{mirroredLabels[targetDirect], []string{"10000", "9000-11000", "1.00"}},
+		{mirroredLabels[targetMirror], []string{"5000", "4000-6000", "0.50", "50.0 µs"}},
+		{mirroredLabels[targetNativeHA], []string{"3000", "3000", "0.30"}},
+		{mirroredLabels[targetQuorum], []string{"6000", "6000", "0.60"}},
+		{declareNamed, []string{"1000", "500", "0.50"}},
+	}
+	for _, c := range cases {
+		line := lineOf(out.String(), c.row)
+		rest := strings.TrimPrefix(line, c.row)
+		for _, field := range c.want {
+			i := strings.Index(rest, field)
+			if i < 0 {
+				t.Errorf("row %q: got %q, want %v in that order", c.row, line, c.want)
+				break
+			}
+			rest = rest[i+len(field):]
+		}
+	}
+	if strings.Contains(lineOf(out.String(), mirroredLabels[targetNativeHA]), "µs") {
+		t.Errorf("native-ha row has a proxy CPU per message:\n%s", out.String())
+	}
+}
+
+func lineOf(text, prefix string) string {
+	for l := range strings.Lines(text) {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
 }
