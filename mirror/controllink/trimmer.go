@@ -121,6 +121,9 @@ type Trimmer struct {
 	// the run goroutine.
 	copies chan *copyJob
 	job    *copyJob
+	// closes reports why the current channel closed (owned by the run
+	// goroutine, like the channel).
+	closes chan *amqp.Error
 	// purges takes Purge's requests; purge is the one being carried out.
 	purges chan *purgeJob
 	purge  *purgeJob
@@ -133,6 +136,9 @@ type Trimmer struct {
 type outstandingTag struct {
 	tag   uint64
 	acked bool // an ack covering it was decided (sent, or sent at the next flush)
+	// sent: it was acked on its own already, so no multiple ack may name
+	// it (RabbitMQ closes the channel on an ack of an unknown tag).
+	sent bool
 }
 
 // settlement is an identity settled at the master whose slave copy has
@@ -255,6 +261,7 @@ func (t *Trimmer) consume() (*amqp.Channel, <-chan amqp.Delivery, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("trimmer for queue %q: opening a channel: %w", t.queue, err)
 	}
+	t.closes = ch.NotifyClose(make(chan *amqp.Error, 1))
 	deliveries, err := ch.Consume(t.queue, t.opts.ConsumerTag, false, false, false, false, nil)
 	if err != nil {
 		ch.Close()
@@ -361,7 +368,7 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 			}
 		case d, ok := <-deliveries:
 			if !ok {
-				t.log.Warn("trimmer's channel was closed by the broker; consuming again")
+				t.log.Warn("trimmer's channel was closed by the broker; consuming again", "err", t.closeReason())
 				return stopChannelLost
 			}
 			t.take(d)
@@ -413,6 +420,19 @@ func (t *Trimmer) take(d amqp.Delivery) {
 			t.endCopy(err)
 		}
 	}
+}
+
+// closeReason returns why the broker closed the current channel, when it
+// said so.
+func (t *Trimmer) closeReason() error {
+	select {
+	case e, ok := <-t.closes:
+		if ok && e != nil {
+			return e
+		}
+	case <-time.After(100 * time.Millisecond): // the reason comes just after the deliveries end
+	}
+	return nil
 }
 
 // endCopy answers the running copy, if any.
@@ -540,14 +560,30 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 			t.outstanding[i].acked = true
 		}
 	}
+	// The multiple ack names the last delivery of the acked front that was
+	// not acked on its own before: it covers the rest of the front, and
+	// those acked before are simply gone at the broker.
 	front := 0
+	var upTo uint64 // the multiple ack's tag, 0 for none
 	for front < len(t.outstanding) && t.outstanding[front].acked {
+		if !t.outstanding[front].sent {
+			upTo = t.outstanding[front].tag
+		}
 		front++
 	}
-	var upTo uint64 // the multiple ack's tag, 0 for none
-	if front > 0 {
-		upTo = t.outstanding[front-1].tag
-		t.outstanding = slices.Delete(t.outstanding, 0, front)
+	t.outstanding = slices.Delete(t.outstanding, 0, front)
+	// The others are acked on their own; they stay outstanding (behind a
+	// delivery not acked yet) and must not be named by a later multiple ack.
+	for _, a := range acks {
+		if a.tag <= upTo {
+			continue
+		}
+		i, found := slices.BinarySearchFunc(t.outstanding, a.tag, func(o outstandingTag, tag uint64) int {
+			return compareTags(o.tag, tag)
+		})
+		if found {
+			t.outstanding[i].sent = true
+		}
 	}
 	t.mu.Unlock()
 

@@ -86,16 +86,13 @@ type Engine struct {
 
 	mu     sync.RWMutex
 	queues map[mirror.QueueID]*queueState
-	// formerMasters remembers the master each promotion replaced, so that
-	// its stale copy rejoins as a slave when its backend returns.
-	formerMasters map[mirror.QueueID]string
 
 	evMu   sync.Mutex
 	events []controllink.Event // taken by the loop
-	// lost are the backends seen going down and not yet back, owned by the
-	// loop: only a return after a loss is a rejoin (the watcher's first Up
-	// of each backend is not).
-	lost map[string]bool
+	// lost are the backends seen going down, with the queues that held a
+	// copy there then, owned by the loop: those copies rejoin when the
+	// backend is back (the watcher's first Up of a backend is no return).
+	lost map[string]map[mirror.QueueID]bool
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -156,10 +153,8 @@ func New(opts Options) *Engine {
 		log:      log,
 		negative: make(map[mirror.QueueID]time.Time),
 		queues:   make(map[mirror.QueueID]*queueState),
-
-		formerMasters: make(map[mirror.QueueID]string),
-		lost:          make(map[string]bool),
-		wake:          make(chan struct{}, 1),
+		lost:     make(map[string]map[mirror.QueueID]bool),
+		wake:     make(chan struct{}, 1),
 	}
 	for _, b := range opts.Backends {
 		e.backends = append(e.backends, b.Name)
@@ -289,6 +284,7 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 			e.ensureTrimmers()
 			e.reconcileAll()
 		case <-tick.C:
+			e.retryRejoins()
 			e.checkExpired()
 			e.ensureTrimmers()
 			e.reconcileAll()
@@ -302,12 +298,32 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 func (e *Engine) handleEvent(ev controllink.Event) {
 	switch ev.State {
 	case controllink.Down:
-		e.lost[ev.Backend] = true
+		queues := e.lost[ev.Backend]
+		if queues == nil {
+			queues = make(map[mirror.QueueID]bool)
+			e.lost[ev.Backend] = queues
+		}
+		for _, m := range e.opts.Store.List() {
+			if m.Holds(ev.Backend) {
+				queues[m.ID] = true
+			}
+		}
 		e.backendLost(ev)
 	case controllink.Up:
-		if e.lost[ev.Backend] {
-			delete(e.lost, ev.Backend)
-			e.backendBack(ev.Backend)
+		e.retryRejoins()
+	}
+}
+
+// retryRejoins lets the copies on backends that are up again rejoin, also
+// those that could not at the backend's return.
+func (e *Engine) retryRejoins() {
+	for b, queues := range e.lost {
+		if e.opts.Watcher.State(b) != controllink.Up {
+			continue
+		}
+		e.backendBack(b, queues)
+		if len(queues) == 0 {
+			delete(e.lost, b)
 		}
 	}
 }

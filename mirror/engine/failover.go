@@ -72,7 +72,6 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 	case !p.Promoted():
 		log.Warn("master lost; nobody promoted", "master", ev.Backend, "cause", cause.String(), "reason", p.Reason)
 	default:
-		e.rememberFormerMaster(id, ev.Backend)
 		e.stopTrimmer(id, p.To) // what it held is the new master's, ready again
 		log.Warn("master lost; slave promoted", "from", p.From, "to", p.To, "epoch", written.Epoch,
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", cause.String(),
@@ -80,42 +79,48 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 	}
 }
 
-// backendBack lets a returning backend rejoin the queues it held a copy
-// of as a slave: those listing it as a slave, and those it was master of
-// before a promotion (as far as this engine saw the promotion).
-func (e *Engine) backendBack(backend string) {
-	for _, m := range e.opts.Store.List() {
-		former := e.formerMaster(m.ID) == backend
-		if m.Master == backend || m.SlaveIndex(backend) < 0 && !former {
+// backendBack lets the copies a returning backend held when it was lost
+// (those of queues) rejoin as the youngest slaves, purged: the old
+// masters that were replaced, and the slaves. A queue that waited for its
+// master has nothing to do. Copies that rejoined leave queues; the loop
+// tries the rest again later.
+func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
+	for id := range queues {
+		m, ok := e.opts.Store.Get(id)
+		if !ok || m.Master == backend {
+			delete(queues, id)
 			continue
 		}
-		r := mirror.Rejoin(m, backend)
-		if !r.Joined {
+		// The copy is purged through a trimmer on the new connection,
+		// started first: from then on settlements reach it, so messages
+		// published to it after the purge are trimmed like any.
+		e.stopTrimmer(id, backend)
+		err := e.declareCopy(backend, m) // a transient copy did not survive a restart
+		if err == nil {
+			e.ensureTrimmer(m, backend)
+			if tr := e.trimmer(id, backend); tr != nil {
+				ctx, cancel := e.opContext()
+				_, err = tr.t.Purge(ctx)
+				cancel()
+			} else {
+				err = e.purgeCopy(backend, id.Name)
+			}
+		}
+		if err == nil {
+			_, err = e.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+				if cur.Master == backend {
+					return cur, false
+				}
+				r := mirror.Rejoin(cur, backend)
+				return r.Meta, r.Joined
+			})
+		}
+		if err != nil {
+			e.log.Warn("a returning copy cannot rejoin; retrying", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
 			continue
 		}
-		if r.Purge {
-			err := e.declareCopy(backend, m) // a transient copy did not survive a restart
-			if err == nil {
-				err = e.purgeCopy(backend, m.ID.Name)
-			}
-			if err != nil {
-				e.log.Warn("a returning copy cannot rejoin; retrying at the next event", "queue", m.ID.Name, "backend", backend, "err", err)
-				continue
-			}
-		}
-		e.stopTrimmer(m.ID, backend)
-		if _, err := e.update(m.ID, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
-			if cur.Master == backend {
-				return cur, false
-			}
-			r := mirror.Rejoin(cur, backend)
-			return r.Meta, r.Joined
-		}); err != nil {
-			e.log.Warn("cannot record a rejoining slave", "queue", m.ID.Name, "backend", backend, "err", err)
-			continue
-		}
-		e.forgetFormerMaster(m.ID, backend)
-		e.log.Info("copy rejoined as the youngest slave, purged", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend)
+		delete(queues, id)
+		e.log.Info("copy rejoined as the youngest slave, purged", "queue", id.Name, "vhost", id.VHost, "backend", backend)
 	}
 }
 
@@ -144,24 +149,4 @@ func (e *Engine) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirror
 		return written, err
 	}
 	return mirror.QueueMeta{}, mirror.ErrConflict
-}
-
-func (e *Engine) rememberFormerMaster(id mirror.QueueID, backend string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.formerMasters[id] = backend
-}
-
-func (e *Engine) formerMaster(id mirror.QueueID) string {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	return e.formerMasters[id]
-}
-
-func (e *Engine) forgetFormerMaster(id mirror.QueueID, backend string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.formerMasters[id] == backend {
-		delete(e.formerMasters, id)
-	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"time"
 
@@ -133,24 +134,51 @@ func (e *Engine) startSync(id mirror.QueueID, targets []string, def config.Defin
 	return run
 }
 
-// runSync copies the queue to each target in turn and records each
-// synchronised once its copy is complete.
+// runSync synchronises the targets and records each synchronised once
+// its copy is complete. With a synchronised slave to copy from, targets are
+// copied one after another from its trimmer; without one, all at once from
+// the master, so that the master's messages are held (and given back,
+// redelivered) only once.
 func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []string, def config.Definition) error {
 	batch := def.WithDefaults().SyncBatchSize
 	if batch <= 0 {
 		batch = config.DefaultSyncBatchSize
 	}
 	log := e.log.With("queue", id.Name, "vhost", id.VHost)
-	for _, target := range targets {
+	for {
 		m, ok := e.opts.Store.Get(id)
 		if !ok {
 			return fmt.Errorf("%s: no longer recorded", id)
 		}
-		if i := m.SlaveIndex(target); i < 0 || m.Slaves[i].Synchronised {
-			continue
+		var pending []string
+		for _, t := range targets {
+			if i := m.SlaveIndex(t); i >= 0 && !m.Slaves[i].Synchronised {
+				pending = append(pending, t)
+			}
 		}
+		if len(pending) == 0 {
+			return nil
+		}
+		source := e.syncSource(m)
+		if source == "" {
+			// From the master, to every target at once.
+			started := time.Now()
+			copied, err := e.copyFromMaster(ctx, m, pending, batch)
+			if err != nil {
+				log.Warn("sync failed", "slaves", pending, "source", m.Master, "copied", copied, "err", err)
+				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
+			}
+			for _, t := range pending {
+				if err := e.markSlave(id, t, true); err != nil {
+					return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, t, err)
+				}
+			}
+			log.Info("slaves synchronised", "slaves", pending, "source", m.Master, "copied", copied, "took", time.Since(started))
+			return nil
+		}
+		target := pending[0]
 		started := time.Now()
-		copied, source, err := e.copyTo(ctx, m, target, batch)
+		copied, err := e.copyFromSlave(ctx, m, source, target, batch)
 		if err != nil {
 			log.Warn("sync failed", "slave", target, "source", source, "copied", copied, "err", err)
 			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, target, err)
@@ -160,53 +188,130 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 		}
 		log.Info("slave synchronised", "slave", target, "source", source, "copied", copied, "took", time.Since(started))
 	}
-	return nil
 }
 
-// copyTo copies the queue's messages to the slave on target: from the
-// oldest live synchronised slave's trimmer, or from the master when no
-// slave is synchronised. It returns how many it copied and the source.
-func (e *Engine) copyTo(ctx context.Context, m mirror.QueueMeta, target string, batch int) (int, string, error) {
-	dst, _, err := e.conn(target)
-	if err != nil {
-		return 0, "", err
-	}
-	dstTrimmer := e.trimmer(m.ID, target)
-	if dstTrimmer == nil {
-		return 0, "", fmt.Errorf("the slave on %s has no trimmer yet", target)
-	}
-	// The copy may bring messages the master settles meanwhile, after the
-	// slave trimmed their fan-out copies: the slave's trimmer remembers
-	// what it trimmed until a while after the copy ends.
-	dstTrimmer.t.ExpectCopies(true)
-	defer func() {
-		e.mu.Lock()
-		dstTrimmer.copiesUntil = time.Now().Add(30 * time.Second)
-		e.mu.Unlock()
-	}()
-
+// syncSource returns the oldest live synchronised slave that has a
+// trimmer to copy from, "" when there is none.
+func (e *Engine) syncSource(m mirror.QueueMeta) string {
 	live := e.live()
 	for _, s := range m.Slaves {
-		if !s.Synchronised || !live.Has(s.Backend) {
-			continue
-		}
-		if src := e.trimmer(m.ID, s.Backend); src != nil {
-			n, err := src.t.CopyTo(ctx, dst, m.ID.Name, batch)
-			return n, s.Backend, err
+		if s.Synchronised && live.Has(s.Backend) && e.trimmer(m.ID, s.Backend) != nil {
+			return s.Backend
 		}
 	}
-	src, _, err := e.conn(m.Master)
-	if err != nil {
-		return 0, m.Master, err
-	}
-	n, err := copyFromMaster(ctx, src, dst, m.ID.Name, batch)
-	return n, m.Master, err
+	return ""
 }
 
-// copyFromMaster copies the ready messages of queue on src to queue on dst
-// with a consumer that holds them until all are copied and confirmed, then
-// gives them back (see the comment at the top of this file).
-func copyFromMaster(ctx context.Context, src, dst *amqp.Connection, queue string, batch int) (int, error) {
+// expectCopies makes the trimmers of the targets remember what they trim
+// while copies may still reach them: a copy can bring a message the master
+// settled after the slave trimmed its fan-out copy. The returned function
+// ends that a while after the copy.
+func (e *Engine) expectCopies(id mirror.QueueID, targets []string) (func(), error) {
+	var runs []*trimmerRun
+	for _, t := range targets {
+		tr := e.trimmer(id, t)
+		if tr == nil {
+			return nil, fmt.Errorf("the slave on %s has no trimmer yet", t)
+		}
+		runs = append(runs, tr)
+	}
+	for _, tr := range runs {
+		tr.t.ExpectCopies(true)
+	}
+	return func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, tr := range runs {
+			tr.copiesUntil = time.Now().Add(30 * time.Second)
+		}
+	}, nil
+}
+
+// copyFromSlave copies the queue from the synchronised slave on source to
+// the slave on target (controllink.Trimmer.CopyTo).
+func (e *Engine) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, target string, batch int) (int, error) {
+	dst, err := e.dialSync(target)
+	if err != nil {
+		return 0, err
+	}
+	defer dst.Close()
+	src := e.trimmer(m.ID, source)
+	if src == nil {
+		return 0, fmt.Errorf("the slave on %s has no trimmer", source)
+	}
+	done, err := e.expectCopies(m.ID, []string{target})
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	return src.t.CopyTo(ctx, dst, m.ID.Name, batch)
+}
+
+// copyFromMaster copies the master's ready messages to the slaves on
+// targets with a consumer that holds them until all are copied and
+// confirmed, then gives them back (see the comment at the top of this
+// file). It holds the messages in memory meanwhile: the master's ready
+// count at the start, at most.
+func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets []string, batch int) (int, error) {
+	src, err := e.dialSync(m.Master)
+	if err != nil {
+		return 0, err
+	}
+	defer src.Close()
+	var dsts []*amqp.Connection
+	for _, t := range targets {
+		c, err := e.dialSync(t)
+		if err != nil {
+			return 0, err
+		}
+		defer c.Close()
+		dsts = append(dsts, c)
+	}
+	done, err := e.expectCopies(m.ID, targets)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch)
+}
+
+// dialSync opens a connection of the proxy's own to backend for one sync.
+// A sync never uses the watcher's connection: RabbitMQ throttles a
+// connection that publishes fast (credit flow), and the watcher's probes
+// on a throttled connection would go unanswered long enough to call the
+// backend down.
+func (e *Engine) dialSync(backend string) (*amqp.Connection, error) {
+	for _, b := range e.opts.Backends {
+		if b.Name != backend {
+			continue
+		}
+		dialer := &net.Dialer{Timeout: e.opts.OperationTimeout}
+		conn, err := amqp.DialConfig(b.URL, amqp.Config{
+			TLSClientConfig: b.TLS,
+			Heartbeat:       10 * time.Second,
+			Locale:          "en_US",
+			Dial: func(network, addr string) (net.Conn, error) {
+				conn, err := dialer.Dial(network, addr)
+				if err != nil {
+					return nil, err
+				}
+				// Bounds the handshake; amqp091-go clears it once open.
+				conn.SetDeadline(time.Now().Add(e.opts.OperationTimeout))
+				return conn, nil
+			},
+			Properties: amqp.Table{"connection_name": "amqp-mirror sync"},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("backend %s: connecting for a sync: %w", backend, err)
+		}
+		return conn, nil
+	}
+	return nil, fmt.Errorf("backend %s is not configured", backend)
+}
+
+// copyFromMaster is the copy itself, on the master's connection src to the
+// same queue on each of dsts.
+func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int) (int, error) {
 	sch, err := src.Channel()
 	if err != nil {
 		return 0, fmt.Errorf("opening a channel on the master: %w", err)
@@ -224,58 +329,92 @@ func copyFromMaster(ctx context.Context, src, dst *amqp.Connection, queue string
 	if err != nil {
 		return 0, fmt.Errorf("consuming from the master: %w", err)
 	}
-	dch, err := dst.Channel()
-	if err != nil {
-		return 0, fmt.Errorf("opening a channel on the slave: %w", err)
-	}
-	defer dch.Close()
-	if err := dch.Confirm(false); err != nil {
-		return 0, fmt.Errorf("confirm mode on the slave: %w", err)
-	}
-	var pending []*amqp.DeferredConfirmation
-	await := func() error {
-		for _, c := range pending {
-			ok, err := c.WaitContext(ctx)
-			if err != nil {
-				return fmt.Errorf("waiting for the slave's confirms: %w", err)
-			}
-			if !ok {
-				return errors.New("the slave's broker nacked a copy")
-			}
+	outs := make([]*confirmWindow, len(dsts))
+	for i, dst := range dsts {
+		ch, err := dst.Channel()
+		if err != nil {
+			return 0, fmt.Errorf("opening a channel on a slave: %w", err)
 		}
-		pending = pending[:0]
-		return nil
+		defer ch.Close()
+		if err := ch.Confirm(false); err != nil {
+			return 0, fmt.Errorf("confirm mode on a slave: %w", err)
+		}
+		outs[i] = &confirmWindow{ch: ch, batch: batch}
 	}
 	// A message that expires or is taken meanwhile never comes: a pause in
 	// the deliveries ends the copy too.
 	idle := time.NewTimer(time.Second)
 	defer idle.Stop()
 	copied := 0
+	finish := func() (int, error) {
+		for _, o := range outs {
+			if err := o.drain(ctx, 0); err != nil {
+				return copied, err
+			}
+		}
+		return copied, nil
+	}
 	for copied < q.Messages {
 		select {
 		case <-ctx.Done():
 			return copied, ctx.Err()
 		case <-idle.C:
-			return copied, await()
+			return finish()
 		case d, ok := <-deliveries:
 			if !ok {
 				return copied, errors.New("the master closed the sync's channel")
 			}
 			idle.Reset(time.Second)
-			c, err := dch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, publishing(d))
-			if err != nil {
-				return copied, fmt.Errorf("copying a message: %w", err)
-			}
-			pending = append(pending, c)
-			copied++
-			if len(pending) >= batch {
-				if err := await(); err != nil {
+			msg := publishing(d)
+			for _, o := range outs {
+				if err := o.publish(ctx, queue, msg); err != nil {
 					return copied, err
 				}
 			}
+			copied++
 		}
 	}
-	return copied, await()
+	return finish()
+}
+
+// confirmWindow publishes copies to one slave with confirms, keeping up
+// to two batches unconfirmed: it waits for the older batch while the next
+// one is sent, so the copy does not stop at every batch for a round trip.
+type confirmWindow struct {
+	ch      *amqp.Channel
+	batch   int
+	pending []*amqp.DeferredConfirmation
+}
+
+func (w *confirmWindow) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
+	c, err := w.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, msg)
+	if err != nil {
+		return fmt.Errorf("copying a message: %w", err)
+	}
+	w.pending = append(w.pending, c)
+	if len(w.pending) >= 2*w.batch {
+		return w.drain(ctx, w.batch)
+	}
+	return nil
+}
+
+// drain waits until at most keep copies are unconfirmed.
+func (w *confirmWindow) drain(ctx context.Context, keep int) error {
+	n := len(w.pending) - keep
+	if n <= 0 {
+		return nil
+	}
+	for _, c := range w.pending[:n] {
+		ok, err := c.WaitContext(ctx)
+		if err != nil {
+			return fmt.Errorf("waiting for a slave's confirms: %w", err)
+		}
+		if !ok {
+			return errors.New("a slave's broker nacked a copy")
+		}
+	}
+	w.pending = append(w.pending[:0], w.pending[n:]...)
+	return nil
 }
 
 // publishing is a delivery as it was published.
