@@ -214,9 +214,14 @@
 //
 // How a sync copies when no slave is synchronised (the master alone, as
 // an adopted queue is): a short-lived consumer of the proxy's own takes
-// the master's ready messages, copies each to the new slave with
-// confirms, and when it has them all closes its channel, which gives them
-// back to their places in the queue. RabbitMQ sets the redelivered flag on
+// the master's ready messages, copies each to every new slave at once
+// with confirms (two batches of ha-sync-batch-size in flight), and when it
+// has them all closes its channel, which gives them back to their places
+// in the queue. With a synchronised slave, new slaves are copied from it
+// one after another (Trimmer.CopyTo). Syncs run on connections of their
+// own, never the watcher's: RabbitMQ throttles a connection that publishes
+// fast, and probes waiting behind the throttle would call the backend
+// down. RabbitMQ sets the redelivered flag on
 // every message given back that way, so after such a sync clients see
 // those messages with redelivered=true; while it runs, clients are served
 // the messages behind them. Messages clients hold unacknowledged at the
