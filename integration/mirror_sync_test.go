@@ -44,20 +44,23 @@ func awaitAlone(t testing.TB, p *cliProxy, queue string) string {
 
 // awaitSlaves waits until ctl list_queues shows the queue with master, slaves on every other
 // backend, and exactly the synchronised slaves given.
-func awaitSlaves(t testing.TB, timeout time.Duration, p *cliProxy, queue, master string, synchronised []string) queueRow {
+func awaitSlaves(t testing.TB, timeout time.Duration, p *cliProxy, queue, master string, synchronised []string) {
 	t.Helper()
-	var row queueRow
-	awaitCondition(t, timeout, func() error {
-		var err error
-		if row, err = queueStatus(t, p, queue); err != nil {
+	awaitCondition(t, timeout, slavesAre(t, p, queue, master, synchronised))
+}
+
+// slavesAre is the condition of awaitSlaves.
+func slavesAre(t testing.TB, p *cliProxy, queue, master string, synchronised []string) func() error {
+	return func() error {
+		row, err := queueStatus(t, p, queue)
+		if err != nil {
 			return err
 		}
 		if row.Master != master || !sameSet(row.Slaves, others(master)) || !sameSet(row.SynchronisedSlaves, synchronised) {
 			return fmt.Errorf("ctl list_queues: %v; want master %s, slaves %v, synchronised %v", row, master, others(master), synchronised)
 		}
 		return nil
-	})
-	return row
+	}
 }
 
 // TestMirrorSlaveSynchronisation: slaves a policy change adds start empty; with
@@ -155,13 +158,21 @@ func TestMirrorSlaveSynchronisation(t *testing.T) {
 		syncStart := time.Now()
 		startCounts := rates{published: published.get(), consumed: consumed.get()}
 		p.ctl(t, "sync_queue", queue).check(t, 0, nil, nil, nil)
-		awaitSlaves(t, 2*time.Minute, p, queue, master, others(master))
+		synced := poll(t.Context(), 90*time.Second, slavesAre(t, p, queue, master, others(master)))
 		during := rates{elapsed: time.Since(syncStart), published: published.get() - startCounts.published, consumed: consumed.get() - startCounts.consumed}
-		t.Logf("sync of a %d-message backlog to 2 new slaves under load: %v until ctl list_queues showed both synchronised", backlog, during.elapsed.Round(time.Millisecond))
 		t.Logf("rates through the proxy before the sync: %s", before)
 		t.Logf("rates through the proxy during the sync: %s", during)
+		if synced != nil {
+			t.Fatalf("sync of a %d-message backlog to 2 new slaves under load: not done after %v: %v", backlog, during.elapsed.Round(time.Millisecond), synced)
+		}
+		t.Logf("sync of a %d-message backlog to 2 new slaves under load: %v until ctl list_queues showed both synchronised", backlog, during.elapsed.Round(time.Millisecond))
 		if during.published == 0 || during.consumed == 0 {
 			t.Errorf("during the sync (%v): %d publishes confirmed, %d messages consumed; want both to go on", during.elapsed, during.published, during.consumed)
+		}
+		// A never-synced slave also becomes synchronised once every message older than its
+		// join has been consumed; only a sync that ends before that shows sync_queue at work.
+		if total := startCounts.consumed + during.consumed; total >= backlog {
+			t.Errorf("the consumer had consumed all %d messages of the backlog (%d in all) before both slaves were synchronised: sync_queue did not finish first", backlog, total)
 		}
 
 		// Every copy holds what the master holds once the load stops.
