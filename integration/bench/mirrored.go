@@ -212,6 +212,11 @@ func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult
 		result.Copies = copies
 		return result, err
 	case targetMirror:
+		// Queues an earlier run left on a node (a delete that did not reach every copy)
+		// would be work for the brokers that the row does not ask for.
+		if err := m.warnLeftovers(ctx); err != nil {
+			return runResult{}, err
+		}
 		server, err := m.startServer(ctx)
 		if err != nil {
 			return runResult{}, err
@@ -282,6 +287,27 @@ func (m *mirroredBench) awaitPlainCopies(ctx context.Context, queues []string) (
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// warnLeftovers reports the queues the plain nodes hold before a run, with their messages.
+func (m *mirroredBench) warnLeftovers(ctx context.Context) error {
+	for _, node := range m.plain.Nodes() {
+		out, err := node.Ctl(ctx, "list_queues", "name", "messages", "--formatter", "json")
+		if err != nil {
+			return err
+		}
+		var rows []struct {
+			Name     string `json:"name"`
+			Messages int    `json:"messages"`
+		}
+		if err := json.Unmarshal(out, &rows); err != nil {
+			return fmt.Errorf("rabbitmqctl list_queues on %s: %w: %s", node.Name, err, out)
+		}
+		for _, row := range rows {
+			progress("  WARNING: %s still holds queue %s (%d messages) from an earlier run", node.Name, row.Name, row.Messages)
+		}
+	}
+	return nil
 }
 
 // holdsQueues reports whether the broker at url has every one of the queues, asking it
