@@ -194,7 +194,8 @@ func pids(c *harness.Cluster) []int {
 	return out
 }
 
-// runTarget runs the full load once on target.
+// runTarget runs the full load once on target. The copies a row reports are counted
+// by its prepare step, after the declares and before the load.
 func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult, error) {
 	cfg := m.cfg
 	spec := loadSpec{
@@ -207,9 +208,8 @@ func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult
 	var copies int
 	switch target {
 	case targetDirect:
-		copies = 1
 		result, err := runSpec(ctx, spec, plain1.URL(), watched{brokers: []int{plain1.PID()}})
-		result.Copies = copies
+		result.Copies = 1
 		return result, err
 	case targetMirror:
 		// Queues an earlier run left on a node (a delete that did not reach every copy)
@@ -224,6 +224,7 @@ func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult
 		// The copies of every queue are counted on the nodes themselves, not asked of the
 		// proxy: a proxy that does not mirror shows as 1 copy.
 		spec.prepare = func(ctx context.Context, queues []string) error {
+			var err error
 			copies, err = m.awaitPlainCopies(ctx, queues)
 			return err
 		}
