@@ -516,7 +516,7 @@ func publishWindow(ctx context.Context, ch *amqp.Channel, exchange, key string, 
 		outstanding++
 	}
 	// What was published is waited for even after ctx ended: its confirms are counted.
-	drain, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	drain, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	for outstanding > 0 {
 		if err := awaitOne(drain); err != nil {

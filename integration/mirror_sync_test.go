@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -161,7 +163,7 @@ func TestMirrorSlaveSynchronisation(t *testing.T) {
 		synced := poll(t.Context(), 90*time.Second, slavesAre(t, p, queue, master, others(master)))
 		during := rates{elapsed: time.Since(syncStart), published: published.get() - startCounts.published, consumed: consumed.get() - startCounts.consumed}
 		t.Logf("rates through the proxy before the sync: %s", before)
-		t.Logf("rates through the proxy during the sync: %s", during)
+		t.Logf("rates through the proxy during the sync: %s (load average %s)", during, loadAverage())
 		if synced != nil {
 			t.Fatalf("sync of a %d-message backlog to 2 new slaves under load: not done after %v: %v", backlog, during.elapsed.Round(time.Millisecond), synced)
 		}
@@ -197,6 +199,16 @@ func (r rates) String() string {
 	seconds := r.elapsed.Seconds()
 	return fmt.Sprintf("%d published (%.0f msg/s), %d consumed (%.0f msg/s) in %v",
 		r.published, float64(r.published)/seconds, r.consumed, float64(r.consumed)/seconds, r.elapsed.Round(time.Millisecond))
+}
+
+// loadAverage is the machine's 1, 5 and 15 minute load averages, which say how far the rates
+// measured are the proxy's own: the cores are shared with the brokers and other tests.
+func loadAverage() string {
+	content, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Join(strings.Fields(string(content))[:3], " ")
 }
 
 // consumeCounting consumes from the queue with manual acks (prefetch 100), acking each
