@@ -11,6 +11,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"os/exec"
 	"slices"
 	"strings"
@@ -57,6 +58,12 @@ func runTransparently(t *testing.T, cases []transparencyCase) {
 			t.Run("proxy", func(t *testing.T) { c.run(t, proxyURL, &proxied) })
 			t.Logf("direct %v, through the proxy %v", directTook.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 			compareJournals(t, proxied, direct)
+			// The same through a proxy mirroring every queue on the
+			// three nodes (ha-mode all), with this node as home.
+			mirroredURL, _ := startMirroredProxy(t, n, slog.LevelWarn)
+			var mirrored journal
+			t.Run("mirrored", func(t *testing.T) { c.run(t, mirroredURL, &mirrored) })
+			compareJournals(t, mirrored, direct)
 		})
 	}
 }

@@ -251,7 +251,7 @@ func (c *clientConn) trimmable(q *queueRef, m *message, hasID bool, id *mirror.M
 
 // confirm turns a backend's publisher confirm into the client's.
 func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint64, multiple, nack bool) {
-	if !ch.confirming {
+	if !ch.confirming.Load() {
 		return // the proxy's own confirm mode: nothing to tell the client
 	}
 	ch.outMu.Lock()

@@ -89,6 +89,8 @@ func (c *clientConn) closeWaitDoneLocked(ch *channelState) {
 	case notice != nil:
 		c.toClientMethodOnChannel(ch, notice)
 	}
+	// The client loop may get here too, and it flushes only the links.
+	c.client.flush()
 }
 
 // clientClosesChannel sends the client's channel.close to every link where
@@ -96,6 +98,7 @@ func (c *clientConn) closeWaitDoneLocked(ch *channelState) {
 // answered.
 func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 	ch.closing.Store(chanClientClosing)
+	c.logChannelUnconfirmed(ch)
 	var targets []*link
 	for _, l := range c.allLinks() {
 		l.mu.Lock()
@@ -107,6 +110,7 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 	}
 	if len(targets) == 0 {
 		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
+		c.client.flush()
 		c.channels.remove(ch.id, ch)
 		return
 	}
@@ -219,6 +223,7 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 			return
 		}
 		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
+		c.client.flush()
 	}
 }
 

@@ -14,14 +14,18 @@ import (
 type channelState struct {
 	id uint16
 
+	// confirming is set once the client sent confirm.select (the link read
+	// loops read it for every confirm).
+	confirming atomic.Bool
+
 	// Client read loop only.
 	//
-	// confirming is set once the client sent confirm.select; dropContent
-	// while the content frames that follow belong to a method the proxy
-	// discarded; pub is the publish whose content frames are coming.
-	confirming  bool
+	// dropContent is set while the content frames that follow belong to a
+	// method the proxy discarded; pub is the publish whose content frames
+	// are coming.
 	dropContent bool
 	pub         publishing
+	route       publishRoute
 	// qos is the client's last basic.qos, repeated on every link the
 	// channel opens on later.
 	qos *frames.BasicQos

@@ -251,7 +251,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		if err := sel.Decode(args); err != nil {
 			return err
 		}
-		ch.confirming = true
+		ch.confirming.Store(true)
 		return c.onOpenLinks(ch, f, !sel.NoWait)
 	case frames.TxSelectKey:
 		ch.mu.Lock()

@@ -201,3 +201,18 @@ func (p *publisherConfirms) indexOf(seq uint64) int {
 
 // unconfirmed is the number of client publishes still waiting for backends.
 func (p *publisherConfirms) unconfirmed() int { return len(p.waiting) }
+
+// owed returns, per backend, how many confirms it still owes towards a
+// client publish's quorum: for the log when a channel ends with publishes
+// unconfirmed.
+func (p *publisherConfirms) owed() map[int]int {
+	out := make(map[int]int)
+	for b, bs := range p.backendSeqs {
+		for _, bp := range bs.pending {
+			if bp.counts {
+				out[b]++
+			}
+		}
+	}
+	return out
+}

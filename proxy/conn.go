@@ -60,6 +60,9 @@ type clientConn struct {
 	// unrecorded remembers where exclusive queues of other connections
 	// are (see locate).
 	unrecorded map[string]mirror.QueueMeta
+	// linkChanges counts links opened and lost, so that what was decided
+	// about them (publishRoute) is decided again.
+	linkChanges atomic.Uint64
 	// linkLoops counts the link read loops running.
 	linkLoops sync.WaitGroup
 
@@ -166,10 +169,48 @@ func (c *clientConn) run() CloseReason {
 	c.wait()
 	stopHeartbeats()
 
+	c.logUnconfirmed()
 	reason, detail := c.outcome()
 	c.log.Info("connection closed", "reason", reason.String(), "detail", detail,
 		"duration", time.Since(c.started).Round(time.Millisecond))
 	return reason
+}
+
+// logUnconfirmed says which backends still owed confirms for publishes of
+// a client connection that ended.
+func (c *clientConn) logUnconfirmed() {
+	if c.channels == nil {
+		return
+	}
+	for i := range c.channels.chunks {
+		slots := c.channels.chunks[i].Load()
+		if slots == nil {
+			continue
+		}
+		for j := range slots {
+			ch := slots[j].Load()
+			if ch == nil {
+				continue
+			}
+			c.logChannelUnconfirmed(ch)
+		}
+	}
+}
+
+// logChannelUnconfirmed logs a channel's publishes still unconfirmed, and
+// which backends owe them, when the channel ends.
+func (c *clientConn) logChannelUnconfirmed(ch *channelState) {
+	ch.mu.Lock()
+	n, owed := ch.confirms.unconfirmed(), ch.confirms.owed()
+	ch.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	byName := make(map[string]int, len(owed))
+	for b, k := range owed {
+		byName[c.srv.backends[b].Name] = k
+	}
+	c.log.Warn("channel ended with publishes unconfirmed", "channel", ch.id, "unconfirmed", n, "owed_by_backend", byName)
 }
 
 // wait blocks until the sockets are closed and the link loops ended.

@@ -146,6 +146,7 @@ func (c *clientConn) ensureLink(i int) (*link, error) {
 		return nil, errors.New("connection closing")
 	}
 	c.links[i] = l
+	c.linkChanges.Add(1)
 	c.linkLoops.Add(1)
 	go c.linkLoop(l)
 	return l, nil
@@ -244,7 +245,7 @@ func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	if qos != nil {
 		lc.replies = append(lc.replies, nil)
 	}
-	confirm := ch.confirming && !ch.transactional
+	confirm := ch.confirming.Load() && !ch.transactional
 	if confirm {
 		lc.confirm = true
 		lc.replies = append(lc.replies, nil)
@@ -339,6 +340,7 @@ func (c *clientConn) linkLost(l *link, err error) {
 	}
 	c.links[l.idx] = nil
 	c.linkFailedAt[l.idx] = time.Now()
+	c.linkChanges.Add(1)
 	c.mu.Unlock()
 	l.mu.Lock()
 	l.lost = true

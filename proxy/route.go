@@ -499,7 +499,7 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) error {
 	if c.srv.opts.Mirror == nil {
 		ch.pub = publishing{targets: c.homeOnly()}
-		if ch.confirming {
+		if ch.confirming.Load() {
 			ch.mu.Lock()
 			ch.confirms.publish(0)
 			ch.mu.Unlock()
@@ -511,44 +511,13 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 	if err := p.Decode(args); err != nil {
 		return err
 	}
-	var quorum, extra []int
-	var targets []*link
-	identify := false
-	if p.Exchange == "" {
-		meta, found := c.locate(p.RoutingKey)
-		if found {
-			targets = c.reach(ch, meta.Backends()...)
-			identify = len(meta.Slaves) > 0
-			if ch.confirming {
-				for _, l := range targets {
-					if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
-						extra = append(extra, l.idx)
-					} else {
-						quorum = append(quorum, l.idx)
-					}
-				}
-			}
-		} else {
-			targets = c.homeOnly()
-		}
-	} else {
-		targets = c.reachAll(ch)
-		identify = len(targets) > 1
-	}
-	targets = append([]*link(nil), targets...) // reach's slice is scratch
-	if ch.confirming && quorum == nil && extra == nil {
-		for _, l := range targets {
-			quorum = append(quorum, l.idx)
-		}
-	}
-	if len(quorum) == 0 && len(extra) > 0 {
-		quorum, extra = extra, nil
-	}
+	r := c.publishRoute(ch, p)
+	targets, quorum, extra, identify := r.targets, r.quorum, r.extra, r.identify
 	ch.pub = publishing{targets: targets, identify: identify}
 	if p.Mandatory && len(targets) > 1 {
 		ch.pub.returns = len(targets)
 	}
-	if ch.confirming {
+	if ch.confirming.Load() {
 		ch.mu.Lock()
 		ch.confirms.publishTo(quorum, extra)
 		var out []clientConfirm
@@ -560,6 +529,7 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 			ch.outMu.Lock()
 			c.writeConfirm(ch.id, cc)
 			ch.outMu.Unlock()
+			c.client.flush()
 		}
 	}
 	if len(targets) == 0 {
@@ -572,6 +542,74 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 		}
 	}
 	return nil
+}
+
+// publishRoute is where a channel's publishes to one exchange and routing
+// key go. It is kept while the queue's metadata and the connection's links
+// stay as they were, so that a stream of publishes to one queue decides
+// once.
+type publishRoute struct {
+	exchange, key string
+	version       uint64 // the queue's metadata version; 0 for an exchange
+	links         uint64 // clientConn.linkChanges when decided
+	confirming    bool
+	targets       []*link
+	quorum, extra []int // backend indexes whose confirms count, and the others
+	identify      bool
+}
+
+// publishRoute decides, or recalls, where a publish goes.
+func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
+	confirming := ch.confirming.Load()
+	r := &ch.route
+	var meta mirror.QueueMeta
+	found := false
+	if p.Exchange == "" {
+		meta, found = c.srv.opts.Mirror.Lookup(mirror.QueueID{VHost: c.vhost, Name: p.RoutingKey})
+	}
+	if r.targets != nil && r.exchange == p.Exchange && r.key == p.RoutingKey && r.confirming == confirming &&
+		r.links == c.linkChanges.Load() && (p.Exchange != "" || (found && meta.Version == r.version)) {
+		return r
+	}
+	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: confirming, quorum: r.quorum[:0], extra: r.extra[:0]}
+	var targets []*link
+	if p.Exchange == "" {
+		if !found {
+			meta, found = c.locate(p.RoutingKey)
+		}
+		if found {
+			targets = c.reach(ch, meta.Backends()...)
+			r.identify = len(meta.Slaves) > 0
+			r.version = meta.Version
+			for _, l := range targets {
+				if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
+					r.extra = append(r.extra, l.idx)
+				} else {
+					r.quorum = append(r.quorum, l.idx)
+				}
+			}
+		} else {
+			targets = c.homeOnly()
+		}
+	} else {
+		targets = c.reachAll(ch)
+		r.identify = len(targets) > 1
+	}
+	r.targets = append([]*link(nil), targets...) // reach's slice is scratch
+	if len(r.quorum) == 0 && len(r.extra) == 0 {
+		for _, l := range r.targets {
+			r.quorum = append(r.quorum, l.idx)
+		}
+	}
+	if len(r.quorum) == 0 && len(r.extra) > 0 {
+		r.quorum, r.extra = r.extra, r.quorum
+	}
+	r.links = c.linkChanges.Load()
+	if !found && p.Exchange == "" {
+		r.targets = nil // not kept: the queue may appear any moment
+		return &publishRoute{targets: targets, quorum: r.quorum}
+	}
+	return r
 }
 
 // publishContent sends a publish's content frame where its method went,

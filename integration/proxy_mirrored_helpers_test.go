@@ -1,0 +1,70 @@
+package integration
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
+	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/proxy"
+)
+
+// startMirroredProxy runs a proxy in this process (so under the test
+// binary's -race) with home as its home backend, the other shared nodes as
+// the other backends, and the replication engine with one policy, ha-mode
+// all on every queue of every vhost: the configuration under which the
+// client suites must see what they see from one broker. It returns the URL
+// clients use.
+func startMirroredProxy(t *testing.T, home *localbroker.Node, level slog.Level) (string, *proxy.Server) {
+	t.Helper()
+	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
+	var others []proxy.Backend
+	var watched []controllink.Backend
+	for _, n := range cluster.Nodes() {
+		watched = append(watched, controllink.Backend{Name: n.Name, URL: n.URL()})
+		if n.Name != home.Name {
+			others = append(others, proxy.Backend{Name: n.Name, Addr: nodeAddr(n)})
+		}
+	}
+	def, err := config.ParseDefinition([]byte(`{"ha-mode":"all","ha-sync-mode":"automatic"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	policies, err := config.OpenPolicyStore("", []config.Policy{{Name: "ha-all", Pattern: ".*", ApplyTo: config.ApplyQueues, Definition: def}}, nil)
+	if err != nil {
+		t.Fatalf("policies: %v", err)
+	}
+	store, err := mirror.OpenStore(mirror.StoreConfig{Dir: t.TempDir(), NodeID: "test", Logger: logger, ElectionTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("metadata store: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := store.WaitLeader(ctx); err != nil {
+		t.Fatalf("metadata store: %v", err)
+	}
+	watcher := controllink.NewWatcher(watched, controllink.WatcherOptions{Logger: logger})
+	eng := engine.New(engine.Options{Backends: watched, Node: home.Name, Store: store, Policies: policies, Watcher: watcher, Logger: logger})
+	if err := eng.Start(ctx); err != nil {
+		t.Fatalf("engine: %v", err)
+	}
+	// Cleanups run last first: the proxy closes before the engine, the
+	// engine before the store.
+	t.Cleanup(func() {
+		eng.Close()
+		watcher.Close()
+		store.Close()
+	})
+	url, srv := startProxy(t, home, func(o *proxy.Options) {
+		o.Logger = logger
+		o.Others = others
+		o.Mirror = eng
+		o.ClientNode = home.Name
+	})
+	return url, srv
+}
