@@ -217,7 +217,11 @@
 // the master's ready messages, copies each to every new slave at once
 // with confirms (two batches of ha-sync-batch-size in flight), and when it
 // has them all closes its channel, which gives them back to their places
-// in the queue. With a synchronised slave, new slaves are copied from it
+// in the queue. It has them all when it meets a message the new slaves
+// already hold (published after they joined: the master delivers in
+// order), or has seen the master's ready count of the start; a copy that
+// ended half way is purged from the slaves before the next one. With a
+// synchronised slave, new slaves are copied from it
 // one after another (Trimmer.CopyTo). Syncs run on connections of their
 // own, never the watcher's: RabbitMQ throttles a connection that publishes
 // fast, and probes waiting behind the throttle would call the backend

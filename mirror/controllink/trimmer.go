@@ -225,6 +225,15 @@ func (t *Trimmer) Stats() (held, waiting int) {
 	return len(t.held) + t.contentHeld, waiting
 }
 
+// Holds reports whether the trimmer holds the slave's copy of the message
+// with identity id (one published with the identity header).
+func (t *Trimmer) Holds(id mirror.MessageID) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.held[id]
+	return ok
+}
+
 // Missed is how many settlements named a message the trimmer never
 // received, less those whose copy arrived later. For a slave that joined
 // a queue with a backlog, it counts the backlog's messages the master

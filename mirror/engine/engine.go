@@ -112,6 +112,8 @@ type queueState struct {
 	// syncFailed is when the last automatic sync failed, so that it is not
 	// retried at every tick.
 	syncFailed time.Time
+	// partial are the slaves a copy from the master left half done.
+	partial map[string]bool
 	// backlogs of never-synced slaves, by backend (mirror.Backlog).
 	backlogs map[string]*backlog
 }

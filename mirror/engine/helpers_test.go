@@ -190,6 +190,15 @@ func publishTo(t *testing.T, queue string, from, to int, backends ...string) {
 	}
 }
 
+// publishingWithID is message n as the proxy publishes it.
+func publishingWithID(n int) amqp.Publishing {
+	id := messageID(n)
+	return amqp.Publishing{
+		Headers: amqp.Table{mirror.IdentityHeader: string(id[:])},
+		Body:    []byte(fmt.Sprint("message ", n)),
+	}
+}
+
 // publishPlain publishes count messages without identity to queue on
 // backend, as a client writing to the broker directly does.
 func publishPlain(t *testing.T, backend, queue string, count int) {

@@ -69,6 +69,9 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 		log.Info("slaves added", "backends", plan.Add, "slaves", written.Backends()[1:])
 	}
 	if plan.HandOver.To != "" {
+		// The new master's copy was a slave: its trimmer gives back what
+		// it held, so clients find every message there.
+		e.stopTrimmer(written.ID, plan.HandOver.To)
 		log.Info("master handed over", "from", plan.HandOver.From, "to", plan.HandOver.To, "epoch", written.Epoch)
 	}
 	for _, b := range plan.Add {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 )
 
 // Synchronisation: copying the master's messages to unsynchronised slaves
@@ -163,8 +164,12 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 		if source == "" {
 			// From the master, to every target at once.
 			started := time.Now()
+			if err := e.purgePartial(ctx, id, pending); err != nil {
+				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
+			}
 			copied, err := e.copyFromMaster(ctx, m, pending, batch)
 			if err != nil {
+				e.markPartial(id, pending)
 				log.Warn("sync failed", "slaves", pending, "source", m.Master, "copied", copied, "err", err)
 				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
 			}
@@ -188,6 +193,48 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 		}
 		log.Info("slave synchronised", "slave", target, "source", source, "copied", copied, "took", time.Since(started))
 	}
+}
+
+// markPartial remembers that a copy from the master into targets ended
+// half way: what it copied is on them, and the next copy from the master
+// could take one of those for a message that reached them by fan-out and
+// stop early (and would copy messages without identity a second time).
+func (e *Engine) markPartial(id mirror.QueueID, targets []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	qs := e.stateLocked(id)
+	if qs.partial == nil {
+		qs.partial = make(map[string]bool)
+	}
+	for _, t := range targets {
+		qs.partial[t] = true
+	}
+}
+
+// purgePartial empties the targets a copy from the master left half done,
+// through their trimmers, before the next copy.
+func (e *Engine) purgePartial(ctx context.Context, id mirror.QueueID, targets []string) error {
+	for _, t := range targets {
+		e.mu.RLock()
+		partial := e.queues[id] != nil && e.queues[id].partial[t]
+		e.mu.RUnlock()
+		if !partial {
+			continue
+		}
+		tr := e.trimmer(id, t)
+		if tr == nil {
+			return fmt.Errorf("the slave on %s has no trimmer yet", t)
+		}
+		if _, err := tr.t.Purge(ctx); err != nil {
+			return err
+		}
+		e.mu.Lock()
+		if qs := e.queues[id]; qs != nil {
+			delete(qs.partial, t)
+		}
+		e.mu.Unlock()
+	}
+	return nil
 }
 
 // syncSource returns the oldest live synchronised slave that has a
@@ -272,7 +319,29 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 		return 0, err
 	}
 	defer done()
-	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch)
+	// Every message published since the targets joined reaches them by
+	// fan-out; the master delivers in order, so the first of those the
+	// copy meets (a target's trimmer holds it already) ends the backlog.
+	var trimmers []*controllink.Trimmer
+	for _, t := range targets {
+		if tr := e.trimmer(m.ID, t); tr != nil {
+			trimmers = append(trimmers, tr.t)
+		}
+	}
+	joined := func(d amqp.Delivery) bool {
+		value, _ := d.Headers[mirror.IdentityHeader].(string)
+		id, ok := mirror.ParseMessageID(value)
+		if !ok {
+			return false
+		}
+		for _, tr := range trimmers {
+			if tr.Holds(id) {
+				return true
+			}
+		}
+		return false
+	}
+	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, joined)
 }
 
 // dialSync opens a connection of the proxy's own to backend for one sync.
@@ -310,8 +379,14 @@ func (e *Engine) dialSync(backend string) (*amqp.Connection, error) {
 }
 
 // copyFromMaster is the copy itself, on the master's connection src to the
-// same queue on each of dsts.
-func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int) (int, error) {
+// same queue on each of dsts. It ends when it has seen as many messages as
+// the master held ready at the start, when a delivery is one the targets
+// have already (joined: published after they joined, so everything before
+// it was delivered, to the copy or to a client), or when deliveries pause.
+// Clients consuming meanwhile take some of the backlog themselves, so
+// without the second rule the copy would wait for newer messages to make
+// up the count.
+func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, joined func(amqp.Delivery) bool) (int, error) {
 	sch, err := src.Channel()
 	if err != nil {
 		return 0, fmt.Errorf("opening a channel on the master: %w", err)
@@ -365,6 +440,9 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 				return copied, errors.New("the master closed the sync's channel")
 			}
 			idle.Reset(time.Second)
+			if joined(d) {
+				return finish()
+			}
 			msg := publishing(d)
 			for _, o := range outs {
 				if err := o.publish(ctx, queue, msg); err != nil {
