@@ -120,4 +120,3 @@ func TestSyncFromMasterUnderLoad(t *testing.T) {
 		return nil
 	})
 }
-
