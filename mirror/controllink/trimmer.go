@@ -136,8 +136,9 @@ type Trimmer struct {
 type outstandingTag struct {
 	tag   uint64
 	acked bool // an ack covering it was decided (sent, or sent at the next flush)
-	// sent: it was acked on its own already, so no multiple ack may name
-	// it (RabbitMQ closes the channel on an ack of an unknown tag).
+	// sent: it was acked on its own already, so no multiple ack names it:
+	// AMQP calls an ack of an unknown tag a channel error. RabbitMQ 3.10
+	// lets a multiple ack name one; other brokers need not.
 	sent bool
 }
 

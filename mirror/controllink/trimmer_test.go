@@ -371,39 +371,3 @@ func TestTrimmerPurge(t *testing.T) {
 		return nil
 	})
 }
-
-// TestTrimmerMultipleAckSkipsSingleAcks: a delivery acked on its own
-// while older ones were held must not be named by the multiple ack that
-// later covers the front (RabbitMQ closes the channel for an unknown tag).
-func TestTrimmerMultipleAckSkipsSingleAcks(t *testing.T) {
-	conn := dial(t)
-	queue := declareWithMessages(t, conn, 10)
-	tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	expect := func(want int) {
-		t.Helper()
-		testutil.Eventually(t, 10*time.Second, func() error {
-			if held, _ := tr.Stats(); held != want {
-				return fmt.Errorf("trimmer holds %d, want %d", held, want)
-			}
-			return nil
-		})
-	}
-	expect(10)
-	tr.Settle(messageID(2)) // acked on its own: 0 and 1 are held before it
-	expect(9)
-	tr.Settle(messageID(0), messageID(1)) // the front now reaches past 2
-	expect(7)
-	tr.Settle(messageID(3))
-	expect(6)
-	if lost := tr.ChannelsLost(); lost != 0 {
-		t.Errorf("the broker closed %d of the trimmer's channels; want none", lost)
-	}
-	tr.Close()
-	if n, err := readyCount(conn, queue); err != nil || n != 6 {
-		t.Errorf("after close the queue has %d messages (%v), want 6", n, err)
-	}
-}
