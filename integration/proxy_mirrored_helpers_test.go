@@ -35,7 +35,11 @@ func startMirroredProxy(t *testing.T, home *localbroker.Node, level slog.Level) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	policies, err := config.OpenPolicyStore("", []config.Policy{{Name: "ha-all", Pattern: ".*", ApplyTo: config.ApplyQueues, Definition: def}}, nil)
+	haAll, err := config.Policy{Name: "ha-all", Pattern: ".*", ApplyTo: config.ApplyQueues, Definition: def}.Validated(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policies, err := config.OpenPolicyStore("", []config.Policy{haAll}, nil)
 	if err != nil {
 		t.Fatalf("policies: %v", err)
 	}

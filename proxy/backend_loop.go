@@ -20,8 +20,8 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		return nil
 	}
 	if f.Channel == 0 {
-		if l.idx == 0 {
-			return c.fromBackendConnection(f)
+		if c.home.Load() == l {
+			return c.fromBackendConnection(l, f)
 		}
 		return c.fromLinkConnection(l, f)
 	}
@@ -31,7 +31,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 	closing := lc != nil && lc.closing
 	l.mu.Unlock()
 	if ch == nil || lc == nil {
-		if ch == nil && l.idx == 0 && !closing {
+		if ch == nil && c.home.Load() == l && !closing {
 			c.toClient(f) // a channel the proxy does not track
 		}
 		return nil
@@ -221,13 +221,22 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 	}
 }
 
-// linkFailed ends a link that sent what the proxy cannot read.
-func (c *clientConn) linkFailed(l *link, err error) {
-	if l.idx == 0 {
+// linkFailed ends a link that failed or sent what the proxy cannot read,
+// and reports whether the client connection goes on. Without mirroring the
+// home link's loss ends the client connection with 320, as before; with
+// mirroring another backend becomes home (rehome), and only when none can
+// does the client connection end.
+func (c *clientConn) linkFailed(l *link, err error) bool {
+	if c.home.Load() != l {
+		c.linkLost(l, err)
+		return true
+	}
+	if c.srv.opts.Mirror == nil || !c.rehome(l) {
 		c.backendLost(err)
-		return
+		return false
 	}
 	c.linkLost(l, err)
+	return true
 }
 
 // trimmable returns the queue whose slaves drop this message when the
@@ -306,8 +315,8 @@ func (c *clientConn) fromLinkConnection(l *link, f frames.Frame) error {
 	return fmt.Errorf("backend %s closed the connection: %d %s", l.name, cl.ReplyCode, cl.ReplyText)
 }
 
-// fromBackendConnection handles the backend's channel-0 methods.
-func (c *clientConn) fromBackendConnection(f frames.Frame) error {
+// fromBackendConnection handles the home backend's channel-0 methods.
+func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 	if f.Type != frames.FrameMethod {
 		c.toClient(f)
 		return nil
@@ -322,10 +331,17 @@ func (c *clientConn) fromBackendConnection(f frames.Frame) error {
 		if err := cl.Decode(args); err != nil {
 			return err
 		}
-		detail := fmt.Sprintf("backend %s closed the connection: %d %s", c.srv.opts.Backend.Name, cl.ReplyCode, cl.ReplyText)
+		if cl.ReplyCode == frames.ConnectionForced && c.closeInProgress() == closeNone && c.srv.opts.Mirror != nil {
+			// The broker is shutting down: with mirroring, another backend
+			// takes over as home and the client stays.
+			l.sock.sendMethod(0, &frames.ConnectionCloseOk{})
+			l.markClosed()
+			return fmt.Errorf("backend %s closed the connection: %d %s", l.name, cl.ReplyCode, cl.ReplyText)
+		}
+		detail := fmt.Sprintf("backend %s closed the connection: %d %s", l.name, cl.ReplyCode, cl.ReplyText)
 		if !c.beginClosing(closeByBackend, ReasonBackendClosed, detail) {
 			// A close of our own is in flight; answer the backend's and end.
-			c.backend.sendMethod(0, &frames.ConnectionCloseOk{})
+			l.sock.sendMethod(0, &frames.ConnectionCloseOk{})
 			c.markBackendClosed()
 			reason, detail := c.outcome()
 			c.teardown(reason, detail)

@@ -248,10 +248,19 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 	ch.mu.Lock()
 	var cancelled []string
 	for tag, cons := range ch.consumers {
-		if cons.link == l.idx {
-			delete(ch.consumers, tag)
-			cancelled = append(cancelled, tag)
+		if cons.link != l.idx {
+			continue
 		}
+		delete(ch.consumers, tag)
+		if cons.queue != nil && c.srv.opts.Mirror != nil {
+			c.orphans = append(c.orphans, orphan{ch: ch, tag: tag, cons: cons})
+			if ch.orphaned == nil {
+				ch.orphaned = make(map[string]bool)
+			}
+			ch.orphaned[tag] = true
+			continue
+		}
+		cancelled = append(cancelled, tag)
 	}
 	confirms := ch.confirms.backendLost(l.idx, ch.confirmedLost[:0])
 	ch.confirmedLost = confirms

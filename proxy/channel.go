@@ -38,8 +38,11 @@ type channelState struct {
 	mu       sync.Mutex
 	confirms publisherConfirms
 	tags     deliveryTags
-	// consumers are the channel's consumers by tag.
+	// consumers are the channel's consumers by tag; orphaned are those
+	// whose link was lost, until they move (failover.go) or the client
+	// cancels them.
 	consumers map[string]consumer
+	orphaned  map[string]bool
 	// transactional is set once the client sent tx.select. txSettled holds
 	// the deliveries the client settled in the open transaction, restored
 	// if it rolls back (the broker never applied those acks).
@@ -79,7 +82,11 @@ type channelState struct {
 type consumer struct {
 	noAck bool
 	link  int       // the backend link it consumes on
-	queue *queueRef // the queue it consumes
+	queue *queueRef // the mirrored queue it consumes, nil without mirroring
+	// args are its basic.consume's arguments, to consume again on a new
+	// master; cancelOnFailover is its x-cancel-on-ha-failover.
+	args             []byte
+	cancelOnFailover bool
 }
 
 func newChannelState(id uint16) *channelState {

@@ -19,7 +19,9 @@ func (c *clientConn) clientLoop() {
 	for {
 		f, err := c.client.in.ReadFrame()
 		if err == nil {
+			c.sendMu.Lock()
 			err = c.fromClient(f)
+			c.sendMu.Unlock()
 		}
 		if err != nil {
 			c.clientFailed(err)
@@ -184,8 +186,8 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 	if ch == nil {
 		if key == frames.ChannelOpenKey {
 			ch = c.channels.open(f.Channel)
-			if ch != nil && c.linkAt(0) != nil {
-				return c.openChannel(ch, f)
+			if home := c.home.Load(); ch != nil && home != nil {
+				return c.openChannel(ch, f, home)
 			}
 		}
 		// Anything else on a channel that is not open: the home backend
@@ -292,8 +294,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 
 // openChannel opens a client channel on the home link; other links open it
 // when the channel first needs them (ensureChannel).
-func (c *clientConn) openChannel(ch *channelState, f frames.Frame) error {
-	home := c.linkAt(0)
+func (c *clientConn) openChannel(ch *channelState, f frames.Frame, home *link) error {
 	home.mu.Lock()
 	lc := home.channelLocked(ch.id)
 	lc.open, lc.confirm, lc.closing = true, false, false
@@ -328,9 +329,11 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 	if trims != nil && len(*trims) > 0 {
 		c.trim(*trims)
 	}
-	if len(acks) == 1 && acks[0].backend == 0 && acks[0].backendTag == tag && acks[0].multiple == multiple {
-		if home := c.linkAt(0); home != nil && home.gen == acks[0].gen {
-			c.toBackend(f)
+	if len(acks) == 1 && acks[0].backendTag == tag && acks[0].multiple == multiple {
+		if l := c.linkAt(acks[0].backend); l != nil && l.gen == acks[0].gen {
+			if err := l.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+				c.writeFailed(l, err)
+			}
 		}
 		return nil
 	}
@@ -409,7 +412,9 @@ func (c *clientConn) fromClientWhileClosing(st closeState, f frames.Frame) error
 	switch {
 	case st == closeByBackend && key == frames.ConnectionCloseOkKey:
 		// The backend's close handshake completes through the proxy.
-		c.backend.sendFrame(f.Type, 0, f.Payload)
+		if home := c.home.Load(); home != nil {
+			home.sock.sendFrame(f.Type, 0, f.Payload)
+		}
 		c.markBackendClosed()
 		c.teardown(reason, detail)
 	case st == closeByProxy && key == frames.ConnectionCloseOkKey:
@@ -430,7 +435,11 @@ func (c *clientConn) markBackendClosed() {
 
 // toBackend passes a frame to the home backend as it came.
 func (c *clientConn) toBackend(f frames.Frame) {
-	if err := c.backend.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
-		c.backendLost(err)
+	home := c.home.Load()
+	if home == nil {
+		return
+	}
+	if err := home.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+		c.linkFailed(home, err)
 	}
 }

@@ -49,8 +49,12 @@ type clientConn struct {
 	// and connection.open, and the negotiated channel_max.
 	startOk, openPayload []byte
 	channelMax           uint16
-	// homeTargets is the home link as a target list.
-	homeTargets [1]*link
+	// home is the home link: where channel 0 and anything without a place
+	// of its own goes. It is the link the handshake opened until that link
+	// is lost; with mirroring, another link then becomes home (rehome).
+	// homeSlice is the same as a one-element target list.
+	home      atomic.Pointer[link]
+	homeSlice atomic.Pointer[[]*link]
 	// Client read loop only: identities of published messages (a random
 	// prefix per connection and a counter), and scratch.
 	idPrefix      mirror.MessageID
@@ -92,6 +96,15 @@ type clientConn struct {
 	links        []*link
 	linkGens     []uint64
 	linkFailedAt []time.Time
+	// orphans collects, under orphansMu, the consumers of a lost link
+	// (see failover.go).
+	orphansMu sync.Mutex
+	orphans   []orphan
+	// sendMu is held by the client loop while it handles a frame, and by
+	// the failover of consumers while it writes to links for the client.
+	sendMu sync.Mutex
+	// linkOpening serialises opening each backend's link (not under mu).
+	linkOpening []sync.Mutex
 
 	done chan struct{} // closed by teardown
 }
@@ -122,6 +135,7 @@ func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 		links:        make([]*link, n),
 		linkGens:     make([]uint64, n),
 		linkFailedAt: make([]time.Time, n),
+		linkOpening:  make([]sync.Mutex, n),
 	}
 	c.ctx, c.cancelCtx = context.WithCancel(context.Background())
 	if srv.opts.Mirror != nil {
@@ -152,7 +166,7 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	c.backendLoopRunning = true
 	c.links[0] = home
 	c.linkGens[0] = 1
-	c.homeTargets[0] = home
+	c.setHome(home)
 	c.mu.Unlock()
 	c.log = c.log.With("user", c.user, "vhost", c.vhost)
 	c.log.Info("connection opened", "backend", c.srv.opts.Backend.Name,
@@ -163,7 +177,7 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 // run serves an open connection to its end and returns why it ended.
 func (c *clientConn) run() CloseReason {
 	c.linkLoops.Add(1)
-	go c.linkLoop(c.linkAt(0))
+	go c.linkLoop(c.home.Load())
 	stopHeartbeats := c.startHeartbeats()
 	c.clientLoop()
 	c.wait()
@@ -261,7 +275,10 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	}
 	// Only the backend loop can read the backend's close-ok; before it
 	// runs (a failed handshake) the socket is simply closed.
-	backend := c.backend // set once by the handshake, under mu
+	backend := c.backend // the handshake's socket, under mu
+	if home := c.home.Load(); home != nil {
+		backend = home.sock
+	}
 	sayGoodbye := backend != nil && !c.backendClosed && c.backendLoopRunning
 	c.mu.Unlock()
 
@@ -339,7 +356,11 @@ func (c *clientConn) backendLost(err error) {
 	// Close the socket only after the close began, so that the backend
 	// loop's read error, which follows, does not replace this reason.
 	c.closeClient(ReasonBackendLost, frames.ConnectionForced, text, 0, 0)
-	c.backend.conn.Close()
+	if home := c.home.Load(); home != nil {
+		home.sock.conn.Close()
+	} else {
+		c.backend.conn.Close()
+	}
 }
 
 // errMissedHeartbeats is how the heartbeat checks report a silent backend.
@@ -444,19 +465,16 @@ func (c *clientConn) heartbeatCheck(now time.Time) bool {
 		}
 	}
 	if hb := c.backendHeartbeat; hb > 0 {
-		c.backend.heartbeatIfIdle(now, hb/2)
-		if silent := c.backend.silentFor(now); silent > hb*3/2 {
-			c.backendLost(fmt.Errorf("%w, timeout: %s", errMissedHeartbeats, hb))
-			return false // the close under way ends the connection
-		}
-		for i := 1; i < len(c.links); i++ {
+		for i := range c.links {
 			l := c.linkAt(i)
 			if l == nil {
 				continue
 			}
 			l.sock.heartbeatIfIdle(now, hb/2)
 			if silent := l.sock.silentFor(now); silent > hb*3/2 {
-				c.linkLost(l, fmt.Errorf("%w, timeout: %s", errMissedHeartbeats, hb))
+				if !c.linkFailed(l, fmt.Errorf("%w, timeout: %s", errMissedHeartbeats, hb)) {
+					return false // the close under way ends the connection
+				}
 			}
 		}
 	}

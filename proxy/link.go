@@ -119,13 +119,16 @@ func (c *clientConn) allLinks() []*link {
 }
 
 // ensureLink returns the link to backend i, opening it when the connection
-// has none (or lost it). Only the client loop calls it.
+// has none (or lost it). Any goroutine may call it; one opens a given
+// backend's link at a time.
 func (c *clientConn) ensureLink(i int) (*link, error) {
 	if l := c.linkAt(i); l != nil {
 		return l, nil
 	}
-	if i == 0 {
-		return nil, errors.New("home link lost")
+	c.linkOpening[i].Lock()
+	defer c.linkOpening[i].Unlock()
+	if l := c.linkAt(i); l != nil {
+		return l, nil
 	}
 	c.mu.Lock()
 	failedAt := c.linkFailedAt[i]
@@ -230,7 +233,8 @@ func (c *clientConn) openLink(i int) (*link, error) {
 
 // ensureChannel opens client channel ch on link l if it is not open there,
 // and repeats on it what the client set on the channel (prefetch, confirm
-// or transaction mode), swallowing the replies. Only the client loop calls it.
+// or transaction mode), swallowing the replies. The client loop calls it,
+// and the failover of consumers with the client loop held (sendMu).
 func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	l.mu.Lock()
 	lc := l.channelLocked(ch.id)
@@ -278,6 +282,48 @@ func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	return nil
 }
 
+// setHome makes l the home link.
+func (c *clientConn) setHome(l *link) {
+	c.home.Store(l)
+	targets := []*link{l}
+	c.homeSlice.Store(&targets)
+}
+
+// rehome replaces a lost home link by another backend's link, one already
+// open if there is one, and reports whether it found one. Channel 0, the
+// client's connection.close and whatever has no place of its own go there
+// from then on; the client's channels open on it when they need it.
+func (c *clientConn) rehome(lost *link) bool {
+	if c.home.Load() != lost {
+		return true // another goroutine did it
+	}
+	var next *link
+	for i := range c.links {
+		if l := c.linkAt(i); l != nil && l != lost {
+			next = l
+			break
+		}
+	}
+	for i := 0; next == nil && i < len(c.links); i++ {
+		if i == lost.idx {
+			continue
+		}
+		if l, err := c.ensureLink(i); err == nil {
+			next = l
+		}
+	}
+	if next == nil {
+		return false
+	}
+	if !c.home.CompareAndSwap(lost, next) {
+		return true
+	}
+	targets := []*link{next}
+	c.homeSlice.Store(&targets)
+	c.log.Warn("home backend lost; another backend serves the connection", "lost", lost.name, "home", next.name)
+	return true
+}
+
 // linkLoop reads a link's frames and passes them to the client. After
 // teardown it keeps reading only until the backend confirms the proxy's
 // connection.close.
@@ -292,7 +338,7 @@ func (c *clientConn) linkLoop(l *link) {
 			if c.tornDown.Load() {
 				return
 			}
-			if l.idx == 0 {
+			if c.home.Load() == l {
 				if c.closeInProgress() == closeByClient {
 					// The backend hung up instead of sending close-ok: the
 					// client asked to close, so that is what happened.
@@ -301,10 +347,8 @@ func (c *clientConn) linkLoop(l *link) {
 					c.teardown(reason, detail)
 					return
 				}
-				c.backendLost(err)
-				return
 			}
-			c.linkLost(l, err)
+			c.linkFailed(l, err)
 			return
 		}
 		if c.tornDown.Load() {
@@ -317,11 +361,7 @@ func (c *clientConn) linkLoop(l *link) {
 			if errors.Is(err, errBackendDone) {
 				return
 			}
-			if l.idx == 0 {
-				c.backendLost(err)
-			} else {
-				c.linkLost(l, err)
-			}
+			c.linkFailed(l, err)
 			return
 		}
 	}
@@ -350,6 +390,9 @@ func (c *clientConn) linkLost(l *link, err error) {
 	l.sock.conn.Close()
 	c.log.Warn("backend link lost", "backend", l.name, "generation", l.gen, "err", err)
 
+	c.orphansMu.Lock()
+	defer c.orphansMu.Unlock()
+	c.orphans = nil
 	for id, lc := range chans {
 		ch := c.channels.get(id)
 		if ch == nil {
@@ -357,6 +400,11 @@ func (c *clientConn) linkLost(l *link, err error) {
 		}
 		c.channelLostLink(ch, l, lc)
 	}
+	if len(c.orphans) > 0 && !c.tornDown.Load() {
+		c.linkLoops.Add(1)
+		go c.moveConsumers(l.name, c.orphans)
+	}
+	c.orphans = nil
 }
 
 // markLinkClosed records that a link's connection ended its close handshake.
@@ -370,15 +418,16 @@ func (l *link) markClosed() {
 // one): connection.close, and the read loop waits for close-ok until
 // CloseTimeout.
 func (c *clientConn) closeLinks(reason CloseReason) {
+	home := c.home.Load()
 	c.mu.Lock()
-	links := append([]*link(nil), c.links[1:]...)
+	links := append([]*link(nil), c.links...)
 	c.mu.Unlock()
 	text := "client connection closed"
 	if reason == ReasonShutdown {
 		text = "proxy shutting down"
 	}
 	for _, l := range links {
-		if l == nil {
+		if l == nil || l == home {
 			continue
 		}
 		l.sock.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))

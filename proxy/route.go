@@ -29,6 +29,10 @@ type publishing struct {
 	targets  []*link
 	identify bool // add the identity header: the message has several copies
 	returns  int  // a mandatory publish sent to several backends: how many
+	// inContent is set from the publish method to its last content frame:
+	// nothing else may be written on the channel's links meanwhile.
+	inContent bool
+	remaining uint64 // body bytes still to come
 }
 
 // mirrorTimeout bounds a call to the engine made for a client request.
@@ -40,8 +44,8 @@ func (c *clientConn) mirrorContext() (context.Context, context.CancelFunc) {
 
 // homeOnly is the home link as a target list.
 func (c *clientConn) homeOnly() []*link {
-	if home := c.linkAt(0); home != nil {
-		return c.homeTargets[:]
+	if s := c.homeSlice.Load(); s != nil {
+		return *s
 	}
 	return nil
 }
@@ -93,7 +97,9 @@ func (c *clientConn) openLinks(ch *channelState) []*link {
 // sendTo sends f to targets (the home link when there are none).
 func (c *clientConn) sendTo(ch *channelState, f frames.Frame, after func([]byte) []byte, targets []*link, wantReply bool) {
 	if len(targets) == 0 {
-		targets = c.homeOnly()
+		if home := c.home.Load(); home != nil {
+			targets = c.reach(ch, home.name)
+		}
 		if len(targets) == 0 {
 			return
 		}
@@ -413,6 +419,12 @@ func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) erro
 		return nil
 	}
 	cons := consumer{noAck: d.NoAck, link: targets[0].idx, queue: ref}
+	if ref != nil {
+		cons.args = append([]byte(nil), args...)
+		if v, ok := d.Arguments.Get("x-cancel-on-ha-failover"); ok {
+			cons.cancelOnFailover, _ = v.(bool)
+		}
+	}
 	tag := d.ConsumerTag
 	ch.mu.Lock()
 	if tag != "" || d.NoWait {
@@ -472,6 +484,10 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 	}
 	ch.mu.Lock()
 	cons, known := ch.consumers[d.ConsumerTag]
+	if ch.orphaned[d.ConsumerTag] {
+		// Its link was lost and it waits for a new master: it ends here.
+		delete(ch.orphaned, d.ConsumerTag)
+	}
 	ch.mu.Unlock()
 	targets := c.homeOnly()
 	if known {
@@ -513,7 +529,7 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 	}
 	r := c.publishRoute(ch, p)
 	targets, quorum, extra, identify := r.targets, r.quorum, r.extra, r.identify
-	ch.pub = publishing{targets: targets, identify: identify}
+	ch.pub = publishing{targets: targets, identify: identify, inContent: len(targets) > 0}
 	if p.Mandatory && len(targets) > 1 {
 		ch.pub.returns = len(targets)
 	}
@@ -617,6 +633,18 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 // several copies.
 func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
 	payload := f.Payload
+	if f.Type == frames.FrameHeader {
+		size, err := frames.HeaderBodySize(f.Payload)
+		if err != nil {
+			return err
+		}
+		ch.pub.remaining = size
+		ch.pub.inContent = size > 0
+	} else if n := uint64(len(f.Payload)); n >= ch.pub.remaining {
+		ch.pub.remaining, ch.pub.inContent = 0, false
+	} else {
+		ch.pub.remaining -= n
+	}
 	if f.Type == frames.FrameHeader && ch.pub.identify {
 		id := c.nextMessageID()
 		var err error

@@ -70,11 +70,7 @@ func (c *clientConn) send(ch *channelState, f frames.Frame, targets []*link, wan
 // writeFailed handles a failed write to a link: the home link's loss ends
 // the connection; another link's loss is noticed by its read loop too.
 func (c *clientConn) writeFailed(l *link, err error) {
-	if l.idx == 0 {
-		c.backendLost(err)
-		return
-	}
-	c.linkLost(l, err)
+	c.linkFailed(l, err)
 }
 
 // replyArrived matches a broker's reply to the request it answers and passes

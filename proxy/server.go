@@ -53,6 +53,10 @@ type Options struct {
 	ChannelMax uint16
 	// CloseTimeout bounds the wait for a peer's close-ok.
 	CloseTimeout time.Duration
+	// FailoverWait is how long the consumers of a mirrored queue whose
+	// master's link was lost wait for a new master before they are
+	// cancelled; 0 means 10s.
+	FailoverWait time.Duration
 }
 
 // DefaultOptions returns RabbitMQ's defaults for everything but the backend.
@@ -124,6 +128,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.FailoverWait <= 0 {
+		opts.FailoverWait = 10 * time.Second
 	}
 	backends := append([]Backend{opts.Backend}, opts.Others...)
 	index := make(map[string]int, len(backends))

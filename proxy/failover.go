@@ -1,0 +1,140 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// When a link is lost, the consumers of mirrored queues that consumed on it
+// move to the queue's new master once the engine promoted one: same
+// consumer tag, same client channel, nothing for the client to do, as the
+// seed asks. Consumers declared with x-cancel-on-ha-failover get
+// basic.cancel instead; so do consumers whose queue has no master again
+// within FailoverWait (RabbitMQ cancels the consumers of a queue whose node
+// is down). The deliveries of the lost link are void: their tags carry the
+// old link's generation, so a late ack of one settles nothing; the new
+// master redelivers what clients had not acked, with redelivered set.
+
+// orphan is a consumer whose link was lost.
+type orphan struct {
+	ch   *channelState
+	tag  string
+	cons consumer
+}
+
+type moveOutcome int
+
+const (
+	moveWait moveOutcome = iota // no new master yet, or the client is mid-publish
+	moveDone                    // moved, cancelled, or nothing left to move
+)
+
+// moveConsumers moves orphans to their queues' new masters, waiting for the
+// promotions up to FailoverWait. It runs on a goroutine of its own, counted
+// in linkLoops so that the connection's end waits for it.
+func (c *clientConn) moveConsumers(lost string, orphans []orphan) {
+	defer c.linkLoops.Done()
+	deadline := time.Now().Add(c.srv.opts.FailoverWait)
+	for {
+		waiting := orphans[:0]
+		for _, o := range orphans {
+			if c.moveConsumer(lost, o) == moveWait {
+				waiting = append(waiting, o)
+			}
+		}
+		orphans = waiting
+		if len(orphans) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, o := range orphans {
+				c.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.id.Name, "consumer", o.tag, "lost", lost)
+				c.cancelConsumer(o)
+			}
+			return
+		}
+		select {
+		case <-c.done:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// moveConsumer moves one orphan if its queue has a new master.
+func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
+	if c.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
+		return moveDone // the channel is gone, and the consumer with it
+	}
+	meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.id)
+	if !ok {
+		c.cancelConsumer(o) // the queue is gone
+		return moveDone
+	}
+	if meta.Master == lost {
+		return moveWait
+	}
+	if o.cons.cancelOnFailover {
+		c.cancelConsumer(o)
+		return moveDone
+	}
+	// The client loop must not be between a publish's frames on this
+	// channel: a consume there would split its content.
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if o.ch.pub.inContent {
+		return moveWait
+	}
+	targets := c.reach(o.ch, meta.Master)
+	if len(targets) == 0 {
+		return moveWait
+	}
+	l := targets[0]
+	var consume frames.BasicConsume
+	if err := consume.Decode(o.cons.args); err != nil {
+		c.cancelConsumer(o)
+		return moveDone
+	}
+	consume.ConsumerTag = o.tag
+	moved := o.cons
+	moved.link = l.idx
+	o.ch.mu.Lock()
+	if !o.ch.orphaned[o.tag] {
+		// The client cancelled it meanwhile.
+		o.ch.mu.Unlock()
+		return moveDone
+	}
+	delete(o.ch.orphaned, o.tag)
+	o.ch.consumers[o.tag] = moved
+	o.ch.mu.Unlock()
+	if !consume.NoWait {
+		l.expect(o.ch.id, nil) // consume-ok: the client had its own
+	}
+	if err := l.sock.writeMethod(o.ch.id, &consume); err != nil {
+		c.writeFailed(l, err)
+		return moveDone
+	}
+	l.sock.flush()
+	c.log.Info("consumer moved to the queue's new master", "queue", meta.ID.Name, "consumer", o.tag, "from", lost, "to", l.name, "epoch", meta.Epoch)
+	return moveDone
+}
+
+// cancelConsumer tells the client that the server cancelled its consumer,
+// as RabbitMQ does when a queue's node goes down (a client that announced
+// consumer_cancel_notify; others never learn, as with RabbitMQ).
+func (c *clientConn) cancelConsumer(o orphan) {
+	o.ch.mu.Lock()
+	delete(o.ch.consumers, o.tag)
+	wasOrphan := o.ch.orphaned[o.tag]
+	delete(o.ch.orphaned, o.tag)
+	o.ch.mu.Unlock()
+	if !wasOrphan {
+		return // the client cancelled it itself
+	}
+	if c.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
+		return
+	}
+	c.toClientMethodOnChannel(o.ch, &frames.BasicCancel{ConsumerTag: o.tag, NoWait: true})
+	c.client.flush()
+}
