@@ -46,7 +46,7 @@ func TestFailoverMasterKilled(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	var (
-		mu        sync.Mutex
+		mu          sync.Mutex
 		confirmed   = map[string]bool{}
 		received    = map[string]int{}
 		redeliv     = map[string]bool{}
