@@ -20,7 +20,7 @@ import (
 // all on every queue of every vhost: the configuration under which the
 // client suites must see what they see from one broker. It returns the URL
 // clients use.
-func startMirroredProxy(t *testing.T, home *localbroker.Node, level slog.Level) (string, *proxy.Server) {
+func startMirroredProxy(t testing.TB, home *localbroker.Node, level slog.Level) (string, *proxy.Server) {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
 	var others []proxy.Backend

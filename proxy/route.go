@@ -278,9 +278,7 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 	}
 	master := c.reach(ch, meta.Master)
 	if len(master) == 0 {
-		c.closeChannelByProxy(ch, frames.NotFound, fmt.Sprintf(
-			"NOT_FOUND - home node '%s' of durable queue '%s' in vhost '%s' is down or inaccessible", meta.Master, q.queue, c.vhost),
-			uint16(key>>16), uint16(key))
+		c.masterDown(ch, meta, f)
 		return nil
 	}
 	masterLink := master[0]
@@ -318,6 +316,16 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		c.sendTo(ch, f, after, targets, wantReply)
 	}
 	return nil
+}
+
+// masterDown answers a request for a queue whose master cannot be reached
+// (its broker is down and no slave was promoted) as RabbitMQ answers for a
+// queue whose node is down.
+func (c *clientConn) masterDown(ch *channelState, meta mirror.QueueMeta, f frames.Frame) {
+	classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
+	c.closeChannelByProxy(ch, frames.NotFound, fmt.Sprintf(
+		"NOT_FOUND - home node '%s' of durable queue '%s' in vhost '%s' is down or inaccessible", meta.Master, meta.ID.Name, meta.ID.VHost),
+		classID, methodID)
 }
 
 func slaveNames(m mirror.QueueMeta) []string {
@@ -409,10 +417,13 @@ func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) erro
 	var ref *queueRef
 	if c.srv.opts.Mirror != nil && d.Queue != "" {
 		if meta, ok := c.locate(d.Queue); ok {
-			if master := c.reach(ch, meta.Master); len(master) > 0 {
-				targets = []*link{master[0]}
-				ref = &queueRef{id: meta.ID}
+			master := c.reach(ch, meta.Master)
+			if len(master) == 0 {
+				c.masterDown(ch, meta, f)
+				return nil
 			}
+			targets = []*link{master[0]}
+			ref = &queueRef{id: meta.ID}
 		}
 	}
 	if len(targets) == 0 {
@@ -459,10 +470,13 @@ func (c *clientConn) get(ch *channelState, f frames.Frame, args []byte) error {
 	var ref *queueRef
 	if c.srv.opts.Mirror != nil && d.Queue != "" {
 		if meta, ok := c.locate(d.Queue); ok {
-			if master := c.reach(ch, meta.Master); len(master) > 0 {
-				targets = []*link{master[0]}
-				ref = &queueRef{id: meta.ID}
+			master := c.reach(ch, meta.Master)
+			if len(master) == 0 {
+				c.masterDown(ch, meta, f)
+				return nil
 			}
+			targets = []*link{master[0]}
+			ref = &queueRef{id: meta.ID}
 		}
 	}
 	if len(targets) == 0 {
