@@ -1,7 +1,7 @@
-// Command amqp-mirror is an AMQP 0-9-1 proxy meant to bring RabbitMQ's
-// classic mirrored queues to plain, unclustered brokers. Today it is a
-// transparent proxy in front of one broker that stores and matches
-// policies; mirroring is not built yet.
+// Command amqp-mirror is an AMQP 0-9-1 proxy that brings RabbitMQ's classic
+// mirrored queues to plain, unclustered brokers: in front of several
+// brokers it mirrors queues by their ha-* policies and fails over when a
+// broker dies; in front of one it is a transparent proxy.
 //
 //	amqp-mirror serve --config amqp-mirror.example.yaml   run the proxy
 //	amqp-mirror ctl list_policies --config amqp-mirror.example.yaml
@@ -39,9 +39,12 @@ import (
 const usage = `amqp-mirror: an AMQP 0-9-1 proxy meant to add RabbitMQ-style classic mirrored
 queues to plain, unclustered brokers.
 
-Today it is a transparent proxy in front of one broker (the node backend, or
-the first one listed) that stores and matches policies; mirroring, failover
-and the cluster of proxies are not built yet, so ha-* policies have no effect.
+In front of several brokers it mirrors queues by their ha-* policies (a master
+and slaves per queue, publishes fanned out, confirms from the master and the
+synchronised slaves, acks trimmed from the slaves, sync) and fails over when
+a broker dies (the oldest synchronised slave is promoted and consumers move to
+it without the client noticing). In front of one broker it is a transparent
+proxy. The cluster of proxies (sidecar mode) is not wired into serve yet.
 
 Usage:
   amqp-mirror serve [--config FILE] [flags]    run the proxy
@@ -107,14 +110,15 @@ func parseFlags(fs *pflag.FlagSet, args []string, stderr io.Writer) (int, bool) 
 func runServe(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("serve", `Usage: amqp-mirror serve [--config FILE] [flags]
 
-Runs the proxy: clients connect to listen.amqp (and listen.amqps with TLS) and
-are served by one backend broker of the config file: the node backend, or the
-first one listed. Policies are stored and matched (ctl list_policies
---explain) but have no effect: mirroring is not built yet. The keys
-cluster.* and queue_master_locator are accepted and validated, and change
-nothing today. failover_grace is how long the proxy's own probe of each
-backend waits for an answer before it counts the backend down (logged, and
-amqp_mirror_backend_up in /metrics); nothing fails over yet.
+Runs the proxy: clients connect to listen.amqp (and listen.amqps with TLS).
+Each client connection reaches its home backend (the node backend, or the
+first one listed) and, with several backends, the others as its queues need
+them, with the client's own credentials. Queues are mirrored by their
+policies (ctl list_policies --explain); queue_master_locator places new
+masters. failover_grace is how long the proxy's own probe of each backend
+waits for an answer before it counts the backend down and its queues fail
+over (a reset or refused connection counts at once). The keys cluster.* are
+accepted and validated; the sidecar cluster is not wired into serve yet.
 
 Every config key can also be set by a flag named after its key path, or by an
 environment variable AMQP_MIRROR_<KEY> (dots as underscores); flags win over

@@ -838,7 +838,7 @@ func TestCLIHelp(t *testing.T) {
 	// Help and README tell the same story: what is not used yet, and what a reload does.
 	r := cli.run(t, nil, "help", "serve")
 	described := cliFlagDescriptions(r.stdout)
-	for _, name := range []string{"cluster.bind", "cluster.join", "queue_master_locator"} {
+	for _, name := range []string{"cluster.bind", "cluster.join"} {
 		if !strings.Contains(described[name], config.NotUsedYet) {
 			t.Errorf("--%s: description %q does not say %q", name, described[name], config.NotUsedYet)
 		}
@@ -851,9 +851,9 @@ func TestCLIHelp(t *testing.T) {
 	for _, same := range []string{
 		"reloads the whole file",
 		"policies, operator policies and log.level apply live",
-		"cluster.* and queue_master_locator are accepted and validated",
+		"cluster.* are accepted and validated",
 		"failover_grace is how long the proxy's own probe of each backend waits",
-		"mirroring is not built yet",
+		"the sidecar cluster is not wired into serve yet",
 	} {
 		if !strings.Contains(flat(r.stdout), same) {
 			t.Errorf("help serve does not say %q; got:\n%s", same, r.stdout)
