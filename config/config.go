@@ -60,11 +60,48 @@ type Backend struct {
 	URL  string // amqp:// or amqps://, the proxy's own account for mirroring work
 }
 
-// Cluster configures serf gossip between sidecar proxies; Bind "" means
-// the proxy runs alone.
+// Cluster configures the sidecar cluster of proxies: serf gossip for
+// membership and a raft log for the queue metadata. Bind "" means the
+// proxy runs alone (drop-in mode).
 type Cluster struct {
-	Bind string
-	Join []string
+	Bind string   // serf gossip address (UDP and TCP)
+	Join []string // serf addresses of other proxies
+	// Advertise is the gossip address other proxies reach this one at;
+	// "" means Bind (which then must not be 0.0.0.0).
+	Advertise string
+	// RaftBind is the raft transport's address (TCP); "" means Bind's host
+	// with Bind's port + 1.
+	RaftBind string
+	// BootstrapExpect is the size of a new cluster: once that many proxies
+	// with the same value see each other, the log is formed with all of
+	// them as voters. 0 joins a cluster that exists.
+	BootstrapExpect int
+}
+
+// RaftAddresses returns the raft bind address and the address other
+// proxies dial for it: cluster.raft_bind, or Bind's host and port + 1;
+// the host other proxies dial is Advertise's, or the bind host.
+func (c Cluster) RaftAddresses() (bind, advertise string) {
+	bind = c.RaftBind
+	if bind == "" {
+		host, port, err := net.SplitHostPort(c.Bind)
+		if n, convErr := strconv.Atoi(port); err == nil && convErr == nil {
+			bind = net.JoinHostPort(host, strconv.Itoa(n+1))
+		}
+	}
+	host, port, err := net.SplitHostPort(bind)
+	if err != nil {
+		return bind, ""
+	}
+	if c.Advertise != "" {
+		if advHost, _, err := net.SplitHostPort(c.Advertise); err == nil {
+			host = advHost
+		}
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		return bind, ""
+	}
+	return bind, net.JoinHostPort(host, port)
 }
 
 // Log configures the proxy's slog handler.
@@ -253,6 +290,9 @@ var scalarFields = []field{
 	stringField("listen.tls.key", true, func(c *Config) *string { return &c.Listen.TLS.Key }),
 	addressField("cluster.bind", true, func(c *Config) *string { return &c.Cluster.Bind }),
 	listField("cluster.join", func(c *Config) *[]string { return &c.Cluster.Join }),
+	addressField("cluster.advertise", true, func(c *Config) *string { return &c.Cluster.Advertise }),
+	addressField("cluster.raft_bind", true, func(c *Config) *string { return &c.Cluster.RaftBind }),
+	intField("cluster.bootstrap_expect", 0, 99, func(c *Config) *int { return &c.Cluster.BootstrapExpect }),
 	{"queue_master_locator", func(c *Config, v any, text bool) string {
 		s, _ := v.(string)
 		l, ok := ParseLocator(s)
@@ -463,10 +503,13 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String("listen.admin", d.Listen.Admin, "admin API and /metrics address; empty disables it")
 	fs.String("listen.tls.cert", "", "TLS certificate file for AMQPS")
 	fs.String("listen.tls.key", "", "TLS key file for AMQPS")
-	fs.String("cluster.bind", d.Cluster.Bind, "serf gossip bind address; empty runs alone "+NotUsedYet)
-	fs.StringSlice("cluster.join", nil, "serf addresses of other proxies to join "+NotUsedYet)
-	fs.String("queue_master_locator", d.QueueMasterLocator.String(), "default master locator: min-masters|client-local|random "+NotUsedYet)
-	textFlag(fs, "failover_grace", "duration", d.FailoverGrace.String(), "how long a backend may leave the proxy's probe unanswered before it counts as down (nothing fails over yet)")
+	fs.String("cluster.bind", d.Cluster.Bind, "serf gossip bind address of the sidecar cluster; empty runs alone (needs node)")
+	fs.StringSlice("cluster.join", nil, "serf addresses of other proxies to join")
+	fs.String("cluster.advertise", "", "gossip address other proxies reach this one at (default: cluster.bind)")
+	fs.String("cluster.raft_bind", "", "raft address of the metadata log (default: cluster.bind's port + 1)")
+	textFlag(fs, "cluster.bootstrap_expect", "int", "0", "size of a new cluster, the same on every proxy; 0 joins one that exists")
+	fs.String("queue_master_locator", d.QueueMasterLocator.String(), "where a new queue's master goes unless its x-queue-master-locator or policy says: min-masters|client-local|random")
+	textFlag(fs, "failover_grace", "duration", d.FailoverGrace.String(), "how long a backend may leave the proxy's probe unanswered before it counts as down and its queues fail over (a reset or refused connection counts at once)")
 	fs.String("state_dir", d.StateDir, "directory for runtime policies, metadata and the admin token")
 	fs.String("admin_token", "", "admin API token; empty generates one into state_dir/admin.token")
 	fs.String("log.level", d.Log.Level, "debug|info|warn|error (reloads live)")
@@ -480,7 +523,7 @@ func RegisterFlags(fs *pflag.FlagSet) {
 
 // NotUsedYet marks the keys that are accepted and validated but have no
 // effect in this build, in flag help and the README alike.
-const NotUsedYet = "(accepted and validated; mirroring is not built yet)"
+const NotUsedYet = "(accepted and validated; the sidecar cluster is not wired into serve yet)"
 
 // textValue is a flag that keeps its text for Load to validate; typ is
 // the type shown in the help (int, duration).
@@ -550,6 +593,7 @@ func crossCheck(p *problems, c *Config) {
 			p.add("node", "expected the name of a backend (%s), found %q", strings.Join(backendNames(c), ", "), c.Node)
 		}
 	}
+	checkCluster(p, c)
 	tls := c.Listen.TLS
 	if (tls.Cert == "") != (tls.Key == "") {
 		p.add("listen.tls", "expected both cert and key (or neither), found only one of them")
@@ -562,6 +606,51 @@ func crossCheck(p *problems, c *Config) {
 	}
 	checkPolicyNames(p, "policies", c.Policies)
 	checkPolicyNames(p, "operator_policies", c.OperatorPolicies)
+}
+
+// checkCluster validates the cluster keys together: a sidecar proxy names
+// its node (the raft and serf name), its raft port follows from the gossip
+// one, and other proxies must be able to dial both.
+func checkCluster(p *problems, c *Config) {
+	cl := c.Cluster
+	if cl.Bind == "" {
+		for _, k := range []struct {
+			key string
+			set bool
+		}{
+			{"cluster.join", len(cl.Join) > 0}, {"cluster.advertise", cl.Advertise != ""},
+			{"cluster.raft_bind", cl.RaftBind != ""}, {"cluster.bootstrap_expect", cl.BootstrapExpect != 0},
+		} {
+			if k.set {
+				p.add(k.key, "expected cluster.bind to be set too (the sidecar cluster), found it empty")
+			}
+		}
+		return
+	}
+	if c.Node == "" {
+		p.add("node", "expected the name of the backend beside this proxy when cluster.bind is set (it names the proxy in the cluster), found it empty")
+	}
+	for i, addr := range cl.Join {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			p.add(index("cluster.join", i), "expected an address host:port such as 10.0.0.2:7946, found %q", addr)
+		}
+	}
+	host, port, _ := net.SplitHostPort(cl.Bind)
+	if ip := net.ParseIP(host); cl.Advertise == "" && (ip == nil || ip.IsUnspecified()) {
+		p.add("cluster.advertise", "expected an IP address:port other proxies reach this one at, since cluster.bind %s is not one, found it empty", cl.Bind)
+	}
+	if cl.RaftBind == "" {
+		if n, _ := strconv.Atoi(port); n >= 65535 {
+			p.add("cluster.raft_bind", "expected an address, since cluster.bind's port + 1 (%d) is no port, found it empty", n+1)
+		}
+	} else if cl.RaftBind == cl.Bind {
+		p.add("cluster.raft_bind", "expected an address other than cluster.bind (raft needs a TCP port of its own), found %s", cl.RaftBind)
+	}
+	if cl.Advertise != "" {
+		if advHost, _, _ := net.SplitHostPort(cl.Advertise); net.ParseIP(advHost) == nil || net.ParseIP(advHost).IsUnspecified() {
+			p.add("cluster.advertise", "expected an IP address:port other proxies can dial, found %q", cl.Advertise)
+		}
+	}
 }
 
 func backendNames(c *Config) []string {

@@ -109,6 +109,16 @@ func TestLoadValidation(t *testing.T) {
 		{"locator", validBackends + "queue_master_locator: nearest\n", "queue_master_locator", "one of min-masters, client-local, random"},
 		{"listen address", validBackends + "listen: {amqp: localhost}\n", "listen.amqp", "host:port"},
 		{"cluster join type", validBackends + "cluster: {join: 7946}\n", "cluster.join", "a list of host:port"},
+		{"cluster join address", validBackends + "node: rabbit1\ncluster: {bind: 127.0.0.1:7946, join: [node2]}\n", "cluster.join[0]", "expected an address host:port such as 10.0.0.2:7946, found \"node2\""},
+		{"cluster join without bind", validBackends + "cluster: {join: [127.0.0.1:7946]}\n", "cluster.join", "expected cluster.bind to be set too"},
+		{"cluster without node", validBackends + "cluster: {bind: 127.0.0.1:7946}\n", "node", "when cluster.bind is set"},
+		{"cluster bind unspecified", validBackends + "node: rabbit1\ncluster: {bind: 0.0.0.0:7946}\n", "cluster.advertise", "since cluster.bind 0.0.0.0:7946 is not one"},
+		{"cluster advertise not an IP", validBackends + "node: rabbit1\ncluster: {bind: 0.0.0.0:7946, advertise: \"proxy1:7946\"}\n", "cluster.advertise", "found \"proxy1:7946\""},
+		{"cluster raft_bind port", validBackends + "node: rabbit1\ncluster: {bind: 127.0.0.1:7946, raft_bind: 127.0.0.1:0}\n", "cluster.raft_bind", "port from 1 to 65535"},
+		{"cluster raft_bind same as bind", validBackends + "node: rabbit1\ncluster: {bind: 127.0.0.1:7946, raft_bind: 127.0.0.1:7946}\n", "cluster.raft_bind", "other than cluster.bind"},
+		{"cluster raft port derived", validBackends + "node: rabbit1\ncluster: {bind: 127.0.0.1:65535}\n", "cluster.raft_bind", "port + 1 (65536) is no port"},
+		{"cluster bootstrap_expect", validBackends + "node: rabbit1\ncluster: {bind: 127.0.0.1:7946, bootstrap_expect: -1}\n", "cluster.bootstrap_expect", "expected an integer from 0 to 99, found -1"},
+		{"cluster unknown key", validBackends + "cluster: {bootstrap: 3}\n", "cluster.bootstrap", "unknown key"},
 		{"no backends", "node: x\n", "backends", "at least one backend is required"},
 		{"backends not a list", "backends: rabbit1\n", "backends", "expected a list"},
 		{"duplicate backend", validBackends + "  - {name: rabbit1, url: \"amqp://h:1/\"}\n", "backends[2].name", "unique backend name, found \"rabbit1\" again"},
@@ -214,7 +224,7 @@ policies:
 }
 
 func TestEnvironmentOverrides(t *testing.T) {
-	path := writeConfig(t, validBackends+"listen: {amqp: 0.0.0.0:5672}\nfailover_grace: 2s\n")
+	path := writeConfig(t, validBackends+"listen: {amqp: 0.0.0.0:5672}\nfailover_grace: 2s\nnode: rabbit1\ncluster: {bind: 127.0.0.1:7946}\n")
 	t.Setenv("AMQP_MIRROR_LISTEN_AMQP", "127.0.0.1:6000")
 	t.Setenv("AMQP_MIRROR_FAILOVER_GRACE", "7s")
 	t.Setenv("AMQP_MIRROR_CLUSTER_JOIN", "a:1, b:2")
@@ -245,7 +255,7 @@ func TestEnvironmentOverrides(t *testing.T) {
 }
 
 func TestFlagOverrides(t *testing.T) {
-	path := writeConfig(t, validBackends+"failover_grace: 2s\nlog: {level: warn}\n")
+	path := writeConfig(t, validBackends+"failover_grace: 2s\nlog: {level: warn}\nnode: rabbit1\ncluster: {bind: 127.0.0.1:7946}\n")
 	t.Setenv("AMQP_MIRROR_FAILOVER_GRACE", "7s")
 	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
 	RegisterFlags(fs)
@@ -295,5 +305,26 @@ func TestEnumStringsNeverPanic(t *testing.T) {
 		if !strings.HasPrefix(s, "unknown(") {
 			t.Errorf("got %q, want unknown(N)", s)
 		}
+	}
+}
+
+func TestClusterRaftAddresses(t *testing.T) {
+	tests := []struct {
+		name                    string
+		cluster                 Cluster
+		wantBind, wantAdvertise string
+	}{
+		{"derived from bind", Cluster{Bind: "127.0.0.1:7946"}, "127.0.0.1:7947", "127.0.0.1:7947"},
+		{"advertise host", Cluster{Bind: "0.0.0.0:7946", Advertise: "10.0.0.1:8000"}, "0.0.0.0:7947", "10.0.0.1:7947"},
+		{"raft_bind set", Cluster{Bind: "127.0.0.1:7946", RaftBind: "127.0.0.1:9000"}, "127.0.0.1:9000", "127.0.0.1:9000"},
+		{"nothing to dial", Cluster{Bind: "0.0.0.0:7946"}, "0.0.0.0:7947", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			bind, advertise := tc.cluster.RaftAddresses()
+			if bind != tc.wantBind || advertise != tc.wantAdvertise {
+				t.Errorf("RaftAddresses() = %q, %q; want %q, %q", bind, advertise, tc.wantBind, tc.wantAdvertise)
+			}
+		})
 	}
 }

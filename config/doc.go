@@ -13,7 +13,12 @@
 //	  tls: {cert: "", key: ""}    # both set: AMQPS enabled
 //	backends:                     # at least one; names unique; amqp:// or amqps://
 //	  - {name: rabbit1, url: "amqp://mirror:secret@127.0.0.1:5681/"}
-//	cluster: {bind: "", join: []} # serf gossip between sidecar proxies; bind "" = alone (*)
+//	cluster:                      # the sidecar cluster; bind "" = this proxy runs alone
+//	  bind: 10.0.0.1:7946         # serf gossip (UDP+TCP); needs node
+//	  join: [10.0.0.2:7946]       # other proxies' gossip addresses
+//	  advertise: ""               # gossip address others dial (default bind; required for 0.0.0.0)
+//	  raft_bind: ""               # raft (metadata log, TCP); "" = bind's port + 1
+//	  bootstrap_expect: 3         # a new cluster's size, the same on every proxy; 0 = join one
 //	queue_master_locator: min-masters   # min-masters | client-local | random (*)
 //	failover_grace: 2s            # silence before an unresponsive backend counts as down
 //	state_dir: ./state            # policies.json, admin.token; relative to this file
@@ -29,7 +34,8 @@
 //	     definition: {ha-mode: exactly, ha-params: 2, ha-sync-mode: automatic}}
 //	operator_policies: []         # like set_operator_policy (fewer keys allowed)
 //
-// (*) accepted and validated; mirroring is not built yet (NotUsedYet).
+// (*) accepted and validated; the sidecar cluster is not wired into serve
+// yet (NotUsedYet).
 // ../amqp-mirror.example.yaml is the same with the README's comments, and a
 // test keeps the two and the loader in step.
 //
