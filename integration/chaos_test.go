@@ -1,0 +1,328 @@
+package integration
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+)
+
+// Chaos tests for failover (issue 8's acceptance): real brokers killed
+// with SIGKILL or frozen with SIGSTOP under load, amqp091-go clients
+// without reconnect logic through a proxy mirroring every queue. They
+// kill any of the three nodes, so they never run in parallel, and each
+// puts the cluster back as it found it when it ends.
+
+const haAllAutomatic = `{"ha-mode":"all","ha-sync-mode":"automatic"}`
+
+// TestChaosMasterKilledRepeatedly: the master's broker is killed ten times
+// in one run, each time after the previous victim came back and became a
+// synchronised slave again. Two publishers with confirms and two consumers
+// with manual acks never notice: nothing confirmed is lost, every repeated
+// delivery carries redelivered, every publish ends confirmed or nacked, and
+// consumers resume by themselves.
+func TestChaosMasterKilledRepeatedly(t *testing.T) {
+	restoreClusterOnCleanup(t)
+	p := startChaosProxy(t, node(t, "rabbit1"), chaosOptions{definition: haAllAutomatic})
+	queue := declareChaosQueue(t, p, 3)
+	w := newWorkload(t, p.url, queue)
+	w.addPublisher("p1")
+	w.addPublisher("p2")
+	w.addConsumer("c1", nil)
+	w.addConsumer("c2", nil)
+	w.waitProgress(200)
+
+	const kills = 10
+	var resumes []time.Duration
+	for round := range kills {
+		m := p.waitSynchronised(t, queue, 3)
+		victim := node(t, m.Master)
+		killedAt := killNode(t, victim)
+		resumed := w.waitResumed(killedAt, "")
+		promoted := p.waitMasterMoved(t, queue, victim.Name)
+		resumes = append(resumes, resumed)
+		t.Logf("kill %d: master %s killed, %s promoted (epoch %d), consumers resumed after %v",
+			round+1, victim.Name, promoted.Master, promoted.Epoch, resumed.Round(time.Millisecond))
+		restartNode(t, victim)
+		w.waitProgress(50)
+	}
+	p.waitSynchronised(t, queue, 3)
+	w.waitProgress(50)
+	w.finish()
+	median, maximum := durationSummary(resumes)
+	t.Logf("resume after a master kill over %d kills: median %v, max %v (all: %v)",
+		kills, median.Round(time.Millisecond), maximum.Round(time.Millisecond), rounded(resumes))
+}
+
+// TestChaosSlaveKilled: the oldest slave's broker (the one a master
+// failure would promote) is killed three times; clients notice nothing.
+func TestChaosSlaveKilled(t *testing.T) {
+	restoreClusterOnCleanup(t)
+	p := startChaosProxy(t, node(t, "rabbit1"), chaosOptions{definition: haAllAutomatic})
+	queue := declareChaosQueue(t, p, 3)
+	w := newWorkload(t, p.url, queue)
+	w.addPublisher("p1")
+	w.addPublisher("p2")
+	w.addConsumer("c1", nil)
+	w.addConsumer("c2", nil)
+	w.waitProgress(200)
+
+	const kills = 3
+	var resumes []time.Duration
+	for round := range kills {
+		m := p.waitSynchronised(t, queue, 3)
+		victim := node(t, m.Slaves[0].Backend)
+		killedAt := killNode(t, victim)
+		resumed := w.waitResumed(killedAt, "")
+		resumes = append(resumes, resumed)
+		if after := p.meta(t, queue); after.Master != m.Master || after.Epoch != m.Epoch {
+			t.Errorf("kill %d of slave %s: master %s epoch %d, want %s epoch %d unchanged",
+				round+1, victim.Name, after.Master, after.Epoch, m.Master, m.Epoch)
+		}
+		t.Logf("kill %d: slave %s killed, consumers resumed after %v", round+1, victim.Name, resumed.Round(time.Millisecond))
+		restartNode(t, victim)
+		w.waitProgress(50)
+	}
+	p.waitSynchronised(t, queue, 3)
+	w.waitProgress(50)
+	w.finish()
+	median, maximum := durationSummary(resumes)
+	t.Logf("resume after a slave kill over %d kills: median %v, max %v", kills, median.Round(time.Millisecond), maximum.Round(time.Millisecond))
+}
+
+// TestChaosTwoBrokersKilled: with the queue on all three nodes, the master
+// is killed, then the master promoted in its place: the last node serves
+// alone and nothing confirmed is lost.
+func TestChaosTwoBrokersKilled(t *testing.T) {
+	restoreClusterOnCleanup(t)
+	p := startChaosProxy(t, node(t, "rabbit1"), chaosOptions{definition: haAllAutomatic})
+	queue := declareChaosQueue(t, p, 3)
+	w := newWorkload(t, p.url, queue)
+	w.addPublisher("p1")
+	w.addPublisher("p2")
+	w.addConsumer("c1", nil)
+	w.addConsumer("c2", nil)
+	w.waitProgress(200)
+
+	first := node(t, p.waitSynchronised(t, queue, 3).Master)
+	killedAt := killNode(t, first)
+	second := node(t, p.waitMasterMoved(t, queue, first.Name).Master)
+	t.Logf("first kill: %s; consumers resumed after %v on %s", first.Name, w.waitResumed(killedAt, "").Round(time.Millisecond), second.Name)
+	w.waitProgress(100)
+
+	killedAt = killNode(t, second)
+	last := p.waitMasterMoved(t, queue, second.Name)
+	t.Logf("second kill: %s; consumers resumed after %v on %s (epoch %d)", second.Name, w.waitResumed(killedAt, "").Round(time.Millisecond), last.Master, last.Epoch)
+	w.waitProgress(100)
+
+	restartNode(t, first)
+	restartNode(t, second)
+	p.waitSynchronised(t, queue, 3)
+	w.waitProgress(50)
+	w.finish()
+}
+
+// TestChaosMasterFrozen: the master's broker is frozen with SIGSTOP for
+// longer than failover_grace, so a slave is promoted, then woken with
+// SIGCONT. Nothing the stale master delivers after waking reaches a
+// client: no message already acked before the wake-up arrives again.
+func TestChaosMasterFrozen(t *testing.T) {
+	restoreClusterOnCleanup(t)
+	const grace = time.Second
+	p := startChaosProxy(t, node(t, "rabbit1"), chaosOptions{definition: haAllAutomatic, grace: grace})
+	queue := declareChaosQueue(t, p, 3)
+	w := newWorkload(t, p.url, queue)
+	w.addPublisher("p1")
+	w.addPublisher("p2")
+	w.addConsumer("c1", nil)
+	w.addConsumer("c2", nil)
+	w.waitProgress(200)
+
+	m := p.waitSynchronised(t, queue, 3)
+	frozen := node(t, m.Master)
+	frozenAt := time.Now()
+	signalNode(t, frozen, syscall.SIGSTOP)
+	t.Cleanup(func() { syscall.Kill(frozen.PID(), syscall.SIGCONT) })
+	promoted := p.waitMasterMoved(t, queue, frozen.Name)
+	promotedAfter := time.Since(frozenAt)
+	resumed := w.waitResumed(frozenAt, "")
+	w.waitProgress(100)
+	// Frozen well beyond the grace, and until clients were served by the
+	// new master.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if since := time.Since(frozenAt); since < 3*grace {
+			return fmt.Errorf("frozen for %v, want at least %v", since, 3*grace)
+		}
+		return nil
+	})
+	wokenAt := time.Now()
+	signalNode(t, frozen, syscall.SIGCONT)
+	t.Logf("%s frozen for %v (grace %v); %s promoted (epoch %d) within %v; consumers resumed after %v",
+		frozen.Name, wokenAt.Sub(frozenAt).Round(time.Millisecond), grace, promoted.Master, promoted.Epoch,
+		promotedAfter.Round(time.Millisecond), resumed.Round(time.Millisecond))
+
+	// The woken node rejoins as a slave, purged and synchronised again.
+	p.waitSynchronised(t, queue, 3)
+	w.waitProgress(200)
+	w.finish()
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	stale := 0
+	for _, d := range w.deliveries {
+		if acked, ok := w.ackedAt[d.body]; ok && d.at.After(wokenAt) && acked.Before(wokenAt) {
+			stale++
+			if stale <= 10 {
+				t.Errorf("%s acked %v before the wake-up, delivered again to %s %v after it (redelivered %t)",
+					d.body, wokenAt.Sub(acked).Round(time.Millisecond), d.consumer, d.at.Sub(wokenAt).Round(time.Millisecond), d.redelivered)
+			}
+		}
+	}
+	if stale > 0 {
+		t.Errorf("%d deliveries after the wake-up of messages acked before it", stale)
+	}
+}
+
+// TestChaosCancelOnFailover: of two consumers on a queue whose master is
+// killed, the one declared with x-cancel-on-ha-failover receives
+// basic.cancel; the other goes on by itself.
+func TestChaosCancelOnFailover(t *testing.T) {
+	restoreClusterOnCleanup(t)
+	p := startChaosProxy(t, node(t, "rabbit1"), chaosOptions{definition: haAllAutomatic})
+	queue := declareChaosQueue(t, p, 3)
+	w := newWorkload(t, p.url, queue)
+	w.addPublisher("p1")
+	cancelling := w.addConsumer("cancel-on-failover", amqp.Table{"x-cancel-on-ha-failover": true})
+	cancels := cancelling.NotifyCancel(make(chan string, 1))
+	w.addConsumer("stays", nil)
+	w.waitProgress(200)
+
+	m := p.waitSynchronised(t, queue, 3)
+	victim := node(t, m.Master)
+	killedAt := killNode(t, victim)
+	select {
+	case tag := <-cancels:
+		if tag != "cancel-on-failover" {
+			t.Errorf("basic.cancel for %q, want %q", tag, "cancel-on-failover")
+		}
+		t.Logf("basic.cancel %v after the kill", time.Since(killedAt).Round(time.Millisecond))
+	case <-time.After(30 * time.Second):
+		t.Errorf("no basic.cancel within 30s of the master's kill")
+	}
+	t.Logf("the other consumer resumed after %v", w.waitResumed(killedAt, "stays").Round(time.Millisecond))
+	w.waitProgress(100)
+	restartNode(t, victim)
+	p.waitSynchronised(t, queue, 3)
+	w.waitProgress(50)
+	w.finish()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, d := range w.deliveries {
+		if d.consumer == "cancel-on-failover" && w.publishedAt[d.body].After(killedAt) {
+			t.Errorf("%s, published after the kill, delivered %v after it to the consumer cancelled by the failover", d.body, d.at.Sub(killedAt).Round(time.Millisecond))
+		}
+	}
+}
+
+// TestChaosWhenSyncedNoPromotion: with ha-promote-on-failure when-synced
+// and only an unsynchronised slave (it was down while messages were
+// published, and syncs manually), the master's death promotes nobody; when
+// the master returns the queue serves again with every confirmed message.
+func TestChaosWhenSyncedNoPromotion(t *testing.T) {
+	restoreClusterOnCleanup(t)
+	p := startChaosProxy(t, node(t, "rabbit1"), chaosOptions{
+		definition: `{"ha-mode":"nodes","ha-params":["rabbit2","rabbit3"],"ha-sync-mode":"manual","ha-promote-on-failure":"when-synced"}`,
+	})
+	queue := declareChaosQueue(t, p, 2)
+	before := p.meta(t, queue)
+	master, slave := node(t, before.Master), node(t, before.Slaves[0].Backend)
+
+	killNode(t, slave)
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if m := p.meta(t, queue); m.Slaves[0].Synchronised {
+			return fmt.Errorf("slave %s still synchronised after its kill: %+v", slave.Name, m.Slaves)
+		}
+		return nil
+	})
+	// Published while the slave is down: only the master holds them.
+	conn := dialURL(t, p.url)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	const messages = 100
+	for i := range messages {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(testContext(t, 10*time.Second), "", queue, false, false,
+			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: fmt.Appendf(nil, "m%d", i)})
+		if err != nil {
+			t.Fatalf("publish m%d: %v", i, err)
+		}
+		if ok, err := dc.WaitContext(testContext(t, 10*time.Second)); err != nil || !ok {
+			t.Fatalf("confirm of m%d: %t, %v", i, ok, err)
+		}
+	}
+	lost := p.meta(t, queue)
+	restartNode(t, slave)
+	// The slave is back when the engine recorded its rejoin (a write, so the
+	// version rises); manual sync leaves it unsynchronised.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		m := p.meta(t, queue)
+		if m.Version <= lost.Version || m.SlaveIndex(slave.Name) < 0 {
+			return fmt.Errorf("version %d (was %d), slaves %+v: %s has not rejoined", m.Version, lost.Version, m.Slaves, slave.Name)
+		}
+		return nil
+	})
+	if m := p.meta(t, queue); m.Slaves[0].Synchronised {
+		t.Fatalf("slave %s synchronised after its return with ha-sync-mode manual: %+v", slave.Name, m.Slaves)
+	}
+
+	killNode(t, master)
+	var decision []string
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if decision = p.log.lines("nobody promoted", "master="+master.Name); len(decision) == 0 {
+			return fmt.Errorf("no decision logged about the loss of master %s", master.Name)
+		}
+		return nil
+	})
+	t.Logf("engine: %s", decision[0])
+	after := p.meta(t, queue)
+	if after.Master != master.Name || after.Epoch != before.Epoch {
+		t.Errorf("after the master's kill: master %s epoch %d, want %s epoch %d (no promotion)", after.Master, after.Epoch, master.Name, before.Epoch)
+	}
+
+	restartNode(t, master)
+	consumer := dialURL(t, p.url)
+	got := map[string]bool{}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		// A channel of its own per attempt: an error closes it.
+		cch, err := consumer.Channel()
+		if err != nil {
+			return fmt.Errorf("channel: %w", err)
+		}
+		defer cch.Close()
+		for {
+			d, ok, err := cch.Get(queue, true)
+			if err != nil {
+				return fmt.Errorf("get: %w", err)
+			}
+			if !ok {
+				break
+			}
+			got[string(d.Body)] = true
+		}
+		if len(got) < messages {
+			return fmt.Errorf("%d of %d confirmed messages received", len(got), messages)
+		}
+		return nil
+	})
+	if m := p.meta(t, queue); m.Master != master.Name || m.Epoch != before.Epoch {
+		t.Errorf("after the master's return: master %s epoch %d, want %s epoch %d", m.Master, m.Epoch, master.Name, before.Epoch)
+	}
+}
