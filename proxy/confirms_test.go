@@ -104,3 +104,80 @@ func TestPublisherConfirmsSteadyStateDoesNotAllocate(t *testing.T) {
 		t.Errorf("publish+confirm allocates %.1f times per message, want 0", allocs)
 	}
 }
+
+// TestPublisherConfirmsQuorum: backends outside a publish's quorum (an
+// unsynchronised slave) are numbered but not waited for, and a lost backend
+// stops counting: a publish some quorum backend acked is acked, one none
+// acked is nacked.
+func TestPublisherConfirmsQuorum(t *testing.T) {
+	type step struct {
+		lost           bool // the backend's link was lost
+		backend        int
+		seq            uint64
+		multiple, nack bool
+		want           []clientConfirm
+	}
+	tests := []struct {
+		name      string
+		publishes [][2][]int // quorum, extra
+		steps     []step
+		wantLeft  int
+	}{
+		{
+			name:      "an unsynchronised slave is not waited for",
+			publishes: [][2][]int{{{0, 1}, {2}}, {{0, 1}, {2}}},
+			steps: []step{
+				{backend: 2, seq: 2, multiple: true},
+				{backend: 0, seq: 2, multiple: true},
+				{backend: 1, seq: 1, want: []clientConfirm{{seq: 1}}},
+				{backend: 1, seq: 2, want: []clientConfirm{{seq: 2}}},
+			},
+		},
+		{
+			name:      "the master lost after the slave acked: acked",
+			publishes: [][2][]int{{{0, 1}, nil}},
+			steps: []step{
+				{backend: 1, seq: 1},
+				{lost: true, backend: 0, want: []clientConfirm{{seq: 1}}},
+			},
+		},
+		{
+			name:      "every copy lost before acking: nacked",
+			publishes: [][2][]int{{{0}, nil}, {{0}, nil}},
+			steps: []step{
+				{backend: 0, seq: 1, want: []clientConfirm{{seq: 1}}},
+				{lost: true, backend: 0, want: []clientConfirm{{seq: 2, nack: true}}},
+			},
+		},
+		{
+			name:      "a lost extra backend changes nothing",
+			publishes: [][2][]int{{{0}, {1}}},
+			steps: []step{
+				{lost: true, backend: 1},
+				{backend: 0, seq: 1, want: []clientConfirm{{seq: 1}}},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p publisherConfirms
+			for _, pub := range tt.publishes {
+				p.publishTo(pub[0], pub[1])
+			}
+			for i, s := range tt.steps {
+				var got []clientConfirm
+				if s.lost {
+					got = p.backendLost(s.backend, nil)
+				} else {
+					got = p.confirm(s.backend, s.seq, s.multiple, s.nack, nil)
+				}
+				if !reflect.DeepEqual(got, s.want) {
+					t.Errorf("step %d: got %+v, want %+v", i, got, s.want)
+				}
+			}
+			if got := p.unconfirmed(); got != tt.wantLeft {
+				t.Errorf("unconfirmed: got %d, want %d", got, tt.wantLeft)
+			}
+		})
+	}
+}
