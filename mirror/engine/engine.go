@@ -14,14 +14,17 @@
 // Start runs three goroutines until Close: one rebuilds the Lookup
 // snapshot on every Store change, one takes the Watcher's events (it must
 // never stop reading them) and wakes the third, which owns the background
-// work: reconciling every queue with its policy, checking masters that may
-// have deleted themselves, and backlogs of manual slaves. Syncs run in
+// work: backend losses and returns (promotion, rejoining copies),
+// reconciling every queue with its policy, checking masters that may have
+// deleted themselves, and backlogs of manual slaves. Syncs run in
 // goroutines of their own, one per queue at most. Client goroutines call
 // Place, Declared, Deleted, Purged, Bound and Settle concurrently with all
 // of that; the Store's conditional writes settle races over metadata.
 //
-// Lock order: Engine.mu, then a Trimmer's own lock (Settle is called under
-// a read lock of mu). Nothing does network I/O while holding mu.
+// Lock order: Engine.mu before a Trimmer's own lock (Settle is called under
+// a read lock of mu) and the Store's; rebuildMu (the Lookup snapshot),
+// negMu (Resolve's negative cache) and evMu (backend events) are taken
+// alone. Nothing does network I/O while holding any of them.
 package engine
 
 import (
@@ -47,8 +50,14 @@ type Options struct {
 	// mode.
 	Node string
 	// Locator is the configured queue_master_locator.
-	Locator  config.Locator
-	Store    *mirror.Store
+	Locator config.Locator
+	Store   *mirror.Store
+	// Writer writes the metadata; nil means Store. In a sidecar cluster it
+	// forwards writes to the raft leader (cluster.go).
+	Writer MetaWriter
+	// Peers, set in a sidecar cluster, shares the work with the other
+	// proxies (cluster.go); nil means this proxy does all of it.
+	Peers    Peers
 	Policies *config.PolicyStore
 	// Watcher gives each backend's liveness and the proxy's own connection
 	// to it; the engine reads its events.
@@ -138,6 +147,9 @@ type backlog struct {
 func New(opts Options) *Engine {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.Writer == nil {
+		opts.Writer = opts.Store
 	}
 	if opts.Interval <= 0 {
 		opts.Interval = time.Second
