@@ -54,6 +54,9 @@ type Cluster struct {
 	// tags are this member's serf tags (SetTags replaces them all).
 	tags map[string]string
 
+	// peers carries messages between proxies outside the log (peers.go).
+	peers peerState
+
 	stop         chan struct{}
 	wg           sync.WaitGroup
 	shutdownOnce sync.Once
@@ -101,8 +104,11 @@ func Start(cfg Config) (*Cluster, error) {
 		stop:       make(chan struct{}),
 		raftLayer:  layer,
 	}
-	serve := c.serveForward
+	serve, servePeer := c.serveForward, c.servePeer
+	c.peers.senders = make(map[string]*peerSender)
+	c.refreshPeersEmpty()
 	base.forward.Store(&serve)
+	base.peer.Store(&servePeer)
 	if voters, err := store.Voters(); err == nil && len(voters) > 0 {
 		c.bootstrapped = true
 	}
@@ -111,6 +117,7 @@ func Start(cfg Config) (*Cluster, error) {
 		store.Close()
 		return nil, err
 	}
+	c.refreshPeers()
 	c.wg.Add(2)
 	go c.eventLoop()
 	go c.reconcileLoop()
@@ -276,6 +283,7 @@ func (c *Cluster) eventLoop() {
 			}
 		}
 		c.mu.Unlock()
+		c.refreshPeers()
 		c.wake()
 		for _, e := range events {
 			c.log.Info("member "+e.Kind.String(), "member", e.Member.Name, "status", e.Member.Status)
@@ -407,7 +415,10 @@ func (c *Cluster) Shutdown() error {
 		// serf first, while eventLoop still drains its events: serf sends
 		// member events without a timeout.
 		serfErr := c.serf.Shutdown()
+		// Under peers.mu, so that no peer sender starts after the wait.
+		c.peers.mu.Lock()
 		close(c.stop)
+		c.peers.mu.Unlock()
 		c.wg.Wait()
 		c.shutdownErr = errors.Join(serfErr, c.store.Close())
 	})

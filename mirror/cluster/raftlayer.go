@@ -42,6 +42,8 @@ type tcpStreamLayer struct {
 	// forward serves a forwarded write; nil until the store is open, and
 	// connections that arrive before are closed.
 	forward atomic.Pointer[func(net.Conn)]
+	// peer serves a connection of peer messages (peers.go), nil alike.
+	peer atomic.Pointer[func(net.Conn)]
 
 	mu     sync.Mutex
 	conns  map[*layerConn]struct{}
@@ -86,8 +88,12 @@ func (l *tcpStreamLayer) classify(conn net.Conn) {
 		return
 	}
 	conn.SetReadDeadline(time.Time{})
-	if first[0] == forwardByte {
-		if h := l.forward.Load(); h != nil {
+	if first[0] == forwardByte || first[0] == peerByte {
+		h := l.forward.Load()
+		if first[0] == peerByte {
+			h = l.peer.Load()
+		}
+		if h != nil {
 			(*h)(conn)
 		}
 		conn.Close()

@@ -138,7 +138,7 @@ func (e *Engine) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirror
 			return m, nil
 		}
 		ctx, cancel := e.opContext()
-		written, err := e.opts.Store.Put(ctx, next, m.Version)
+		written, err := e.opts.Writer.Put(ctx, next, m.Version)
 		cancel()
 		if errors.Is(err, mirror.ErrConflict) {
 			continue

@@ -93,7 +93,7 @@ func (e *Engine) countMasters() map[string]int {
 // starts trimming its slaves. When the queue was recorded meanwhile (by
 // another client or proxy), the stored record is returned.
 func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.QueueMeta, error) {
-	written, err := e.opts.Store.Put(ctx, q, 0)
+	written, err := e.opts.Writer.Put(ctx, q, 0)
 	if errors.Is(err, mirror.ErrConflict) {
 		if stored, ok := e.opts.Store.Get(q.ID); ok {
 			return stored, nil
@@ -125,7 +125,7 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 				e.log.Debug("cannot delete a slave copy again", "queue", id.Name, "backend", s.Backend, "err", err)
 			}
 		}
-		err := e.opts.Store.Delete(ctx, id, m.Version)
+		err := e.opts.Writer.Delete(ctx, id, m.Version)
 		if errors.Is(err, mirror.ErrConflict) {
 			continue
 		}
@@ -221,7 +221,7 @@ func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding,
 			m = m.Clone()
 			m.Bindings = slices.Delete(m.Bindings, i, i+1)
 		}
-		_, err := e.opts.Store.Put(ctx, m, m.Version)
+		_, err := e.opts.Writer.Put(ctx, m, m.Version)
 		if errors.Is(err, mirror.ErrConflict) {
 			continue
 		}
@@ -236,11 +236,6 @@ func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding,
 // of ids are gone. It never waits on the network: each trimmer queues the
 // acks for its own goroutine.
 func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID) {
-	e.mu.RLock()
-	if qs := e.queues[id]; qs != nil {
-		for _, tr := range qs.trimmers {
-			tr.t.Settle(ids...)
-		}
-	}
-	e.mu.RUnlock()
+	e.SettleLocal(id, ids)
+	e.settleRemote(id, ids) // cluster.go
 }

@@ -24,11 +24,13 @@ func (e *Engine) reconcileAll() {
 		def, _ := e.definition(m.ID)
 		plan := mirror.Reconcile(m, def, e.backends, live)
 		if plan.Changed() {
-			e.carryOut(m, plan, def)
+			if e.coordinates(m) {
+				e.carryOut(m, plan, def)
+			}
 			continue
 		}
-		if len(plan.Sync) > 0 {
-			e.startSync(m.ID, plan.Sync, def, false)
+		if sync := e.syncTargets(plan.Sync); len(sync) > 0 {
+			e.startSync(m.ID, sync, def, false)
 		}
 	}
 }
@@ -52,7 +54,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 		}
 	}
 	ctx, cancel := e.opContext()
-	written, err := e.opts.Store.Put(ctx, plan.Meta, read.Version)
+	written, err := e.opts.Writer.Put(ctx, plan.Meta, read.Version)
 	cancel()
 	if err != nil {
 		// A conflict means someone changed the queue meanwhile: the next
@@ -77,8 +79,8 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 	for _, b := range plan.Add {
 		e.ensureTrimmer(written, b)
 	}
-	if len(plan.Sync) > 0 {
-		e.startSync(written.ID, plan.Sync, def, false)
+	if sync := e.syncTargets(plan.Sync); len(sync) > 0 {
+		e.startSync(written.ID, sync, def, false)
 	} else if len(plan.Add) > 0 {
 		// A slave that joins an empty queue is synchronised at once.
 		e.checkBacklog(written)
@@ -98,7 +100,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 func (e *Engine) checkExpired() {
 	live := e.live()
 	for _, m := range e.opts.Store.List() {
-		if !m.AutoDelete && !hasKey(m.Arguments, "x-expires") || !live.Has(m.Master) {
+		if !m.AutoDelete && !hasKey(m.Arguments, "x-expires") || !live.Has(m.Master) || !e.coordinates(m) {
 			continue
 		}
 		if ok, err := e.exists(m.Master, m.ID.Name); ok || err != nil {
@@ -119,7 +121,7 @@ func (e *Engine) forget(m mirror.QueueMeta, why string) {
 	}
 	ctx, cancel := e.opContext()
 	defer cancel()
-	if err := e.opts.Store.Delete(ctx, m.ID, m.Version); err != nil {
+	if err := e.opts.Writer.Delete(ctx, m.ID, m.Version); err != nil {
 		e.log.Warn("cannot remove a queue's record", "queue", m.ID.Name, "vhost", m.ID.VHost, "err", err)
 		return
 	}

@@ -77,7 +77,7 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 		return mirror.QueueMeta{}, false, nil
 	}
 	m := adoptedMeta(id, copies)
-	written, err := e.opts.Store.Put(ctx, m, 0)
+	written, err := e.opts.Writer.Put(ctx, m, 0)
 	if errors.Is(err, mirror.ErrConflict) {
 		if stored, ok := e.opts.Store.Get(id); ok {
 			return stored, true, nil

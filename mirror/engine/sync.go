@@ -60,7 +60,7 @@ func (e *Engine) SyncQueue(ctx context.Context, id mirror.QueueID) error {
 		}
 	}
 	def, _ := e.definition(id)
-	e.startSync(id, targets, def, true)
+	e.startSync(id, e.syncTargets(targets), def, true)
 	return nil
 }
 

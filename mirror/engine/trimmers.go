@@ -26,6 +26,9 @@ func (e *Engine) startTrimmers(m mirror.QueueMeta) {
 // ensureTrimmer makes sure the slave on backend has a trimmer on the
 // watcher's current connection to it.
 func (e *Engine) ensureTrimmer(m mirror.QueueMeta, backend string) {
+	if !e.trimsHere(backend) {
+		return // another node's proxy trims it (cluster.go)
+	}
 	conn, gen := e.opts.Watcher.Conn(backend)
 	if conn == nil {
 		e.stopTrimmer(m.ID, backend) // its connection is gone with the backend
@@ -193,7 +196,7 @@ func (e *Engine) markSlave(id mirror.QueueID, backend string, synchronised bool)
 		m = m.Clone()
 		m.Slaves[i].Synchronised = synchronised
 		ctx, cancel := e.opContext()
-		written, err := e.opts.Store.Put(ctx, m, m.Version)
+		written, err := e.opts.Writer.Put(ctx, m, m.Version)
 		cancel()
 		if errors.Is(err, mirror.ErrConflict) {
 			continue

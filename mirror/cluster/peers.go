@@ -1,0 +1,245 @@
+package cluster
+
+import (
+	"bufio"
+	"encoding/json"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// Messages between proxies that need no consensus: settles for slave
+// copies trimmed by another node's proxy, and whatever else the proxy
+// sends with Send (runtime policies). They travel on the raft port too, on
+// one long-lived connection per destination whose first byte is
+// peerByte, as a stream of JSON batches. Delivery is best effort: a
+// message is dropped when its destination is unknown or not alive, when
+// the queue to it is full, or when the write fails (the connection is
+// dialled again for the next batch). Nothing here may block a sender:
+// SendSettles is on the client's ack path.
+
+// peerByte opens a connection that carries peer messages.
+const peerByte = 0xF1
+
+// peerQueue bounds the messages waiting for one destination; beyond it
+// they are dropped (and counted), never waited for.
+const peerQueue = 8192
+
+// peerBatch bounds how many queued messages one write carries.
+const peerBatch = 512
+
+// peerMessage is one message on the wire. A batch is a JSON array of them.
+type peerMessage struct {
+	// Settles: the messages of queue (VHost, Name) whose master copies are
+	// gone; IDs are their identities, 16 bytes each, concatenated.
+	VHost string `json:"v,omitempty"`
+	Name  string `json:"q,omitempty"`
+	IDs   []byte `json:"ids,omitempty"`
+	// Or a message of Kind for a handler set with Handle.
+	Kind    string          `json:"k,omitempty"`
+	From    string          `json:"f,omitempty"`
+	Payload json.RawMessage `json:"p,omitempty"`
+}
+
+// peerSender carries the messages for one destination node.
+type peerSender struct {
+	node  string
+	queue chan peerMessage
+}
+
+// peerState is the Cluster's share of peer messaging.
+type peerState struct {
+	mu      sync.Mutex
+	senders map[string]*peerSender // by node name
+	// addrs maps every alive member but this one to its raft address, and
+	// backends maps a backend name to the member beside it. Both are
+	// replaced as a whole after membership events.
+	addrs    atomic.Pointer[map[string]string]
+	backends atomic.Pointer[map[string]string]
+	settle   atomic.Pointer[func(mirror.QueueID, []mirror.MessageID)]
+	handlers sync.Map // kind -> func(from string, payload []byte)
+	dropped  atomic.Uint64
+}
+
+// HandleSettles sets the function that receives the settles other proxies
+// send for this node's slave copies (engine.SettleLocal). Settles arriving
+// before it is set are dropped.
+func (c *Cluster) HandleSettles(f func(mirror.QueueID, []mirror.MessageID)) {
+	c.peers.settle.Store(&f)
+}
+
+// Handle sets the function that receives peer messages of kind sent with
+// Send. It runs on the connection's reader: keep it short.
+func (c *Cluster) Handle(kind string, f func(from string, payload []byte)) {
+	c.peers.handlers.Store(kind, f)
+}
+
+// SendSettles hands the settles of the slave copy on backend to the proxy
+// beside that backend, batched with others for it. It never blocks and
+// does not keep ids; settles for a backend with no alive proxy are
+// dropped (that proxy's trimmer is gone with it, and its channel's
+// unacknowledged messages are back in the copy).
+func (c *Cluster) SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID) {
+	node := (*c.peers.backends.Load())[backend]
+	if node == "" || node == c.cfg.NodeName {
+		return
+	}
+	raw := make([]byte, 0, len(ids)*len(mirror.MessageID{}))
+	for _, m := range ids {
+		raw = append(raw, m[:]...)
+	}
+	c.enqueue(node, peerMessage{VHost: id.VHost, Name: id.Name, IDs: raw})
+}
+
+// Send sends a message of kind to the proxy named node, best effort. It
+// never blocks.
+func (c *Cluster) Send(node, kind string, payload []byte) {
+	c.enqueue(node, peerMessage{Kind: kind, From: c.cfg.NodeName, Payload: payload})
+}
+
+// PeersDropped counts the peer messages dropped because a destination's
+// queue was full.
+func (c *Cluster) PeersDropped() uint64 { return c.peers.dropped.Load() }
+
+func (c *Cluster) enqueue(node string, m peerMessage) {
+	if _, alive := (*c.peers.addrs.Load())[node]; !alive {
+		return
+	}
+	c.peers.mu.Lock()
+	s := c.peers.senders[node]
+	if s == nil {
+		select {
+		case <-c.stop:
+			c.peers.mu.Unlock()
+			return
+		default:
+		}
+		s = &peerSender{node: node, queue: make(chan peerMessage, peerQueue)}
+		c.peers.senders[node] = s
+		c.wg.Add(1)
+		go c.sendLoop(s)
+	}
+	c.peers.mu.Unlock()
+	select {
+	case s.queue <- m:
+	default:
+		if n := c.peers.dropped.Add(1); n == 1 || n%1000 == 0 {
+			c.log.Warn("peer message queue full; dropping", "to", node, "dropped_total", n)
+		}
+	}
+}
+
+// refreshPeers rebuilds the address maps from serf's members.
+func (c *Cluster) refreshPeers() {
+	addrs, backends := map[string]string{}, map[string]string{}
+	for _, m := range c.Members() {
+		if m.Status != StatusAlive || m.Raft == "" {
+			continue
+		}
+		if m.Backend != "" {
+			backends[m.Backend] = m.Name
+		}
+		if m.Name != c.cfg.NodeName {
+			addrs[m.Name] = m.Raft
+		}
+	}
+	c.peers.addrs.Store(&addrs)
+	c.peers.backends.Store(&backends)
+}
+
+// sendLoop writes the messages queued for one destination, many per
+// write, until the cluster stops.
+func (c *Cluster) sendLoop(s *peerSender) {
+	defer c.wg.Done()
+	var conn net.Conn
+	var w *bufio.Writer
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	batch := make([]peerMessage, 0, peerBatch)
+	for {
+		batch = batch[:0]
+		select {
+		case <-c.stop:
+			return
+		case m := <-s.queue:
+			batch = append(batch, m)
+		}
+	more:
+		for len(batch) < peerBatch {
+			select {
+			case m := <-s.queue:
+				batch = append(batch, m)
+			default:
+				break more
+			}
+		}
+		if conn == nil {
+			addr := (*c.peers.addrs.Load())[s.node]
+			if addr == "" {
+				continue // not alive (any more): drop
+			}
+			var err error
+			conn, err = c.raftLayer.Dial(raft.ServerAddress(addr), 2*time.Second)
+			if err != nil {
+				c.log.Debug("cannot reach a peer; dropping its messages", "to", s.node, "messages", len(batch), "error", err)
+				conn = nil
+				continue
+			}
+			w = bufio.NewWriter(conn)
+			w.WriteByte(peerByte)
+		}
+		conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		err := json.NewEncoder(w).Encode(batch)
+		if err == nil {
+			err = w.Flush()
+		}
+		if err != nil {
+			c.log.Debug("writing to a peer failed; dropping its messages", "to", s.node, "messages", len(batch), "error", err)
+			conn.Close()
+			conn = nil
+		}
+	}
+}
+
+// servePeer reads the peer messages of one connection until it closes.
+func (c *Cluster) servePeer(conn net.Conn) {
+	dec := json.NewDecoder(bufio.NewReader(conn))
+	for {
+		var batch []peerMessage
+		if err := dec.Decode(&batch); err != nil {
+			return
+		}
+		for _, m := range batch {
+			if m.Kind != "" {
+				if h, ok := c.peers.handlers.Load(m.Kind); ok {
+					h.(func(string, []byte))(m.From, m.Payload)
+				}
+				continue
+			}
+			f := c.peers.settle.Load()
+			if f == nil || len(m.IDs)%len(mirror.MessageID{}) != 0 {
+				continue
+			}
+			ids := make([]mirror.MessageID, len(m.IDs)/len(mirror.MessageID{}))
+			for i := range ids {
+				copy(ids[i][:], m.IDs[i*len(mirror.MessageID{}):])
+			}
+			(*f)(mirror.QueueID{VHost: m.VHost, Name: m.Name}, ids)
+		}
+	}
+}
+
+// refreshPeersEmpty sets empty address maps until serf runs.
+func (c *Cluster) refreshPeersEmpty() {
+	addrs, backends := map[string]string{}, map[string]string{}
+	c.peers.addrs.Store(&addrs)
+	c.peers.backends.Store(&backends)
+}

@@ -1,0 +1,87 @@
+package cluster
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// TestSettlesReachTheProxyBesideTheSlave sends settles for the copies on
+// rabbit2 and rabbit3 from rabbit1: each arrives at the proxy beside that
+// backend only, in order, and settles for rabbit1's own backend go nowhere.
+func TestSettlesReachTheProxyBesideTheSlave(t *testing.T) {
+	nodes := startCluster(t, 3)
+	var mu sync.Mutex
+	got := map[string][]mirror.MessageID{}
+	for _, n := range nodes {
+		name := n.cfg.NodeName
+		n.HandleSettles(func(id mirror.QueueID, ids []mirror.MessageID) {
+			if id != (mirror.QueueID{VHost: "/", Name: "queue_1"}) {
+				t.Errorf("%s: settles for %v, want queue_1 in /", name, id)
+			}
+			mu.Lock()
+			got[name] = append(got[name], ids...)
+			mu.Unlock()
+		})
+	}
+	queue := mirror.QueueID{VHost: "/", Name: "queue_1"}
+	var want []mirror.MessageID
+	for i := range 1000 {
+		var id mirror.MessageID
+		copy(id[:], fmt.Sprintf("message-%08d", i))
+		want = append(want, id)
+	}
+	for i := 0; i < len(want); i += 10 {
+		for _, backend := range []string{"rabbit1", "rabbit2", "rabbit3"} {
+			nodes[0].SendSettles(backend, queue, want[i:i+10])
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, name := range []string{"rabbit2", "rabbit3"} {
+			if len(got[name]) != len(want) {
+				return fmt.Errorf("%s got %d settles, want %d", name, len(got[name]), len(want))
+			}
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, name := range []string{"rabbit2", "rabbit3"} {
+		if !slices.Equal(got[name], want) {
+			t.Errorf("%s: settles arrived changed or out of order", name)
+		}
+	}
+	if len(got["rabbit1"]) != 0 {
+		t.Errorf("rabbit1 got %d settles for its own backend, want none (its engine settles them itself)", len(got["rabbit1"]))
+	}
+	if d := nodes[0].PeersDropped(); d != 0 {
+		t.Errorf("dropped %d peer messages, want 0", d)
+	}
+}
+
+// TestSendReachesTheHandlerOfItsKind sends a message of a kind to one
+// node; its handler gets it with the sender's name.
+func TestSendReachesTheHandlerOfItsKind(t *testing.T) {
+	nodes := startCluster(t, 2)
+	type message struct{ from, payload string }
+	got := make(chan message, 10)
+	nodes[1].Handle("policies", func(from string, payload []byte) {
+		got <- message{from, string(payload)}
+	})
+	nodes[0].Send("rabbit2", "policies", []byte(`{"version":1}`))
+	select {
+	case m := <-got:
+		if want := (message{"rabbit1", `{"version":1}`}); m != want {
+			t.Errorf("got %+v, want %+v", m, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the message did not arrive within 10s")
+	}
+}

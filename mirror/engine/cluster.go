@@ -1,0 +1,110 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// In a sidecar cluster every proxy runs an engine on the same metadata
+// log, so the work on a queue is shared out by node (see "Sidecar
+// cluster" in mirror/doc.go):
+//
+//   - metadata writes go through Options.Writer, which forwards them to
+//     the raft leader;
+//   - a slave copy is trimmed only by the proxy beside its backend
+//     (Options.Node): one trimmer per copy, so that it holds every
+//     message of the copy. Settles for slaves on other nodes are handed
+//     to Options.Peers, which carries them to those nodes' proxies;
+//   - policy changes (adding and dropping slaves) and masters that
+//     deleted themselves are handled by the proxy beside the master;
+//   - a slave is synchronised by the proxy beside it (it owns the
+//     slave's trimmer), copying from the master, one slave of a queue at
+//     a time: the first unsynchronised live slave in join order;
+//   - a promotion is proposed by every proxy that sees the master's
+//     backend go down; the writes are conditional, so the log takes the
+//     first and the others find the queue promoted.
+
+// MetaWriter writes queue metadata: the Store itself for one proxy, the
+// cluster (writes forwarded to the raft leader) in a sidecar cluster.
+type MetaWriter interface {
+	Put(ctx context.Context, meta mirror.QueueMeta, expect uint64) (mirror.QueueMeta, error)
+	Delete(ctx context.Context, id mirror.QueueID, expect uint64) error
+}
+
+// Peers are the other proxies of a sidecar cluster as the engine sees
+// them.
+type Peers interface {
+	// SendSettles hands settles of the slave copy on backend to the proxy
+	// beside that backend. It never blocks (it is on the client's ack
+	// path) and does not keep ids.
+	SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID)
+}
+
+// clustered reports whether the engine shares its work with other
+// proxies (Options.Peers set).
+func (e *Engine) clustered() bool { return e.opts.Peers != nil }
+
+// trimsHere reports whether this proxy trims the slave copy on backend:
+// every copy for one proxy alone, the copies on its own node in a
+// cluster.
+func (e *Engine) trimsHere(backend string) bool {
+	return !e.clustered() || backend == e.opts.Node
+}
+
+// coordinates reports whether this proxy carries out policy changes and
+// expiry for m: always for one proxy alone, when m's master is on its
+// own node in a cluster.
+func (e *Engine) coordinates(m mirror.QueueMeta) bool {
+	return !e.clustered() || m.Master == e.opts.Node
+}
+
+// syncTargets filters the slaves a sync should copy to down to those this
+// proxy synchronises: all of them alone; in a cluster its own node's
+// slave, and only when it is the first of targets (join order) on a live
+// backend, so that two proxies never copy from one master at once.
+func (e *Engine) syncTargets(targets []string) []string {
+	if !e.clustered() {
+		return targets
+	}
+	live := e.live()
+	for _, t := range targets {
+		if !live.Has(t) {
+			continue
+		}
+		if t == e.opts.Node {
+			return []string{t}
+		}
+		return nil
+	}
+	return nil
+}
+
+// SettleLocal is Settle for the slave copies this proxy trims: what the
+// proxies of other nodes send for this node's slaves.
+func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID) {
+	e.mu.RLock()
+	if qs := e.queues[id]; qs != nil {
+		for _, tr := range qs.trimmers {
+			tr.t.Settle(ids...)
+		}
+	}
+	e.mu.RUnlock()
+}
+
+// settleRemote hands the settles of the queue's slaves on other nodes to
+// their proxies.
+func (e *Engine) settleRemote(id mirror.QueueID, ids []mirror.MessageID) {
+	if !e.clustered() {
+		return
+	}
+	m, ok := e.Lookup(id)
+	if !ok {
+		return
+	}
+	for _, s := range m.Slaves {
+		if s.Backend != e.opts.Node {
+			e.opts.Peers.SendSettles(s.Backend, id, ids)
+		}
+	}
+}
