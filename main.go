@@ -29,6 +29,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
 	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
@@ -328,6 +329,10 @@ type mirroring struct {
 	store  *mirror.Store
 	engine *engine.Engine
 	others []proxy.Backend // the backends other than the home one
+	// cluster is the sidecar cluster (main_cluster.go), nil for a proxy
+	// alone; it owns store then. stopPolicies ends its policy gossip.
+	cluster      *cluster.Cluster
+	stopPolicies func()
 }
 
 // startMirroring opens the metadata store in state_dir/raft (a single
@@ -356,17 +361,25 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 	if nodeID == "" {
 		nodeID = "proxy"
 	}
-	m.store, err = mirror.OpenStore(mirror.StoreConfig{Dir: filepath.Join(cfg.StateDir, "raft"), NodeID: nodeID, Logger: logger})
-	if err != nil {
-		return nil, err
+	if sidecar(cfg) {
+		// A voter of the cluster's log in state_dir/raft (main_cluster.go).
+		if m.cluster, err = startCluster(ctx, cfg, logger, 30*time.Second); err != nil {
+			return nil, err
+		}
+		m.store = m.cluster.Store()
+	} else {
+		m.store, err = mirror.OpenStore(mirror.StoreConfig{Dir: filepath.Join(cfg.StateDir, "raft"), NodeID: nodeID, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := m.store.WaitLeader(waitCtx); err != nil {
+			m.store.Close()
+			return nil, err
+		}
 	}
-	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := m.store.WaitLeader(waitCtx); err != nil {
-		m.store.Close()
-		return nil, err
-	}
-	m.engine = engine.New(engine.Options{
+	opts := engine.Options{
 		Backends: watchedBackends(cfg),
 		Node:     cfg.Node,
 		Locator:  cfg.QueueMasterLocator,
@@ -374,15 +387,22 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 		Policies: policies,
 		Watcher:  w,
 		Logger:   logger,
-	})
+	}
+	if m.cluster != nil {
+		clusterEngineOptions(&opts, m.cluster)
+	}
+	m.engine = engine.New(opts)
 	// The first placements should see which backends are up: wait a moment
 	// for the watcher's first verdicts (a backend down is not an error).
 	startCtx, cancelStart := context.WithTimeout(ctx, 10*time.Second)
 	defer cancelStart()
 	if err := m.engine.Start(startCtx); err != nil {
-		m.engine.Close()
-		m.store.Close()
+		m.close()
 		return nil, err
+	}
+	if m.cluster != nil {
+		m.cluster.HandleSettles(m.engine.SettleLocal)
+		m.stopPolicies = startPolicySync(ctx, m.cluster, policies, cfg.Node, logger)
 	}
 	return m, nil
 }
@@ -397,10 +417,16 @@ func (m *mirroring) mirror() proxy.Mirror {
 }
 
 func (m *mirroring) close() {
+	if m.stopPolicies != nil {
+		m.stopPolicies()
+	}
 	if m.engine != nil {
 		m.engine.Close()
 	}
-	if m.store != nil {
+	if m.cluster != nil {
+		// Shutdown, not Leave: a stopped proxy keeps its vote and rejoins.
+		m.cluster.Shutdown()
+	} else if m.store != nil {
 		m.store.Close()
 	}
 }
