@@ -41,26 +41,41 @@ func (e *Engine) backendLost(ev controllink.Event) {
 	}
 	live := e.live()
 	delete(live, ev.Backend) // whatever the watcher says now, this event is a loss
+	failed := false
 	for _, m := range e.opts.Store.List() {
+		var err error
 		switch {
 		case m.Master == ev.Backend:
-			e.promote(m.ID, ev, cause, live)
+			err = e.promote(m.ID, ev, cause, live)
 		case m.SlaveIndex(ev.Backend) >= 0:
-			e.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+			_, err = e.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 				return mirror.SlaveLost(m, ev.Backend)
 			})
 		}
+		failed = failed || err != nil
+	}
+	if failed && e.ctx.Err() == nil {
+		// A write that could not be recorded (in a cluster: no leader
+		// during an election) is decided again a moment later, while the
+		// backend is still down.
+		time.AfterFunc(time.Second, func() {
+			if e.ctx.Err() == nil && e.opts.Watcher.State(ev.Backend) != controllink.Up {
+				e.addEvent(ev)
+			}
+		})
 	}
 }
 
 // promote replaces the lost master of a queue, deciding again on the
 // current record if another writer got there first.
-func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.Cause, live mirror.LiveSet) {
+func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.Cause, live mirror.LiveSet) error {
 	def, _ := e.definition(id)
 	var p mirror.Promotion
+	meanwhile := false
 	written, err := e.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		if m.Master != ev.Backend {
-			return m, false // promoted meanwhile
+			meanwhile = true // by another proxy of a cluster, or an earlier event
+			return m, false
 		}
 		p = mirror.Promote(m, live, cause, def)
 		return p.Meta, p.Promoted()
@@ -69,6 +84,8 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 	switch {
 	case err != nil:
 		log.Warn("cannot record a promotion", "from", ev.Backend, "err", err)
+	case meanwhile:
+		log.Info("master lost; already replaced", "from", ev.Backend, "master", written.Master, "epoch", written.Epoch)
 	case !p.Promoted():
 		log.Warn("master lost; nobody promoted", "master", ev.Backend, "cause", cause.String(), "reason", p.Reason)
 	default:
@@ -77,6 +94,7 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", cause.String(),
 			"since_detection", time.Since(ev.At), "reason", p.Reason)
 	}
+	return err
 }
 
 // backendBack lets the copies a returning backend held when it was lost
