@@ -1,0 +1,302 @@
+package integration
+
+// The sidecar cluster (issue 9): one `amqp-mirror serve` beside each node of the shared
+// cluster, joined with serf and sharing the metadata log, and the seed's three-node
+// walkthrough run against them.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+)
+
+// sidecarConfigYAML is the config of the proxy beside node: every node of the shared
+// cluster as a backend, node: its own, client-local placement, and the cluster keys
+// (gossip on gossip, raft on its own port, the other proxies' gossip addresses to join).
+func sidecarConfigYAML(t testing.TB, node, gossip, raft string, join []string) string {
+	extra := fmt.Sprintf("node: %s\nqueue_master_locator: client-local\ncluster:\n  bind: %s\n  raft_bind: %s\n  bootstrap_expect: %d\n  join: [%s]\n",
+		node, gossip, raft, len(cluster.Nodes()), strings.Join(join, ", "))
+	return mirrorConfigYAML(t, filepath.Join(t.TempDir(), "state"), extra)
+}
+
+// startSidecars starts one proxy beside each node of the shared cluster, all at once (each
+// waits for the others to form the metadata log before it listens), and returns them in
+// node order once every one listens and the log has a leader they all know.
+func startSidecars(t testing.TB) []*cliProxy {
+	t.Helper()
+	nodes := cluster.Nodes()
+	gossip := make([]string, len(nodes))
+	for i := range nodes {
+		gossip[i] = cliFreeAddr(t)
+	}
+	binary := newCLI(t)
+	proxies := make([]*cliProxy, len(nodes))
+	for i, n := range nodes {
+		path := filepath.Join(t.TempDir(), "amqp-mirror.yaml")
+		join := slices.Delete(slices.Clone(gossip), i, i+1)
+		cliWriteFile(t, path, sidecarConfigYAML(t, n.Name, gossip[i], cliFreeAddr(t), join))
+		proxies[i] = startServeProcess(t, binary, path)
+	}
+	for i, p := range proxies {
+		awaitCondition(t, 60*time.Second, func() error {
+			if p.exited() {
+				return fmt.Errorf("the proxy beside %s exited with %v:\n%s", nodes[i].Name, p.command.ProcessState, p.stderr)
+			}
+			amqpLine, ok := p.record(map[string]string{"msg": "AMQP listening"})
+			if !ok {
+				return fmt.Errorf("the proxy beside %s does not listen yet", nodes[i].Name)
+			}
+			p.amqpAddr = amqpLine.text("addr")
+			if adminLine, ok := p.record(map[string]string{"msg": "admin API listening"}); ok {
+				p.adminAddr = adminLine.text("addr")
+			}
+			if _, ok := p.record(map[string]string{"msg": "sidecar cluster: metadata log ready"}); !ok {
+				return fmt.Errorf("the proxy beside %s knows no metadata leader", nodes[i].Name)
+			}
+			return nil
+		})
+		settings, err := config.Load(p.configPath, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.token, err = config.LoadAdminToken(settings); err != nil {
+			t.Fatalf("admin token of the proxy beside %s: %v", nodes[i].Name, err)
+		}
+	}
+	return proxies
+}
+
+// startServeProcess runs `amqp-mirror serve --config path` without waiting for it to
+// listen; it is killed when the test ends if it still runs, and its stderr shown if the
+// test failed.
+func startServeProcess(t testing.TB, b cliBinary, path string) *cliProxy {
+	t.Helper()
+	p := &cliProxy{binary: b, configPath: path, stdout: &cliOutput{}, stderr: &cliOutput{}, done: make(chan struct{})}
+	p.command = exec.Command(b.path, "serve", "--config", path)
+	p.command.Env = cliEnvironment(nil)
+	p.command.Stdout, p.command.Stderr = p.stdout, p.stderr
+	if err := p.command.Start(); err != nil {
+		t.Fatalf("start amqp-mirror serve: %v", err)
+	}
+	go func() {
+		p.command.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		if !p.exited() {
+			p.command.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("amqp-mirror serve --config %s, stderr:\n%s", path, p.stderr)
+		}
+	})
+	return p
+}
+
+// TestSidecarWalkthrough is the seed's walkthrough on three nodes, each a broker with an
+// amqp-mirror beside it: queue_1..3 declared through proxies 1..3 land on nodes 1..3
+// (client-local); `ctl set_policy ha-all "^queue_" '{"ha-mode":"all"}'` through proxy 1
+// mirrors all three everywhere, slaves in join order, as every proxy lists them; messages
+// published to queue_2 are on every node; node 2 is stopped (its proxy with SIGTERM, then
+// its broker); proxy 1 lists queue_2 mastered on rabbit3, its oldest slave, and rabbit3
+// holds every message, which a client of proxy 3 then consumes.
+func TestSidecarWalkthrough(t *testing.T) {
+	queues := []string{"queue_1", "queue_2", "queue_3"}
+	t.Cleanup(func() { removeLeftovers(t, queues...) })
+	proxies := startSidecars(t)
+	names := mirrorBackends() // rabbit1, rabbit2, rabbit3
+
+	// queue_N through proxy N, client-local: mastered on node N.
+	for i, q := range queues {
+		awaitCondition(t, 30*time.Second, func() error { return declareThrough(proxies[i], q) })
+	}
+	for i, p := range proxies {
+		awaitCondition(t, 30*time.Second, func() error {
+			rows, err := listQueues(t, p)
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for j, q := range queues {
+				if got := rows[q]; got.Master != names[j] || len(got.Slaves) != 0 {
+					errs = append(errs, fmt.Errorf("proxy %d lists %v, want %s on %s alone", i+1, got, q, names[j]))
+				}
+			}
+			return errors.Join(errs...)
+		})
+	}
+
+	setPolicy(t, proxies[0], "ha-all", "^queue_", `{"ha-mode":"all"}`)
+	// Each master with the other two as slaves, in join order (the ring after the
+	// master), all synchronised (the queues are empty), as every proxy lists them.
+	want := map[string][]string{
+		"queue_1": {"rabbit1", "rabbit2", "rabbit3"},
+		"queue_2": {"rabbit2", "rabbit3", "rabbit1"},
+		"queue_3": {"rabbit3", "rabbit1", "rabbit2"},
+	}
+	for i, p := range proxies {
+		awaitCondition(t, 60*time.Second, func() error {
+			rows, err := listQueues(t, p)
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, q := range queues {
+				row := rows[q]
+				if !slices.Equal(row.copies(), want[q]) || !slices.Equal(row.SynchronisedSlaves, want[q][1:]) || row.Policy != "ha-all" {
+					errs = append(errs, fmt.Errorf("proxy %d lists %v; want master and slaves %v, all synchronised, policy ha-all", i+1, row, want[q]))
+				}
+			}
+			return errors.Join(errs...)
+		})
+	}
+	// The table as the seed shows it, through node 1.
+	listed := proxies[0].ctl(t, "list_queues", "name", "master", "slaves")
+	listed.check(t, 0, []string{"queue_1\trabbit1\t[rabbit2, rabbit3]", "queue_2\trabbit2\t[rabbit3, rabbit1]", "queue_3\trabbit3\t[rabbit1, rabbit2]"}, nil, nil)
+	t.Logf("ctl list_queues name master slaves, through node 1:\n%s", listed.stdout)
+
+	// Messages to queue_2, published through node 1 with confirms: on every node.
+	const count = 200
+	conn := dialProxy(t, proxies[0])
+	publishConfirmed(t, conn, "queue_2", count, func(i int) amqp.Publishing {
+		return amqp.Publishing{Body: fmt.Appendf(nil, "message %d", i), DeliveryMode: amqp.Persistent}
+	})
+	conn.Close()
+	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_2": onEvery(count, names...)})
+
+	// Node 2 stops: its proxy, then its broker. The node comes back for the other tests.
+	node2 := node(t, "rabbit2")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if err := node2.Restart(ctx); err != nil {
+			t.Errorf("restarting rabbit2 for the other tests: %v", err)
+			return
+		}
+		// The queues were deleted while rabbit2 was down, so its stale copies are still
+		// there: nothing removes the copies of deleted queues from a node that returns
+		// (a known gap). Delete them directly for the tests that follow.
+		conn, err := amqp.Dial(node2.URL())
+		if err != nil {
+			t.Errorf("connecting to rabbit2 after its restart: %v", err)
+			return
+		}
+		defer conn.Close()
+		for _, q := range queues {
+			if err := deleteQueue(conn, q); err != nil {
+				t.Errorf("deleting the stale copy of %s on rabbit2: %v", q, err)
+			}
+		}
+	})
+	if code, took := proxies[1].stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("the proxy beside rabbit2 exited with %d after SIGTERM (took %v)", code, took)
+	}
+	stopCtx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := node2.Stop(stopCtx); err != nil {
+		t.Fatalf("stopping rabbit2: %v", err)
+	}
+
+	// Through node 1: queue_2 is mastered on rabbit3, the slave that joined first.
+	awaitCondition(t, 30*time.Second, func() error {
+		row, err := queueStatus(t, proxies[0], "queue_2")
+		if err != nil {
+			return err
+		}
+		if row.Master != "rabbit3" {
+			return fmt.Errorf("proxy 1 lists %v, want queue_2 mastered on rabbit3", row)
+		}
+		return nil
+	})
+	listed = proxies[0].ctl(t, "list_queues", "name", "master", "slaves")
+	t.Logf("after node 2 stopped, ctl list_queues name master slaves through node 1:\n%s", listed.stdout)
+	if !strings.Contains(listed.stdout, "queue_2\trabbit3\t") {
+		t.Errorf("list_queues through node 1 does not show queue_2 on rabbit3:\n%s", listed.stdout)
+	}
+
+	// Every message queue_2 held is on rabbit3, counted there directly.
+	awaitCondition(t, 30*time.Second, func() error {
+		held, err := nodeMessages(t.Context(), node(t, "rabbit3"))
+		if err != nil {
+			return err
+		}
+		if held["queue_2"] != count {
+			return fmt.Errorf("rabbit3 holds %d messages in queue_2, want %d", held["queue_2"], count)
+		}
+		return nil
+	})
+	// And a client of node 3 gets them all, each once.
+	conn = dialProxy(t, proxies[2])
+	defer conn.Close()
+	seen := map[int]bool{}
+	for _, d := range consumeAcked(t, conn, "queue_2", count) {
+		i := bodyIndex(t, d.Body)
+		if seen[i] {
+			t.Errorf("message %d delivered twice", i)
+		}
+		seen[i] = true
+	}
+	if len(seen) != count {
+		t.Errorf("consumed %d distinct messages through node 3, want %d", len(seen), count)
+	}
+
+	// Cleanup through the proxies that still run: every copy goes.
+	for i, q := range queues {
+		p := proxies[0]
+		if i == 2 {
+			p = proxies[2]
+		}
+		if err := deleteThrough(p, q); err != nil {
+			t.Errorf("deleting %s: %v", q, err)
+		}
+	}
+}
+
+// dialProxy connects a client to the proxy as guest.
+func dialProxy(t testing.TB, p *cliProxy) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.Dial(p.url("guest", "guest"))
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", p.amqpAddr, err)
+	}
+	return conn
+}
+
+// declareThrough declares a durable queue through p on a connection of its own.
+func declareThrough(p *cliProxy, queue string) error {
+	conn, err := amqp.Dial(p.url("guest", "guest"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declaring %s through %s: %w", queue, p.amqpAddr, err)
+	}
+	return nil
+}
+
+// deleteThrough deletes a queue through p.
+func deleteThrough(p *cliProxy, queue string) error {
+	conn, err := amqp.Dial(p.url("guest", "guest"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return deleteQueue(conn, queue)
+}
