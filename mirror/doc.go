@@ -151,6 +151,37 @@
 // stale side still believes in. The package documentation of cluster says
 // what is guaranteed under which failures, and what is not.
 //
+// Every proxy of the cluster runs an engine on the same log, so the work
+// on a queue is shared out by node, each part done by exactly one proxy:
+//
+//   - Trimming: a slave copy is trimmed only by the proxy beside its
+//     backend (its `node`). Trimmers on several proxies would split the
+//     copy's messages between them, and a settle reaching one would miss
+//     the messages another holds. A proxy whose client settles a message
+//     settles its own node's slave at once and hands the settles for the
+//     other slaves to their nodes' proxies, batched, on one connection
+//     per peer (fire and forget: a lost batch leaves messages on a slave,
+//     which come back redelivered if it is promoted).
+//   - Policy changes (slaves added, dropped, handed over) and masters that
+//     deleted themselves: the proxy beside the queue's master. While that
+//     proxy is down its broker is usually down too, and the queue is
+//     promoted first.
+//   - Synchronisation: the proxy beside the slave (it owns the slave's
+//     trimmer), copying from the master, one slave of a queue at a time,
+//     the first unsynchronised live slave in join order, so that two
+//     proxies never take the master's messages at once. ctl sync_queue
+//     starts it only on the proxy beside that slave.
+//   - Promotion: every proxy that sees the master's backend go down
+//     proposes the same decision (the oldest live synchronised slave) as
+//     a conditional write; the log takes the first, the others find the
+//     queue promoted. A proposal the log cannot take (no leader during an
+//     election) is made again a second later.
+//
+// Writes from any proxy go through the leader of the log (cluster.Put).
+// Runtime policies (ctl set_policy) are not in the log yet: a proxy sends
+// its runtime policies to the others, which take the latest change (last
+// writer wins by the changing proxy's clock).
+//
 // # Guarantees
 //
 // A message the proxy confirmed to a client is held by the master and every
@@ -219,10 +250,10 @@
 // has them all closes its channel, which gives them back to their places
 // in the queue. It has them all when it meets a message the new slaves
 // already hold (published after they joined: the master delivers in
-// order), or has seen the master's ready count of the start; a copy that
-// ended half way is purged from the slaves before the next one. With a
-// synchronised slave, new slaves are copied from it
-// one after another (Trimmer.CopyTo). Syncs run on connections of their
+// order), has seen the master's ready count of the start, or the master
+// has nothing ready left; a copy that ended half way is purged from the
+// slaves before the next one. With a synchronised slave, new slaves are
+// copied from it one after another (Trimmer.CopyTo). Syncs run on connections of their
 // own, never the watcher's: RabbitMQ throttles a connection that publishes
 // fast, and probes waiting behind the throttle would call the backend
 // down. RabbitMQ sets the redelivered flag on

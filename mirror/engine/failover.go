@@ -43,6 +43,7 @@ func (e *Engine) backendLost(ev controllink.Event) {
 	delete(live, ev.Backend) // whatever the watcher says now, this event is a loss
 	failed := false
 	for _, m := range e.opts.Store.List() {
+		e.cancelSyncTo(m.ID, ev.Backend)
 		var err error
 		switch {
 		case m.Master == ev.Backend:
@@ -112,6 +113,7 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 		// The copy is purged through a trimmer on the new connection,
 		// started first: from then on settlements reach it, so messages
 		// published to it after the purge are trimmed like any.
+		e.cancelSyncTo(id, backend) // it must not call the purged copy synchronised
 		e.stopTrimmer(id, backend)
 		err := e.declareCopy(backend, m) // a transient copy did not survive a restart
 		if err == nil {

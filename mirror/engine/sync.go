@@ -88,6 +88,21 @@ func (e *Engine) CancelSyncQueue(ctx context.Context, id mirror.QueueID) error {
 	}
 }
 
+// cancelSyncTo stops a sync of the queue that copies to backend (lost, or
+// back and purged), and waits until it has stopped.
+func (e *Engine) cancelSyncTo(id mirror.QueueID, backend string) {
+	e.mu.RLock()
+	var run *syncRun
+	if qs := e.queues[id]; qs != nil && qs.sync != nil && slices.Contains(qs.sync.targets, backend) {
+		run = qs.sync
+	}
+	e.mu.RUnlock()
+	if run != nil {
+		run.cancel()
+		<-run.done
+	}
+}
+
 // syncing returns the slaves a sync of the queue copies to now.
 func (e *Engine) syncing(id mirror.QueueID) []string {
 	e.mu.RLock()
@@ -382,7 +397,8 @@ func (e *Engine) dialSync(backend string) (*amqp.Connection, error) {
 // same queue on each of dsts. It ends when it has seen as many messages as
 // the master held ready at the start, when a delivery is one the targets
 // have already (joined: published after they joined, so everything before
-// it was delivered, to the copy or to a client), or when deliveries pause.
+// it was delivered, to the copy or to a client), or when the master has
+// nothing ready left.
 // Clients consuming meanwhile take some of the backlog themselves, so
 // without the second rule the copy would wait for newer messages to make
 // up the count.
@@ -416,10 +432,20 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 		}
 		outs[i] = &confirmWindow{ch: ch, batch: batch}
 	}
-	// A message that expires or is taken meanwhile never comes: a pause in
-	// the deliveries ends the copy too.
-	idle := time.NewTimer(time.Second)
+	// With no newer publishes, a backlog that clients took part of (or
+	// that expired in part) never makes up the count. So when no delivery
+	// has come for a second while the copy waited for one, the master is
+	// asked whether it has anything ready left. Nothing ready means every
+	// message was delivered to someone, and what was delivered to this
+	// consumer came before that answer on the channel, so it is in the
+	// client library's hands: the copy takes what still comes within a
+	// short wait and ends. A pause alone proves nothing (a loaded broker
+	// can stop delivering for seconds), and the wait is measured from when
+	// the copy is ready for the next delivery, never across its own work.
+	const pause, settle = time.Second, time.Second
+	idle := time.NewTimer(pause)
 	defer idle.Stop()
+	draining := false // the master had nothing ready left
 	copied := 0
 	finish := func() (int, error) {
 		for _, o := range outs {
@@ -434,12 +460,23 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 		case <-ctx.Done():
 			return copied, ctx.Err()
 		case <-idle.C:
-			return finish()
+			if draining {
+				return finish()
+			}
+			left, err := sch.QueueDeclarePassive(queue, false, false, false, false, nil)
+			if err != nil {
+				return copied, fmt.Errorf("counting the master's messages: %w", err)
+			}
+			if left.Messages == 0 {
+				draining = true
+				idle.Reset(settle)
+			} else {
+				idle.Reset(pause)
+			}
 		case d, ok := <-deliveries:
 			if !ok {
 				return copied, errors.New("the master closed the sync's channel")
 			}
-			idle.Reset(time.Second)
 			if joined(d) {
 				return finish()
 			}
@@ -450,6 +487,11 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 				}
 			}
 			copied++
+			if draining {
+				idle.Reset(settle)
+			} else {
+				idle.Reset(pause)
+			}
 		}
 	}
 	return finish()
