@@ -253,10 +253,10 @@
 // order), has seen the master's ready count of the start, or the master
 // has nothing ready left; a copy that ended half way is purged from the
 // slaves before the next one. With a synchronised slave, new slaves are
-// copied from it one after another (Trimmer.CopyTo). Syncs run on connections of their
-// own, never the watcher's: RabbitMQ throttles a connection that publishes
-// fast, and probes waiting behind the throttle would call the backend
-// down. RabbitMQ sets the redelivered flag on
+// copied from it one after another (Trimmer.CopyTo). Syncs run on
+// connections of their own, never the watcher's: RabbitMQ throttles a
+// connection that publishes fast, and probes waiting behind the throttle
+// would call the backend down. RabbitMQ sets the redelivered flag on
 // every message given back that way, so after such a sync clients see
 // those messages with redelivered=true; while it runs, clients are served
 // the messages behind them. Messages clients hold unacknowledged at the
