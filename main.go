@@ -45,7 +45,8 @@ and slaves per queue, publishes fanned out, confirms from the master and the
 synchronised slaves, acks trimmed from the slaves, sync) and fails over when
 a broker dies (the oldest synchronised slave is promoted and consumers move to
 it without the client noticing). In front of one broker it is a transparent
-proxy. The cluster of proxies (sidecar mode) is not wired into serve yet.
+proxy. With cluster.bind set, a proxy beside each broker joins the others in
+a sidecar cluster (serf membership, a shared raft metadata log).
 
 Usage:
   amqp-mirror serve [--config FILE] [flags]    run the proxy
@@ -118,8 +119,9 @@ them, with the client's own credentials. Queues are mirrored by their
 policies (ctl list_policies --explain); queue_master_locator places new
 masters. failover_grace is how long the proxy's own probe of each backend
 waits for an answer before it counts the backend down and its queues fail
-over (a reset or refused connection counts at once). The keys cluster.* are
-accepted and validated; the sidecar cluster is not wired into serve yet.
+over (a reset or refused connection counts at once). With cluster.bind set
+(and node), the proxy joins the sidecar cluster: it gossips with the proxies
+of cluster.join and votes in their shared metadata log.
 
 Every config key can also be set by a flag named after its key path, or by an
 environment variable AMQP_MIRROR_<KEY> (dots as underscores); flags win over
