@@ -39,7 +39,8 @@ COPY --from=build /out/amqp-mirror /usr/local/bin/amqp-mirror
 COPY --from=build --chown=65532:65532 /out/state /var/lib/amqp-mirror
 USER 65532:65532
 # 5672 AMQP, 5671 AMQPS (when listen.tls is set), 15680 admin API and
-# /metrics, 7946 serf gossip between sidecar proxies (TCP and UDP).
-EXPOSE 5672 5671 15680 7946 7946/udp
+# /metrics; between sidecar proxies 7946 serf gossip (TCP and UDP) and 7947
+# the metadata log's raft (cluster.bind's port + 1).
+EXPOSE 5672 5671 15680 7946 7946/udp 7947
 ENTRYPOINT ["amqp-mirror"]
 CMD ["serve", "--config", "/etc/amqp-mirror/amqp-mirror.yaml"]

@@ -167,7 +167,8 @@ func TestComposeMountsExist(t *testing.T) {
 // state volume and the addresses of the other proxies.
 func TestComposeConfigsAreValid(t *testing.T) {
 	compose := loadCompose(t)
-	configPath := loadDockerfile(t).configPath(t)
+	dockerfile := loadDockerfile(t)
+	configPath, exposed := dockerfile.configPath(t), dockerfile.exposed()
 	binds := map[string]string{} // proxy -> cluster.bind
 	joins := map[string][]string{}
 	for proxy, node := range composeProxies {
@@ -211,15 +212,33 @@ func TestComposeConfigsAreValid(t *testing.T) {
 			}) {
 				t.Errorf("%s: state_dir %s is not on a named volume of %s (the metadata log must survive a restart)", file, cfg.StateDir, proxy)
 			}
-			host, _ := splitAddress(t, cfg.Cluster.Bind)
-			if got, want := host, serviceAddress(t, compose, proxy); got != want {
-				t.Errorf("%s: cluster.bind on %s, want %s, the address the compose file gives %s", file, got, want, proxy)
+			address := serviceAddress(t, compose, proxy)
+			raftBind, raftAdvertise := cfg.Cluster.RaftAddresses()
+			for _, cluster := range []struct{ key, address string }{
+				{"cluster.bind", cfg.Cluster.Bind}, {"cluster.raft_bind", raftBind}, {"the raft address advertised", raftAdvertise},
+			} {
+				// Other containers reach the image's ports whether EXPOSEd or
+				// not; EXPOSE is what tells a reader of the image they exist.
+				host, port := splitAddress(t, cluster.address)
+				if host != address {
+					t.Errorf("%s: %s on %s, want %s, the address the compose file gives %s", file, cluster.key, host, address, proxy)
+				}
+				if !exposed[port] {
+					t.Errorf("%s: %s port %s is not EXPOSEd by the Dockerfile", file, cluster.key, port)
+				}
 			}
-			binds[proxy], joins[proxy] = cfg.Cluster.Bind, cfg.Cluster.Join
+			// Every proxy of a new cluster waits for this many before the
+			// metadata log is formed, so it must be the compose file's count.
+			if got, want := cfg.Cluster.BootstrapExpect, len(composeProxies); got != want {
+				t.Errorf("%s: cluster.bootstrap_expect %d, want %d (the proxies of the compose file)", file, got, want)
+			}
+			if cfg.Cluster.Bind != "" {
+				binds[proxy], joins[proxy] = cfg.Cluster.Bind, cfg.Cluster.Join
+			}
 		})
 	}
-	if t.Failed() {
-		return
+	if len(binds) != len(composeProxies) {
+		return // a config that did not load has been reported
 	}
 	for proxy := range composeProxies {
 		var want []string
