@@ -270,7 +270,7 @@ type workload struct {
 
 	mu          sync.Mutex
 	publishedAt map[string]time.Time // just before the publish was sent
-	confirmed   map[string]bool
+	confirmed   map[string]time.Time // when the confirm came
 	nacked      map[string]bool
 	received    map[string]int
 	ackedAt     map[string]time.Time // when the client first acked it
@@ -283,7 +283,7 @@ func newWorkload(t *testing.T, url, queue string) *workload {
 	w := &workload{
 		t: t, url: url, queue: queue, ctx: ctx, stop: stop,
 		publishedAt: map[string]time.Time{},
-		confirmed:   map[string]bool{},
+		confirmed:   map[string]time.Time{},
 		nacked:      map[string]bool{},
 		received:    map[string]int{},
 		ackedAt:     map[string]time.Time{},
@@ -341,7 +341,7 @@ func (w *workload) addPublisher(name string) {
 			}
 			w.mu.Lock()
 			if ok {
-				w.confirmed[body] = true
+				w.confirmed[body] = time.Now()
 			} else {
 				w.nacked[body] = true
 			}
@@ -355,7 +355,10 @@ func (w *workload) addPublisher(name string) {
 
 // addConsumer starts a consumer with manual acks, and returns its channel
 // (for NotifyCancel). A message it receives again must carry redelivered.
-func (w *workload) addConsumer(tag string, args amqp.Table) *amqp.Channel {
+// With ackEvery above 1 it acks every ackEvery deliveries at once
+// (multiple), as batching clients do: some messages are always unacked
+// when a failover comes, and a multiple ack may reach across one.
+func (w *workload) addConsumer(tag string, args amqp.Table, ackEvery int) *amqp.Channel {
 	w.t.Helper()
 	conn := dialURL(w.t, w.url)
 	w.conns = append(w.conns, conn)
@@ -371,6 +374,7 @@ func (w *workload) addConsumer(tag string, args amqp.Table) *amqp.Channel {
 		w.t.Fatalf("consume as %s: %v", tag, err)
 	}
 	go func() {
+		var unacked []string
 		for d := range deliveries {
 			body := string(d.Body)
 			now := time.Now()
@@ -381,15 +385,21 @@ func (w *workload) addConsumer(tag string, args amqp.Table) *amqp.Channel {
 			w.received[body]++
 			w.deliveries = append(w.deliveries, chaosDelivery{body: body, consumer: tag, at: now, redelivered: d.Redelivered})
 			w.mu.Unlock()
-			if err := d.Ack(false); err != nil {
+			if unacked = append(unacked, body); len(unacked) < ackEvery {
+				continue
+			}
+			if err := d.Ack(ackEvery > 1); err != nil {
 				w.problem("ack of %s by %s: %v", body, tag, err)
 				continue
 			}
 			w.mu.Lock()
-			if _, ok := w.ackedAt[body]; !ok {
-				w.ackedAt[body] = time.Now()
+			for _, b := range unacked {
+				if _, ok := w.ackedAt[b]; !ok {
+					w.ackedAt[b] = time.Now()
+				}
 			}
 			w.mu.Unlock()
+			unacked = unacked[:0]
 		}
 	}()
 	return ch
@@ -430,6 +440,25 @@ func (w *workload) resumedAfter(at time.Time, consumer string) (time.Duration, b
 		}
 	}
 	return 0, false
+}
+
+// publishingAfter says how publishers fared across at: how long after at
+// the first publish was sent (they send one at a time, so a confirm that
+// takes long delays it), and the longest wait for a confirm of a publish
+// sent before at and confirmed after it.
+func (w *workload) publishingAfter(at time.Time) (firstPublish, longestConfirm time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	firstPublish = -1
+	for body, sent := range w.publishedAt {
+		if sent.After(at) && (firstPublish < 0 || sent.Sub(at) < firstPublish) {
+			firstPublish = sent.Sub(at)
+		}
+		if confirmed, ok := w.confirmed[body]; ok && sent.Before(at) && confirmed.After(at) {
+			longestConfirm = max(longestConfirm, confirmed.Sub(sent))
+		}
+	}
+	return firstPublish, longestConfirm
 }
 
 // waitResumed waits until a message published after at reached consumer

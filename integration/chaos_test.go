@@ -32,8 +32,8 @@ func TestChaosMasterKilledRepeatedly(t *testing.T) {
 	w := newWorkload(t, p.url, queue)
 	w.addPublisher("p1")
 	w.addPublisher("p2")
-	w.addConsumer("c1", nil)
-	w.addConsumer("c2", nil)
+	w.addConsumer("c1", nil, 1)
+	w.addConsumer("c2", nil, 5)
 	w.waitProgress(200)
 
 	const kills = 10
@@ -45,8 +45,10 @@ func TestChaosMasterKilledRepeatedly(t *testing.T) {
 		resumed := w.waitResumed(killedAt, "")
 		promoted := p.waitMasterMoved(t, queue, victim.Name)
 		resumes = append(resumes, resumed)
-		t.Logf("kill %d: master %s killed, %s promoted (epoch %d), consumers resumed after %v",
-			round+1, victim.Name, promoted.Master, promoted.Epoch, resumed.Round(time.Millisecond))
+		firstPublish, longestConfirm := w.publishingAfter(killedAt)
+		t.Logf("kill %d: master %s killed, %s promoted (epoch %d), consumers resumed after %v (first publish after the kill sent after %v; a confirm in flight took up to %v)",
+			round+1, victim.Name, promoted.Master, promoted.Epoch, resumed.Round(time.Millisecond),
+			firstPublish.Round(time.Millisecond), longestConfirm.Round(time.Millisecond))
 		restartNode(t, victim)
 		w.waitProgress(50)
 	}
@@ -67,8 +69,8 @@ func TestChaosSlaveKilled(t *testing.T) {
 	w := newWorkload(t, p.url, queue)
 	w.addPublisher("p1")
 	w.addPublisher("p2")
-	w.addConsumer("c1", nil)
-	w.addConsumer("c2", nil)
+	w.addConsumer("c1", nil, 1)
+	w.addConsumer("c2", nil, 5)
 	w.waitProgress(200)
 
 	const kills = 3
@@ -79,11 +81,13 @@ func TestChaosSlaveKilled(t *testing.T) {
 		killedAt := killNode(t, victim)
 		resumed := w.waitResumed(killedAt, "")
 		resumes = append(resumes, resumed)
+		firstPublish, longestConfirm := w.publishingAfter(killedAt)
 		if after := p.meta(t, queue); after.Master != m.Master || after.Epoch != m.Epoch {
 			t.Errorf("kill %d of slave %s: master %s epoch %d, want %s epoch %d unchanged",
 				round+1, victim.Name, after.Master, after.Epoch, m.Master, m.Epoch)
 		}
-		t.Logf("kill %d: slave %s killed, consumers resumed after %v", round+1, victim.Name, resumed.Round(time.Millisecond))
+		t.Logf("kill %d: slave %s killed, consumers resumed after %v (first publish after the kill sent after %v; a confirm in flight took up to %v)",
+			round+1, victim.Name, resumed.Round(time.Millisecond), firstPublish.Round(time.Millisecond), longestConfirm.Round(time.Millisecond))
 		restartNode(t, victim)
 		w.waitProgress(50)
 	}
@@ -104,8 +108,8 @@ func TestChaosTwoBrokersKilled(t *testing.T) {
 	w := newWorkload(t, p.url, queue)
 	w.addPublisher("p1")
 	w.addPublisher("p2")
-	w.addConsumer("c1", nil)
-	w.addConsumer("c2", nil)
+	w.addConsumer("c1", nil, 1)
+	w.addConsumer("c2", nil, 5)
 	w.waitProgress(200)
 
 	first := node(t, p.waitSynchronised(t, queue, 3).Master)
@@ -138,8 +142,8 @@ func TestChaosMasterFrozen(t *testing.T) {
 	w := newWorkload(t, p.url, queue)
 	w.addPublisher("p1")
 	w.addPublisher("p2")
-	w.addConsumer("c1", nil)
-	w.addConsumer("c2", nil)
+	w.addConsumer("c1", nil, 1)
+	w.addConsumer("c2", nil, 5)
 	w.waitProgress(200)
 
 	m := p.waitSynchronised(t, queue, 3)
@@ -196,9 +200,9 @@ func TestChaosCancelOnFailover(t *testing.T) {
 	queue := declareChaosQueue(t, p, 3)
 	w := newWorkload(t, p.url, queue)
 	w.addPublisher("p1")
-	cancelling := w.addConsumer("cancel-on-failover", amqp.Table{"x-cancel-on-ha-failover": true})
+	cancelling := w.addConsumer("cancel-on-failover", amqp.Table{"x-cancel-on-ha-failover": true}, 1)
 	cancels := cancelling.NotifyCancel(make(chan string, 1))
-	w.addConsumer("stays", nil)
+	w.addConsumer("stays", nil, 1)
 	w.waitProgress(200)
 
 	m := p.waitSynchronised(t, queue, 3)
