@@ -125,15 +125,31 @@ func TestMirrorSlaveSynchronisation(t *testing.T) {
 		load.Go(func() { loadErrors <- consumeCounting(loadContext, consumerConn, queue, &consumed) })
 		stopped := false
 		finishLoad := func() {
-			if !stopped {
-				stopped = true
-				stopLoad()
+			if stopped {
+				return
+			}
+			stopped = true
+			stopLoad()
+			done := make(chan struct{})
+			go func() {
 				load.Wait()
-				close(loadErrors)
-				for err := range loadErrors {
-					if err != nil {
-						t.Errorf("load through the proxy: %v", err)
-					}
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(45 * time.Second):
+				// A publish blocked by the proxy's backpressure, or a basic.cancel it never
+				// answers, would hold the test forever: end the connections under a deadline.
+				t.Errorf("the load did not stop within 45s of being told to; closing its connections")
+				for _, conn := range []*amqp.Connection{publisherConn, consumerConn} {
+					conn.CloseDeadline(time.Now().Add(5 * time.Second))
+				}
+				<-done
+			}
+			close(loadErrors)
+			for err := range loadErrors {
+				if err != nil {
+					t.Errorf("load through the proxy: %v", err)
 				}
 			}
 		}
