@@ -108,8 +108,9 @@ func startServeProcess(t testing.TB, b cliBinary, path string) *cliProxy {
 // TestSidecarWalkthrough is the seed's walkthrough on three nodes, each a broker with an
 // amqp-mirror beside it: queue_1..3 declared through proxies 1..3 land on nodes 1..3
 // (client-local); `ctl set_policy ha-all "^queue_" '{"ha-mode":"all"}'` through proxy 1
-// mirrors all three everywhere, slaves in join order, as every proxy lists them; messages
-// published to queue_2 are on every node; node 2 is stopped (its proxy with SIGTERM, then
+// mirrors all three everywhere, slaves in join order, as every proxy lists them; acks
+// through one proxy trim the slaves other proxies hold; messages published to queue_2 are
+// on every node; node 2 is stopped (its proxy with SIGTERM, then
 // its broker); proxy 1 lists queue_2 mastered on rabbit3, its oldest slave, and rabbit3
 // holds every message, which a client of proxy 3 then consumes.
 func TestSidecarWalkthrough(t *testing.T) {
@@ -120,7 +121,22 @@ func TestSidecarWalkthrough(t *testing.T) {
 
 	// queue_N through proxy N, client-local: mastered on node N.
 	for i, q := range queues {
-		awaitCondition(t, 30*time.Second, func() error { return declareThrough(proxies[i], q) })
+		// The proxy answers a declare that it could not record (no metadata leader: the
+		// cluster may still be settling, on a machine this loaded) with declare-ok all the
+		// same, so the declare is repeated until the queue is listed.
+		awaitCondition(t, 60*time.Second, func() error {
+			if err := declareThrough(proxies[i], q); err != nil {
+				return err
+			}
+			row, err := queueStatus(t, proxies[i], q)
+			if err != nil {
+				return err
+			}
+			if row.Master != names[i] {
+				return fmt.Errorf("proxy %d lists %v, want it mastered on %s", i+1, row, names[i])
+			}
+			return nil
+		})
 	}
 	for i, p := range proxies {
 		awaitCondition(t, 30*time.Second, func() error {
@@ -167,9 +183,22 @@ func TestSidecarWalkthrough(t *testing.T) {
 	listed.check(t, 0, []string{"queue_1\trabbit1\t[rabbit2, rabbit3]", "queue_2\trabbit2\t[rabbit3, rabbit1]", "queue_3\trabbit3\t[rabbit1, rabbit2]"}, nil, nil)
 	t.Logf("ctl list_queues name master slaves, through node 1:\n%s", listed.stdout)
 
+	// Acks reach every copy, whichever proxy the client uses: messages of queue_1
+	// (mastered on rabbit1) published and consumed through node 2 leave all three copies,
+	// the one beside node 2 trimmed by its proxy, the one on rabbit3 by node 3's proxy,
+	// to which node 2's proxy sends the settles.
+	conn := dialProxy(t, proxies[1])
+	publishConfirmed(t, conn, "queue_1", 100, func(i int) amqp.Publishing {
+		return amqp.Publishing{Body: fmt.Appendf(nil, "message %d", i)}
+	})
+	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_1": onEvery(100, names...)})
+	consumeAcked(t, conn, "queue_1", 100)
+	conn.Close()
+	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_1": onEvery(0, names...)})
+
 	// Messages to queue_2, published through node 1 with confirms: on every node.
 	const count = 200
-	conn := dialProxy(t, proxies[0])
+	conn = dialProxy(t, proxies[0])
 	publishConfirmed(t, conn, "queue_2", count, func(i int) amqp.Publishing {
 		return amqp.Publishing{Body: fmt.Appendf(nil, "message %d", i), DeliveryMode: amqp.Persistent}
 	})
