@@ -504,35 +504,47 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("demo", `Usage: amqp-mirror demo [flags]
 
 Starts local, independent RabbitMQ nodes (needs rabbitmq-server installed and
-root, see scripts/install-deps.sh) and amqp-mirror in front of them, prints
-how to connect, and runs until Ctrl-C; then stops everything it started.`, stdout)
+root, see scripts/install-deps.sh) and, with two nodes or more, an amqp-mirror
+serve beside each, joined in a sidecar cluster (--single: one proxy in front of
+all of them), prints how to connect and the seed's walkthrough, and runs until
+Ctrl-C; then stops everything it started.`, stdout)
 	nodes := fs.Int("nodes", 3, "how many RabbitMQ nodes to start")
 	listen := fs.String("listen", "127.0.0.1:5672", "the proxy's AMQP address")
 	adminAddr := fs.String("admin", "127.0.0.1:15680", "the proxy's admin API address")
 	dir := fs.String("dir", "", "where the nodes and the proxy keep their data (default: a temporary directory)")
+	single := fs.Bool("single", false, "one proxy in front of every node instead of the sidecar cluster (a proxy beside each node, on --listen and --admin's ports + 0, 1, 2...)")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := demo(ctx, *nodes, *listen, *adminAddr, *dir, logger, stdout); err != nil {
+	if err := demo(ctx, *nodes, *listen, *adminAddr, *dir, !*single && *nodes > 1, logger, stdout); err != nil {
 		logger.Error("demo failed", "err", err)
 		return 1
 	}
 	return 0
 }
 
-func demo(ctx context.Context, nodes int, listen, adminAddr, dir string, logger *slog.Logger, stdout io.Writer) error {
+func demo(ctx context.Context, nodes int, listen, adminAddr, dir string, sidecars bool, logger *slog.Logger, stdout io.Writer) error {
 	if nodes < 1 {
 		return fmt.Errorf("--nodes %d: the demo needs at least one node", nodes)
 	}
 	// The proxy binds its ports only once the brokers are up, 10-20 s later: check them
 	// first, so that a port in use fails at once, before any broker starts.
-	if err := checkDemoAddresses([]demoAddress{
+	addresses := []demoAddress{
 		{"the proxy's AMQP address", listen, "--listen"},
 		{"the admin API address", adminAddr, "--admin"},
-	}); err != nil {
+	}
+	var proxies []sidecarAddresses
+	if sidecars {
+		var err error
+		if proxies, err = demoSidecarAddresses(nodes, listen, adminAddr); err != nil {
+			return err
+		}
+		addresses = demoSidecarChecks(proxies)
+	}
+	if err := checkDemoAddresses(addresses); err != nil {
 		return err
 	}
 	if dir == "" {
@@ -555,6 +567,9 @@ func demo(ctx context.Context, nodes int, listen, adminAddr, dir string, logger 
 		return err
 	}
 	defer cluster.Close()
+	if sidecars {
+		return demoSidecars(ctx, cluster, proxies, dir, logger, stdout) // main_cluster.go
+	}
 
 	cfgPath := filepath.Join(dir, "amqp-mirror.yaml")
 	var yaml strings.Builder
