@@ -104,11 +104,12 @@ func Start(cfg Config) (*Cluster, error) {
 		stop:       make(chan struct{}),
 		raftLayer:  layer,
 	}
-	serve, servePeer := c.serveForward, c.servePeer
+	serve, servePeer, serveCall := c.serveForward, c.servePeer, c.serveCall
 	c.peers.senders = make(map[string]*peerSender)
 	c.refreshPeersEmpty()
 	base.forward.Store(&serve)
 	base.peer.Store(&servePeer)
+	base.call.Store(&serveCall)
 	if voters, err := store.Voters(); err == nil && len(voters) > 0 {
 		c.bootstrapped = true
 	}

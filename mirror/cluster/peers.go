@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -63,6 +65,7 @@ type peerState struct {
 	backends atomic.Pointer[map[string]string]
 	settle   atomic.Pointer[func(mirror.QueueID, []mirror.MessageID)]
 	handlers sync.Map // kind -> func(from string, payload []byte)
+	calls    sync.Map // kind -> callHandler
 	dropped  atomic.Uint64
 }
 
@@ -242,4 +245,129 @@ func (c *Cluster) refreshPeersEmpty() {
 	addrs, backends := map[string]string{}, map[string]string{}
 	c.peers.addrs.Store(&addrs)
 	c.peers.backends.Store(&backends)
+}
+
+// Calls: a request to the proxy of one node that waits for its answer, on
+// a connection of its own (first byte callByte), as forwarded writes do.
+// Used where the caller must know the work is done before it answers its
+// client: a purge of a slave copy that another proxy trims.
+
+// callByte opens a connection that carries one call.
+const callByte = 0xF2
+
+type callRequest struct {
+	Kind    string          `json:"kind"`
+	Payload json.RawMessage `json:"payload"`
+	Timeout time.Duration   `json:"timeout"`
+}
+
+type callResponse struct {
+	Payload json.RawMessage `json:"payload,omitempty"`
+	Error   string          `json:"error,omitempty"`
+}
+
+// callHandler answers a call of one kind.
+type callHandler func(ctx context.Context, payload []byte) ([]byte, error)
+
+// call sends a request of kind to the proxy named node and waits for its
+// answer, at most until ctx ends (forwardTimeout without a deadline).
+func (c *Cluster) call(ctx context.Context, node, kind string, payload []byte) ([]byte, error) {
+	addr := (*c.peers.addrs.Load())[node]
+	if addr == "" {
+		return nil, fmt.Errorf("calling %s: no alive proxy of that name", node)
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(forwardTimeout)
+	}
+	timeout := time.Until(deadline)
+	if timeout <= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	conn, err := c.raftLayer.Dial(raft.ServerAddress(addr), timeout)
+	if err != nil {
+		return nil, fmt.Errorf("calling %s at %s: %w", node, addr, err)
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	conn.SetDeadline(deadline)
+	w := bufio.NewWriter(conn)
+	w.WriteByte(callByte)
+	if err := json.NewEncoder(w).Encode(callRequest{Kind: kind, Payload: payload, Timeout: timeout}); err != nil {
+		return nil, fmt.Errorf("encoding a call: %w", err)
+	}
+	if err := w.Flush(); err != nil {
+		return nil, fmt.Errorf("calling %s at %s: %w", node, addr, err)
+	}
+	var resp callResponse
+	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("no answer from %s at %s: %w", node, addr, err)
+	}
+	if resp.Error != "" {
+		return nil, fmt.Errorf("%s: %s", node, resp.Error)
+	}
+	return resp.Payload, nil
+}
+
+// serveCall answers one call.
+func (c *Cluster) serveCall(conn net.Conn) {
+	conn.SetDeadline(time.Now().Add(forwardTimeout))
+	var req callRequest
+	if err := json.NewDecoder(bufio.NewReader(conn)).Decode(&req); err != nil {
+		c.log.Warn("undecodable call", "remote", conn.RemoteAddr(), "error", err)
+		return
+	}
+	timeout := min(max(req.Timeout, 0), forwardTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	conn.SetDeadline(time.Now().Add(timeout + time.Second))
+	var resp callResponse
+	h, ok := c.peers.calls.Load(req.Kind)
+	if !ok {
+		resp.Error = fmt.Sprintf("no handler for calls of kind %q", req.Kind)
+	} else if payload, err := h.(callHandler)(ctx, req.Payload); err != nil {
+		resp.Error = err.Error()
+	} else {
+		resp.Payload = payload
+	}
+	if err := json.NewEncoder(conn).Encode(resp); err != nil {
+		c.log.Warn("answering a call", "remote", conn.RemoteAddr(), "error", err)
+	}
+}
+
+// purgeCall is the kind of the call that purges a slave copy.
+const purgeCall = "purge-slave"
+
+// HandlePurges sets the function that purges this node's slave copy of a
+// queue when another proxy asks (engine.PurgeLocal).
+func (c *Cluster) HandlePurges(f func(ctx context.Context, id mirror.QueueID) error) {
+	c.peers.calls.Store(purgeCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+		var id mirror.QueueID
+		if err := json.Unmarshal(payload, &id); err != nil {
+			return nil, fmt.Errorf("decoding a purge: %w", err)
+		}
+		return nil, f(ctx, id)
+	}))
+}
+
+// PurgeSlave asks the proxy beside backend to purge its slave copy of the
+// queue (through its trimmer, which holds most of the copy's messages) and
+// waits until it did.
+func (c *Cluster) PurgeSlave(ctx context.Context, backend string, id mirror.QueueID) error {
+	node := (*c.peers.backends.Load())[backend]
+	if node == "" {
+		return fmt.Errorf("purging the copy of %s on %s: no alive proxy beside it", id, backend)
+	}
+	payload, err := json.Marshal(id)
+	if err != nil {
+		return err
+	}
+	if _, err := c.call(ctx, node, purgeCall, payload); err != nil {
+		return fmt.Errorf("purging the copy of %s on %s: %w", id, backend, err)
+	}
+	return nil
 }

@@ -1,9 +1,13 @@
 package cluster
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,5 +87,44 @@ func TestSendReachesTheHandlerOfItsKind(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the message did not arrive within 10s")
+	}
+}
+
+// TestPurgeSlaveWaitsForTheProxyBesideIt asks rabbit1's proxy to have the
+// copy on rabbit2 purged: rabbit2's handler runs before PurgeSlave
+// returns, and its error comes back; a backend without an alive proxy is
+// an error at once.
+func TestPurgeSlaveWaitsForTheProxyBesideIt(t *testing.T) {
+	nodes := startCluster(t, 2)
+	queue := mirror.QueueID{VHost: "/", Name: "queue_2"}
+	purged := make(chan mirror.QueueID, 1)
+	fail := errors.New("trimmer closed")
+	var failNext atomic.Bool
+	nodes[1].HandlePurges(func(ctx context.Context, id mirror.QueueID) error {
+		if failNext.Load() {
+			return fail
+		}
+		purged <- id
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := nodes[0].PurgeSlave(ctx, "rabbit2", queue); err != nil {
+		t.Fatalf("PurgeSlave: %v", err)
+	}
+	select {
+	case id := <-purged:
+		if id != queue {
+			t.Errorf("purged %v, want %v", id, queue)
+		}
+	default:
+		t.Fatal("PurgeSlave returned before rabbit2's handler ran")
+	}
+	failNext.Store(true)
+	if err := nodes[0].PurgeSlave(ctx, "rabbit2", queue); err == nil || !strings.Contains(err.Error(), fail.Error()) {
+		t.Errorf("PurgeSlave with a failing handler: got %v, want an error saying %q", err, fail)
+	}
+	if err := nodes[0].PurgeSlave(ctx, "rabbit9", queue); err == nil {
+		t.Error("PurgeSlave for a backend without a proxy: got nil, want an error")
 	}
 }

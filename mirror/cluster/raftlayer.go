@@ -42,8 +42,9 @@ type tcpStreamLayer struct {
 	// forward serves a forwarded write; nil until the store is open, and
 	// connections that arrive before are closed.
 	forward atomic.Pointer[func(net.Conn)]
-	// peer serves a connection of peer messages (peers.go), nil alike.
-	peer atomic.Pointer[func(net.Conn)]
+	// peer serves a connection of peer messages and call a call
+	// (peers.go), nil alike.
+	peer, call atomic.Pointer[func(net.Conn)]
 
 	mu     sync.Mutex
 	conns  map[*layerConn]struct{}
@@ -88,10 +89,13 @@ func (l *tcpStreamLayer) classify(conn net.Conn) {
 		return
 	}
 	conn.SetReadDeadline(time.Time{})
-	if first[0] == forwardByte || first[0] == peerByte {
+	if first[0] == forwardByte || first[0] == peerByte || first[0] == callByte {
 		h := l.forward.Load()
-		if first[0] == peerByte {
+		switch first[0] {
+		case peerByte:
 			h = l.peer.Load()
+		case callByte:
+			h = l.call.Load()
 		}
 		if h != nil {
 			(*h)(conn)

@@ -39,6 +39,9 @@ type Peers interface {
 	// beside that backend. It never blocks (it is on the client's ack
 	// path) and does not keep ids.
 	SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID)
+	// PurgeSlave asks the proxy beside backend to empty its slave copy
+	// of the queue through its trimmer (PurgeLocal there), and waits.
+	PurgeSlave(ctx context.Context, backend string, id mirror.QueueID) error
 }
 
 // clustered reports whether the engine shares its work with other
@@ -90,6 +93,29 @@ func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID) {
 		}
 	}
 	e.mu.RUnlock()
+}
+
+// PurgeLocal empties this node's slave copy of a queue, through its
+// trimmer when it has one: what Purged does for the slave on this node
+// when a client purged the queue through another proxy.
+func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
+	if tr := e.trimmer(id, e.opts.Node); tr != nil {
+		_, err := tr.t.Purge(ctx)
+		return err
+	}
+	return e.purgeCopy(e.opts.Node, id.Name)
+}
+
+// purgeRemote empties a slave copy another node's proxy trims, through
+// that proxy; when it cannot be asked (it is down, and its trimmer's
+// messages are back in the copy) the copy is purged directly.
+func (e *Engine) purgeRemote(ctx context.Context, backend string, id mirror.QueueID) error {
+	err := e.opts.Peers.PurgeSlave(ctx, backend, id)
+	if err == nil {
+		return nil
+	}
+	e.log.Warn("the proxy beside a slave could not purge it; purging it directly", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
+	return e.purgeCopy(backend, id.Name)
 }
 
 // settleRemote hands the settles of the queue's slaves on other nodes to

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"testing"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
@@ -8,7 +9,8 @@ import (
 
 type noPeers struct{}
 
-func (noPeers) SendSettles(string, mirror.QueueID, []mirror.MessageID) {}
+func (noPeers) SendSettles(string, mirror.QueueID, []mirror.MessageID)   {}
+func (noPeers) PurgeSlave(context.Context, string, mirror.QueueID) error { return nil }
 
 // TestClusterShares checks who does what for a queue mastered on rabbit1
 // with a slave on rabbit2: one proxy alone does everything; in a cluster

@@ -182,6 +182,8 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 			var err error
 			if tr := trimmers[backend]; tr != nil {
 				_, err = tr.t.Purge(ctx)
+			} else if !e.trimsHere(backend) {
+				err = e.purgeRemote(ctx, backend, id) // cluster.go
 			} else {
 				err = e.purgeCopy(backend, id.Name)
 			}
