@@ -162,6 +162,10 @@
 //     other slaves to their nodes' proxies, batched, on one connection
 //     per peer (fire and forget: a lost batch leaves messages on a slave,
 //     which come back redelivered if it is promoted).
+//   - Purge: the proxy the client purged through empties each slave copy
+//     through its trimmer; a copy another proxy trims is purged by that
+//     proxy, which the first asks and waits for (a call on the cluster's
+//     raft port) before the client's purge-ok.
 //   - Policy changes (slaves added, dropped, handed over) and masters that
 //     deleted themselves: the proxy beside the queue's master. While that
 //     proxy is down its broker is usually down too, and the queue is
