@@ -165,9 +165,17 @@ func TestChaosMasterFrozen(t *testing.T) {
 	})
 	wokenAt := time.Now()
 	signalNode(t, frozen, syscall.SIGCONT)
-	t.Logf("%s frozen for %v (grace %v); %s promoted (epoch %d) within %v; consumers resumed after %v",
+	firstPublish, longestConfirm := w.publishingAfter(frozenAt)
+	t.Logf("%s frozen for %v (grace %v); %s promoted (epoch %d) within %v; consumers resumed after %v (first publish after the freeze sent after %v; a confirm in flight took up to %v)",
 		frozen.Name, wokenAt.Sub(frozenAt).Round(time.Millisecond), grace, promoted.Master, promoted.Epoch,
-		promotedAfter.Round(time.Millisecond), resumed.Round(time.Millisecond))
+		promotedAfter.Round(time.Millisecond), resumed.Round(time.Millisecond),
+		firstPublish.Round(time.Millisecond), longestConfirm.Round(time.Millisecond))
+	// A frozen backend is down after failover_grace, found by the proxy's
+	// own probes (DESIGN.md §5), not by the client links' AMQP heartbeats
+	// or TCP timeouts; the margin is for a loaded machine.
+	if limit := grace + 4*time.Second; resumed > limit {
+		t.Errorf("consumers resumed %v after the freeze, want within %v (failover_grace %v)", resumed.Round(time.Millisecond), limit, grace)
+	}
 
 	// The woken node rejoins as a slave, purged and synchronised again.
 	p.waitSynchronised(t, queue, 3)
