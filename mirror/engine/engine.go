@@ -123,6 +123,8 @@ type queueState struct {
 	syncFailed time.Time
 	// partial are the slaves a copy from the master left half done.
 	partial map[string]bool
+	// missing are slaves whose copy was found gone, and since when.
+	missing map[string]time.Time
 	// backlogs of never-synced slaves, by backend (mirror.Backlog).
 	backlogs map[string]*backlog
 }

@@ -48,14 +48,8 @@ func (e *Engine) ensureTrimmer(m mirror.QueueMeta, backend string) {
 	}
 	t, err := controllink.StartTrimmer(conn, m.ID.Name, e.trimmerOptions(m.ID))
 	if replyCode(err) == amqp.NotFound {
-		// The copy is gone (its broker lost a transient queue, or someone
-		// deleted it): declare it again, empty, so it is no longer
-		// synchronised.
-		e.log.Warn("a slave copy is missing; declaring it again, unsynchronised", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend)
-		if err = e.declareCopy(backend, m); err == nil {
-			e.markSlave(m.ID, backend, false)
-			t, err = controllink.StartTrimmer(conn, m.ID.Name, e.trimmerOptions(m.ID))
-		}
+		e.copyGone(m, backend)
+		return
 	}
 	if err != nil {
 		e.log.Warn("cannot trim a slave copy; retrying", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend, "err", err)
@@ -137,13 +131,17 @@ func (e *Engine) ensureTrimmers() {
 			continue
 		}
 		for b, tr := range qs.trimmers {
-			if m.SlaveIndex(b) < 0 {
+			switch {
+			case m.SlaveIndex(b) < 0:
 				stop = append(stop, stale{id, b})
-			} else if tr.t.QueueMissing() {
+			case tr.t.QueueMissing():
 				missing = append(missing, stale{id, b})
-			} else if !tr.copiesUntil.IsZero() && now.After(tr.copiesUntil) {
-				tr.copiesUntil = time.Time{}
-				tr.t.ExpectCopies(false)
+			default:
+				delete(qs.missing, b) // there again, or never gone
+				if !tr.copiesUntil.IsZero() && now.After(tr.copiesUntil) {
+					tr.copiesUntil = time.Time{}
+					tr.t.ExpectCopies(false)
+				}
 			}
 		}
 	}
@@ -155,16 +153,37 @@ func (e *Engine) ensureTrimmers() {
 		e.stopQueue(id)
 	}
 	for _, s := range missing {
-		e.copyMissing(byID[s.id], s.backend)
+		e.copyGone(byID[s.id], s.backend)
 	}
 }
 
-// copyMissing handles a slave copy that is gone under its trimmer. When
-// the master is gone too (a client deleted the queue and the proxy has
-// not said so yet, or the master deleted itself) the queue is forgotten;
-// otherwise the copy is declared again, empty and unsynchronised.
-func (e *Engine) copyMissing(m mirror.QueueMeta, backend string) {
-	if !e.live().Has(m.Master) {
+// missingGrace is how long a slave copy must be missing before the engine
+// acts on it. A client's queue.delete removes every copy and then tells
+// the engine (Deleted); a trimmer sees its copy go in between, and acting
+// at once would declare the copy again behind the client's back.
+const missingGrace = 5 * time.Second
+
+// copyGone handles a slave copy that is gone (someone deleted it on its
+// broker, or a client deleted the queue and the proxy has not said so
+// yet). Once it has been gone for missingGrace: when the master is gone
+// too (it deleted itself, or was deleted past the proxy) the queue is
+// forgotten; otherwise the slave leaves the record, and the policy adds it
+// again like any new slave (declared, empty, synchronised per ha-sync-mode).
+func (e *Engine) copyGone(m mirror.QueueMeta, backend string) {
+	e.mu.Lock()
+	qs := e.stateLocked(m.ID)
+	if qs.missing == nil {
+		qs.missing = make(map[string]time.Time)
+	}
+	since, seen := qs.missing[backend]
+	if !seen {
+		qs.missing[backend] = time.Now()
+	}
+	e.mu.Unlock()
+	if !seen || time.Since(since) < missingGrace || !e.live().Has(m.Master) {
+		return
+	}
+	if _, recorded := e.opts.Store.Get(m.ID); !recorded {
 		return
 	}
 	exists, err := e.exists(m.Master, m.ID.Name)
@@ -176,7 +195,23 @@ func (e *Engine) copyMissing(m mirror.QueueMeta, backend string) {
 		return
 	}
 	e.stopTrimmer(m.ID, backend)
-	e.ensureTrimmer(m, backend) // declares it again
+	_, err = e.update(m.ID, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+		i := cur.SlaveIndex(backend)
+		if i < 0 {
+			return cur, false
+		}
+		cur = cur.Clone()
+		cur.Slaves = append(cur.Slaves[:i], cur.Slaves[i+1:]...)
+		if len(cur.Slaves) == 0 {
+			cur.Slaves = nil
+		}
+		return cur, true
+	})
+	if err != nil {
+		e.log.Warn("cannot record a slave whose copy is gone", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend, "err", err)
+		return
+	}
+	e.log.Warn("a slave copy is gone; the slave leaves the record (the policy adds it again)", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend)
 }
 
 // markSlave records the slave on backend as synchronised or not.
