@@ -21,6 +21,8 @@ import (
 //   - a slave is synchronised by the proxy beside it (it owns the
 //     slave's trimmer), copying from the master, one slave of a queue at
 //     a time: the first unsynchronised live slave in join order;
+//   - copies on a backend that comes back rejoin through the proxy beside
+//     it (its trimmer purges them);
 //   - a promotion is proposed by every proxy that sees the master's
 //     backend go down; the writes are conditional, so the log takes the
 //     first and the others find the queue promoted.

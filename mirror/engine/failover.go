@@ -104,6 +104,13 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 // master has nothing to do. Copies that rejoined leave queues; the loop
 // tries the rest again later.
 func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
+	if !e.trimsHere(backend) {
+		// In a cluster the proxy beside the backend lets its copies rejoin
+		// (cluster.go): a purge from a second proxy could come after the
+		// rejoin and empty what was published to the copy since.
+		clear(queues)
+		return
+	}
 	for id := range queues {
 		m, ok := e.opts.Store.Get(id)
 		if !ok || m.Master == backend {
