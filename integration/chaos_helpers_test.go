@@ -442,6 +442,21 @@ func (w *workload) resumedAfter(at time.Time, consumer string) (time.Duration, b
 	return 0, false
 }
 
+// resumedWithin polls resumedAfter (any consumer) until limit after at;
+// false when no message published after at was received by then. It does
+// not fail the test: the caller has more to do first.
+func (w *workload) resumedWithin(at time.Time, limit time.Duration) (time.Duration, bool) {
+	for {
+		if took, ok := w.resumedAfter(at, ""); ok {
+			return took, true
+		}
+		if time.Since(at) > limit {
+			return 0, false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // publishingAfter says how publishers fared across at: how long after at
 // the first publish was sent (they send one at a time, so a confirm that
 // takes long delays it), and the longest wait for a confirm of a publish
@@ -543,4 +558,32 @@ func rounded(ds []time.Duration) []time.Duration {
 		out[i] = d.Round(time.Millisecond)
 	}
 	return out
+}
+
+// checkNoStaleDeliveries fails the test for every delivery after wokenAt
+// of a message the client had acked before it: only a stale master (the
+// frozen one, woken) could send it, as the new master settled those acks
+// before (a redelivery of an ack lost with the old master comes at the
+// promotion, before the wake-up).
+func (w *workload) checkNoStaleDeliveries(wokenAt time.Time) {
+	w.t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	stale, afterWake := 0, 0
+	for _, d := range w.deliveries {
+		if !d.at.After(wokenAt) {
+			continue
+		}
+		afterWake++
+		if acked, ok := w.ackedAt[d.body]; ok && acked.Before(wokenAt) {
+			stale++
+			if stale <= 10 {
+				w.t.Errorf("%s acked %v before the wake-up, delivered again to %s %v after it (redelivered %t)",
+					d.body, wokenAt.Sub(acked).Round(time.Millisecond), d.consumer, d.at.Sub(wokenAt).Round(time.Millisecond), d.redelivered)
+			}
+		}
+	}
+	if stale > 0 {
+		w.t.Errorf("%d of %d deliveries after the wake-up were of messages acked before it", stale, afterWake)
+	}
 }
