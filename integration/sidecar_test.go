@@ -108,11 +108,11 @@ func startServeProcess(t testing.TB, b cliBinary, path string) *cliProxy {
 // TestSidecarWalkthrough is the seed's walkthrough on three nodes, each a broker with an
 // amqp-mirror beside it: queue_1..3 declared through proxies 1..3 land on nodes 1..3
 // (client-local); `ctl set_policy ha-all "^queue_" '{"ha-mode":"all"}'` through proxy 1
-// mirrors all three everywhere, slaves in join order, as every proxy lists them; acks
-// through one proxy trim the slaves other proxies hold; messages published to queue_2 are
-// on every node; node 2 is stopped (its proxy with SIGTERM, then
-// its broker); proxy 1 lists queue_2 mastered on rabbit3, its oldest slave, and rabbit3
-// holds every message, which a client of proxy 3 then consumes.
+// mirrors all three everywhere, slaves in join order, as every proxy lists them; acks and
+// purges through one proxy reach the slaves other proxies hold; messages published to
+// queue_2 are on every node; node 2 is stopped (its proxy with SIGTERM, then its broker);
+// proxy 1 lists queue_2 mastered on rabbit3, its oldest slave, and rabbit3 holds every
+// message, which a client of proxy 3 then consumes.
 func TestSidecarWalkthrough(t *testing.T) {
 	queues := []string{"queue_1", "queue_2", "queue_3"}
 	t.Cleanup(func() { removeLeftovers(t, queues...) })
@@ -195,6 +195,21 @@ func TestSidecarWalkthrough(t *testing.T) {
 	consumeAcked(t, conn, "queue_1", 100)
 	conn.Close()
 	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_1": onEvery(0, names...)})
+
+	// A purge through node 1 empties every copy of queue_3 (mastered on rabbit3): the
+	// slave on rabbit1 through node 1's own trimmer, the one on rabbit2 through node 2's
+	// proxy, which node 1's asks and waits for.
+	conn = dialProxy(t, proxies[0])
+	publishConfirmed(t, conn, "queue_3", 100, func(i int) amqp.Publishing {
+		return amqp.Publishing{Body: fmt.Appendf(nil, "message %d", i)}
+	})
+	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_3": onEvery(100, names...)})
+	purgeChannel := openChannel(t, conn)
+	if purged, err := purgeChannel.QueuePurge("queue_3", false); err != nil || purged != 100 {
+		t.Errorf("queue.purge queue_3 through node 1: %d messages, %v; want 100, nil", purged, err)
+	}
+	conn.Close()
+	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_3": onEvery(0, names...)})
 
 	// Messages to queue_2, published through node 1 with confirms: on every node.
 	const count = 200
