@@ -102,6 +102,20 @@
 // leader fails mid-way) the write may or may not have committed, and the
 // caller must read again and decide again, never resend blindly.
 //
+// # Messages between proxies
+//
+// Some work needs no consensus but must reach one particular proxy: the
+// settles of a slave copy go to the proxy beside it, which alone trims it
+// (SendSettles), and runtime policies to every proxy (Send, Handle). They
+// travel on the raft port too, on one long-lived connection per
+// destination marked by its first byte, as batches of JSON; delivery is
+// best effort (a full queue, an unknown or dead destination, or a failed
+// write drops them) and never blocks the sender, which is on the client's
+// ack path. Work whose caller must know it is done before it answers its
+// client, such as purging the slave copy another proxy trims
+// (PurgeSlave), is a call instead: a connection of its own that waits for
+// the answer, as forwarded writes do.
+//
 // # Not guaranteed
 //
 //   - Majority is this node's view: a leader cut off from the others still
