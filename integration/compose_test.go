@@ -116,11 +116,11 @@ func TestComposeProxiesAreBuiltFromTheDockerfile(t *testing.T) {
 			t.Errorf("no service %s", proxy)
 			continue
 		}
-		context, file := buildContext(t, proxy, s.Build)
-		if got, want := filepath.Clean(context), "."; got != want {
+		buildDir, file := buildContext(t, proxy, s.Build)
+		if got, want := filepath.Clean(buildDir), "."; got != want {
 			t.Errorf("%s: build context %q, want %q (the repository)", proxy, got, want)
 		}
-		if _, err := os.Stat(filepath.Join(repositoryRoot, context, file)); err != nil {
+		if _, err := os.Stat(filepath.Join(repositoryRoot, buildDir, file)); err != nil {
 			t.Errorf("%s: build file: %v", proxy, err)
 		}
 		if strings.HasPrefix(s.Image, "golang") {
@@ -332,6 +332,80 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("EXPOSE lacks %s", port)
 		}
 	}
+}
+
+// TestDockerignoreKeepsTheBuildInputs: the build stage sees the repository
+// less what .dockerignore leaves out, and a pattern that drops go.mod,
+// go.sum or a file of a package the binary needs would break docker build,
+// which nothing here runs.
+func TestDockerignoreKeepsTheBuildInputs(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repositoryRoot, ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var patterns []string
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		// A "!" line takes files back in: it cannot drop an input.
+		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "!") {
+			continue
+		}
+		patterns = append(patterns, strings.Trim(filepath.ToSlash(filepath.Clean(line)), "/"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	list := exec.CommandContext(ctx, "go", "list", "-deps", "-f",
+		`{{if .Module}}{{if eq .Module.Path "github.com/amqp-mirror/amqp-mirror"}}{{$d := .Dir}}{{range .GoFiles}}{{$d}}/{{.}}
+{{end}}{{range .EmbedFiles}}{{$d}}/{{.}}
+{{end}}{{end}}{{end}}`, ".")
+	list.Dir = repositoryRoot
+	output, err := list.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	root, err := filepath.Abs(repositoryRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inputs := []string{"go.mod", "go.sum"}
+	for _, file := range strings.Fields(string(output)) {
+		relative, err := filepath.Rel(root, file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inputs = append(inputs, filepath.ToSlash(relative))
+	}
+	if len(inputs) < 10 {
+		t.Fatalf("build inputs: got %v, want go.mod, go.sum and the Go files of the binary's packages", inputs)
+	}
+	for _, input := range inputs {
+		// A pattern that matches a directory drops everything in it.
+		parts := strings.Split(input, "/")
+		for i := range parts {
+			prefix := strings.Join(parts[:i+1], "/")
+			for _, pattern := range patterns {
+				if dockerignoreMatches(pattern, prefix) {
+					t.Errorf(".dockerignore %q drops %s, which the build needs", pattern, input)
+				}
+			}
+		}
+	}
+}
+
+// dockerignoreMatches reports whether a .dockerignore pattern (root-relative,
+// filepath.Match syntax, a leading **/ for any depth) matches path.
+func dockerignoreMatches(pattern, path string) bool {
+	if rest, ok := strings.CutPrefix(pattern, "**/"); ok {
+		parts := strings.Split(path, "/")
+		for i := range parts {
+			if matched, _ := filepath.Match(rest, strings.Join(parts[i:], "/")); matched {
+				return true
+			}
+		}
+		return false
+	}
+	matched, _ := filepath.Match(pattern, path)
+	return matched
 }
 
 // TestComposeConfigCommand asks Docker Compose itself to validate the file
