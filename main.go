@@ -405,6 +405,7 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 	if m.cluster != nil {
 		m.cluster.HandleSettles(m.engine.SettleLocal)
 		m.cluster.HandlePurges(m.engine.PurgeLocal)
+		m.cluster.HandleSyncs(m.engine.SyncLocal)
 		m.stopPolicies = startPolicySync(ctx, m.cluster, policies, cfg.Node, logger)
 	}
 	return m, nil

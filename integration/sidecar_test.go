@@ -108,8 +108,9 @@ func startServeProcess(t testing.TB, b cliBinary, path string) *cliProxy {
 // TestSidecarWalkthrough is the seed's walkthrough on three nodes, each a broker with an
 // amqp-mirror beside it: queue_1..3 declared through proxies 1..3 land on nodes 1..3
 // (client-local); `ctl set_policy ha-all "^queue_" '{"ha-mode":"all"}'` through proxy 1
-// mirrors all three everywhere, slaves in join order, as every proxy lists them; acks and
-// purges through one proxy reach the slaves other proxies hold; messages published to
+// mirrors all three everywhere, slaves in join order, as every proxy lists them; acks,
+// purges and sync_queue through one proxy reach the slaves other proxies hold (the
+// sync of a queue that is not one of the walkthrough's); messages published to
 // queue_2 are on every node; node 2 is stopped (its proxy with SIGTERM, then its broker);
 // proxy 1 lists queue_2 mastered on rabbit3, its oldest slave, and rabbit3 holds every
 // message, which a client of proxy 3 then consumes.
@@ -210,6 +211,45 @@ func TestSidecarWalkthrough(t *testing.T) {
 	}
 	conn.Close()
 	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_3": onEvery(0, names...)})
+
+	// ctl sync_queue through node 1 synchronises slaves other proxies trim: a queue with
+	// messages gets its slaves from a policy set through node 3 (manual sync, so they
+	// join unsynchronised), and the sync request goes to the proxy beside each slave in
+	// turn.
+	const syncQueue = "sidecar_sync"
+	t.Cleanup(func() { removeLeftovers(t, syncQueue) })
+	awaitCondition(t, 30*time.Second, func() error { return declareThrough(proxies[0], syncQueue) })
+	conn = dialProxy(t, proxies[0])
+	publishConfirmed(t, conn, syncQueue, 50, func(i int) amqp.Publishing {
+		return amqp.Publishing{Body: fmt.Appendf(nil, "message %d", i)}
+	})
+	conn.Close()
+	setPolicy(t, proxies[2], "sync", exactly(syncQueue), `{"ha-mode":"all"}`)
+	awaitCondition(t, 30*time.Second, func() error {
+		row, err := queueStatus(t, proxies[0], syncQueue)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(row.copies(), []string{"rabbit1", "rabbit2", "rabbit3"}) || len(row.SynchronisedSlaves) != 0 {
+			return fmt.Errorf("proxy 1 lists %v; want slaves rabbit2 and rabbit3, unsynchronised", row)
+		}
+		return nil
+	})
+	proxies[0].ctl(t, "sync_queue", syncQueue).check(t, 0, nil, nil, nil)
+	awaitCondition(t, 60*time.Second, func() error {
+		row, err := queueStatus(t, proxies[0], syncQueue)
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(row.SynchronisedSlaves, []string{"rabbit2", "rabbit3"}) {
+			return fmt.Errorf("proxy 1 lists %v; want rabbit2 and rabbit3 synchronised", row)
+		}
+		return nil
+	})
+	awaitHeld(t, 60*time.Second, map[string]map[string]int{syncQueue: onEvery(50, names...)})
+	if err := deleteThrough(proxies[0], syncQueue); err != nil {
+		t.Errorf("deleting %s: %v", syncQueue, err)
+	}
 
 	// Messages to queue_2, published through node 1 with confirms: on every node.
 	const count = 200

@@ -371,3 +371,33 @@ func (c *Cluster) PurgeSlave(ctx context.Context, backend string, id mirror.Queu
 	}
 	return nil
 }
+
+// syncCall is the kind of the call that starts a slave's sync.
+const syncCall = "sync-slave"
+
+// HandleSyncs sets the function that starts synchronising this node's
+// slave copy of a queue when another proxy asks (engine.SyncQueue).
+func (c *Cluster) HandleSyncs(f func(ctx context.Context, id mirror.QueueID) error) {
+	c.peers.calls.Store(syncCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+		var id mirror.QueueID
+		if err := json.Unmarshal(payload, &id); err != nil {
+			return nil, fmt.Errorf("decoding a sync request: %w", err)
+		}
+		return nil, f(ctx, id)
+	}))
+}
+
+// SyncSlave asks the proxy beside backend to start synchronising its slave
+// copy of the queue, and returns once it started (or refused).
+func (c *Cluster) SyncSlave(ctx context.Context, backend string, id mirror.QueueID) error {
+	node := (*c.peers.backends.Load())[backend]
+	if node == "" {
+		return fmt.Errorf("no alive proxy beside %s", backend)
+	}
+	payload, err := json.Marshal(id)
+	if err != nil {
+		return err
+	}
+	_, err = c.call(ctx, node, syncCall, payload)
+	return err
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -44,6 +45,9 @@ type Peers interface {
 	// PurgeSlave asks the proxy beside backend to empty its slave copy
 	// of the queue through its trimmer (PurgeLocal there), and waits.
 	PurgeSlave(ctx context.Context, backend string, id mirror.QueueID) error
+	// SyncSlave asks the proxy beside backend to start synchronising its
+	// slave copy of the queue (SyncQueue there), and returns once it did.
+	SyncSlave(ctx context.Context, backend string, id mirror.QueueID) error
 }
 
 // clustered reports whether the engine shares its work with other
@@ -95,6 +99,75 @@ func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID) {
 		}
 	}
 	e.mu.RUnlock()
+}
+
+// syncInCluster carries out a requested sync (ctl sync_queue) of the
+// targets in a cluster: the proxy beside the first live one syncs it
+// (SyncLocal, here or there), and hands the request on to the next when
+// it is done, so that the slaves are synchronised one after another.
+func (e *Engine) syncInCluster(ctx context.Context, id mirror.QueueID, targets []string) error {
+	live := e.live()
+	for _, t := range targets {
+		if !live.Has(t) {
+			continue
+		}
+		if t == e.opts.Node {
+			return e.SyncLocal(ctx, id)
+		}
+		if err := e.opts.Peers.SyncSlave(ctx, t, id); err != nil {
+			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, t, err)
+		}
+		return nil
+	}
+	return nil
+}
+
+// SyncLocal starts synchronising the slave beside this proxy (another
+// proxy asks for it through Peers.SyncSlave) and, once it is done, hands
+// the request on to the next unsynchronised slave. It never hands on a
+// request it cannot start here, so a request cannot go round between
+// proxies that see the cluster differently.
+func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
+	m, ok := e.opts.Store.Get(id)
+	if !ok {
+		return fmt.Errorf("%s: %w", id, mirror.ErrQueueNotFound)
+	}
+	if i := m.SlaveIndex(e.opts.Node); i < 0 || m.Slaves[i].Synchronised {
+		return nil
+	}
+	def, _ := e.definition(id)
+	run := e.startSync(id, []string{e.opts.Node}, def, true)
+	if run == nil {
+		return nil
+	}
+	e.syncWG.Add(1)
+	go func() {
+		defer e.syncWG.Done()
+		select {
+		case <-run.done:
+		case <-e.ctx.Done():
+			return
+		}
+		if run.err != nil {
+			return
+		}
+		m, ok := e.opts.Store.Get(id)
+		if !ok {
+			return
+		}
+		var rest []string
+		for _, s := range m.Slaves {
+			if !s.Synchronised && s.Backend != e.opts.Node {
+				rest = append(rest, s.Backend)
+			}
+		}
+		ctx, cancel := e.opContext()
+		defer cancel()
+		if err := e.syncInCluster(ctx, id, rest); err != nil {
+			e.log.Warn("cannot hand a requested sync on to the next slave", "queue", id.Name, "vhost", id.VHost, "err", err)
+		}
+	}()
+	return nil
 }
 
 // PurgeLocal empties this node's slave copy of a queue, through its

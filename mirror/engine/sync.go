@@ -60,7 +60,10 @@ func (e *Engine) SyncQueue(ctx context.Context, id mirror.QueueID) error {
 		}
 	}
 	def, _ := e.definition(id)
-	e.startSync(id, e.syncTargets(targets), def, true)
+	if e.clustered() {
+		return e.syncInCluster(ctx, id, targets) // cluster.go
+	}
+	e.startSync(id, targets, def, true)
 	return nil
 }
 
