@@ -173,8 +173,11 @@
 //   - Synchronisation: the proxy beside the slave (it owns the slave's
 //     trimmer), copying from the master, one slave of a queue at a time,
 //     the first unsynchronised live slave in join order, so that two
-//     proxies never take the master's messages at once. ctl sync_queue
-//     starts it only on the proxy beside that slave.
+//     proxies never take the master's messages at once. ctl sync_queue,
+//     through any proxy, asks the proxy beside the first unsynchronised
+//     slave, which hands the request on to the next when it is done.
+//   - A backend that comes back: the proxy beside it lets its copies
+//     rejoin (purged through its trimmer).
 //   - Promotion: every proxy that sees the master's backend go down
 //     proposes the same decision (the oldest live synchronised slave) as
 //     a conditional write; the log takes the first, the others find the
