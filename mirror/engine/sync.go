@@ -359,7 +359,11 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 		}
 		return false
 	}
-	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, joined)
+	progress := func(copied int, started time.Time) {
+		e.log.Info("sync in progress", "queue", m.ID.Name, "vhost", m.ID.VHost, "slaves", targets,
+			"copied", copied, "elapsed", time.Since(started).Round(time.Millisecond))
+	}
+	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, joined, progress)
 }
 
 // dialSync opens a connection of the proxy's own to backend for one sync.
@@ -405,7 +409,8 @@ func (e *Engine) dialSync(backend string) (*amqp.Connection, error) {
 // Clients consuming meanwhile take some of the backlog themselves, so
 // without the second rule the copy would wait for newer messages to make
 // up the count.
-func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, joined func(amqp.Delivery) bool) (int, error) {
+func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, joined func(amqp.Delivery) bool, progress func(copied int, started time.Time)) (int, error) {
+	started := time.Now()
 	sch, err := src.Channel()
 	if err != nil {
 		return 0, fmt.Errorf("opening a channel on the master: %w", err)
@@ -490,6 +495,9 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 				}
 			}
 			copied++
+			if copied%progressEvery == 0 {
+				progress(copied, started) // how fast a long sync goes, in the log
+			}
 			if draining {
 				idle.Reset(settle)
 			} else {
@@ -499,6 +507,9 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 	}
 	return finish()
 }
+
+// progressEvery is how many copied messages a sync logs its progress after.
+const progressEvery = 16384
 
 // confirmWindow publishes copies to one slave with confirms, keeping up
 // to two batches unconfirmed: it waits for the older batch while the next
