@@ -113,7 +113,8 @@ func startServeProcess(t testing.TB, b cliBinary, path string) *cliProxy {
 // sync of a queue that is not one of the walkthrough's); messages published to
 // queue_2 are on every node; node 2 is stopped (its proxy with SIGTERM, then its broker);
 // proxy 1 lists queue_2 mastered on rabbit3, its oldest slave, and rabbit3 holds every
-// message, which a client of proxy 3 then consumes.
+// message, which a client of proxy 3 then consumes; node 2 comes back, and its copies
+// are slaves again, the stale one purged.
 func TestSidecarWalkthrough(t *testing.T) {
 	queues := []string{"queue_1", "queue_2", "queue_3"}
 	t.Cleanup(func() { removeLeftovers(t, queues...) })
@@ -265,13 +266,16 @@ func TestSidecarWalkthrough(t *testing.T) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		if err := node2.Restart(ctx); err != nil {
-			t.Errorf("restarting rabbit2 for the other tests: %v", err)
-			return
+		if !node2.Running() {
+			if err := node2.Restart(ctx); err != nil {
+				t.Errorf("restarting rabbit2 for the other tests: %v", err)
+				return
+			}
 		}
-		// The queues were deleted while rabbit2 was down, so its stale copies are still
-		// there: nothing removes the copies of deleted queues from a node that returns
-		// (a known gap). Delete them directly for the tests that follow.
+		// When the test stopped before node 2 came back, the queues were deleted while
+		// rabbit2 was down, and its stale copies are still there: nothing removes the
+		// copies of deleted queues from a node that returns (a known gap). Delete them
+		// directly for the tests that follow.
 		conn, err := amqp.Dial(node2.URL())
 		if err != nil {
 			t.Errorf("connecting to rabbit2 after its restart: %v", err)
@@ -336,13 +340,42 @@ func TestSidecarWalkthrough(t *testing.T) {
 		t.Errorf("consumed %d distinct messages through node 3, want %d", len(seen), count)
 	}
 
-	// Cleanup through the proxies that still run: every copy goes.
-	for i, q := range queues {
-		p := proxies[0]
-		if i == 2 {
-			p = proxies[2]
+	// Node 2 comes back, broker and proxy: its copies become slaves again, the stale ones
+	// purged (rabbit2 still held queue_2's 200 messages, consumed since through node 3),
+	// and all synchronised, since the queues are empty now.
+	restartCtx, cancelRestart := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancelRestart()
+	if err := node2.Restart(restartCtx); err != nil {
+		t.Fatalf("restarting rabbit2: %v", err)
+	}
+	proxies[1] = startServeProcess(t, proxies[1].binary, proxies[1].configPath)
+	awaitCondition(t, 60*time.Second, func() error {
+		if _, ok := proxies[1].record(map[string]string{"msg": "AMQP listening"}); !ok {
+			return errors.New("node 2's proxy does not listen again yet")
 		}
-		if err := deleteThrough(p, q); err != nil {
+		return nil
+	})
+	awaitCondition(t, 90*time.Second, func() error {
+		rows, err := listQueues(t, proxies[0])
+		if err != nil {
+			return err
+		}
+		var errs []error
+		for _, q := range queues {
+			row := rows[q]
+			if copies := slices.Sorted(slices.Values(row.copies())); !slices.Equal(copies, names) || !slices.Equal(row.SynchronisedSlaves, row.Slaves) {
+				errs = append(errs, fmt.Errorf("proxy 1 lists %v; want copies on all three nodes, every slave synchronised", row))
+			}
+		}
+		return errors.Join(errs...)
+	})
+	listed = proxies[0].ctl(t, "list_queues", "name", "master", "slaves", "synchronised_slaves")
+	t.Logf("after node 2 came back, through node 1:\n%s", listed.stdout)
+	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_2": onEvery(0, names...)})
+
+	// Cleanup through node 1: every copy goes.
+	for _, q := range queues {
+		if err := deleteThrough(proxies[0], q); err != nil {
 			t.Errorf("deleting %s: %v", q, err)
 		}
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -135,6 +136,9 @@ func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
 	if i := m.SlaveIndex(e.opts.Node); i < 0 || m.Slaves[i].Synchronised {
 		return nil
 	}
+	// The request may come before the loop started the slave's trimmer
+	// (the slave was just added), and a sync copies into it.
+	e.ensureTrimmer(m, e.opts.Node)
 	def, _ := e.definition(id)
 	run := e.startSync(id, []string{e.opts.Node}, def, true)
 	if run == nil {
@@ -168,6 +172,51 @@ func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
 		}
 	}()
 	return nil
+}
+
+// ownCopiesDelay is how long a cluster proxy that starts lets its copy
+// of the log catch up with the leader before it looks at its own node's
+// slaves.
+const ownCopiesDelay = 3 * time.Second
+
+// ownCopiesCheck is the state of checkOwnCopies, owned by the loop.
+type ownCopiesCheck struct {
+	first time.Time // the loop's first tick
+	done  bool
+}
+
+// checkOwnCopies makes a cluster proxy that starts treat its own node's
+// unsynchronised slaves as copies that come back: they missed what
+// happened while this node was down (its broker, or this proxy that trims
+// them), so they rejoin purged (backendBack) as soon as the backend is up.
+// Only the proxy beside a backend lets its copies rejoin, and a proxy
+// that was down saw no loss to remember. It runs once, a few seconds after
+// the start, so that the metadata read is the leader's.
+func (e *Engine) checkOwnCopies() {
+	c := &e.ownCopies
+	if c.done || !e.clustered() || e.opts.Node == "" {
+		return
+	}
+	if c.first.IsZero() {
+		c.first = time.Now()
+	}
+	if leader, _ := e.opts.Store.Leader(); leader == "" || time.Since(c.first) < ownCopiesDelay {
+		return
+	}
+	c.done = true
+	queues := e.lost[e.opts.Node]
+	for _, m := range e.opts.Store.List() {
+		if i := m.SlaveIndex(e.opts.Node); i >= 0 && !m.Slaves[i].Synchronised {
+			if queues == nil {
+				queues = make(map[mirror.QueueID]bool)
+				e.lost[e.opts.Node] = queues
+			}
+			queues[m.ID] = true
+		}
+	}
+	if len(queues) > 0 {
+		e.log.Info("this node's unsynchronised slaves rejoin, purged", "queues", len(queues))
+	}
 }
 
 // PurgeLocal empties this node's slave copy of a queue, through its

@@ -102,6 +102,9 @@ type Engine struct {
 	// copy there then, owned by the loop: those copies rejoin when the
 	// backend is back (the watcher's first Up of a backend is no return).
 	lost map[string]map[mirror.QueueID]bool
+	// ownCopies is the loop's check of this node's copies at a cluster
+	// proxy's start (cluster.go).
+	ownCopies ownCopiesCheck
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -300,6 +303,7 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 			e.ensureTrimmers()
 			e.reconcileAll()
 		case <-tick.C:
+			e.checkOwnCopies() // cluster.go
 			e.retryRejoins()
 			e.checkExpired()
 			e.ensureTrimmers()
