@@ -129,11 +129,28 @@ func (e *Engine) syncInCluster(ctx context.Context, id mirror.QueueID, targets [
 // request it cannot start here, so a request cannot go round between
 // proxies that see the cluster differently.
 func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
-	m, ok := e.opts.Store.Get(id)
-	if !ok {
-		return fmt.Errorf("%s: %w", id, mirror.ErrQueueNotFound)
+	// This proxy's copy of the log may not have the slave yet when the
+	// asking proxy's has: it was just added. Wait a little for it.
+	var m mirror.QueueMeta
+	for wait := time.Now().Add(5 * time.Second); ; {
+		var ok bool
+		m, ok = e.opts.Store.Get(id)
+		if ok && m.SlaveIndex(e.opts.Node) >= 0 {
+			break
+		}
+		if time.Now().After(wait) {
+			if !ok {
+				return fmt.Errorf("%s: %w", id, mirror.ErrQueueNotFound)
+			}
+			return fmt.Errorf("%s has no slave on %s", id, e.opts.Node)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	if i := m.SlaveIndex(e.opts.Node); i < 0 || m.Slaves[i].Synchronised {
+	if m.Slaves[m.SlaveIndex(e.opts.Node)].Synchronised {
 		return nil
 	}
 	// The request may come before the loop started the slave's trimmer
