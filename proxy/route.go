@@ -294,14 +294,14 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 			}
 		}
 		c.sendTo(ch, f, after, []*link{masterLink}, wantReply)
-	default: // bind, unbind, delete: every copy
+	case frames.QueueDeleteKey:
+		c.deleteQueue(ch, f, meta, masterLink, wantReply)
+	default: // bind, unbind: every copy
 		targets := append([]*link{masterLink}, c.reach(ch, slaveNames(meta)...)...)
 		after := func(reply []byte) []byte {
 			ctx, cancel := c.mirrorContext()
 			defer cancel()
 			switch key {
-			case frames.QueueDeleteKey:
-				c.srv.opts.Mirror.Deleted(ctx, id)
 			case frames.QueueBindKey:
 				c.srv.opts.Mirror.Bound(ctx, id, q.binding, true)
 			case frames.QueueUnbindKey:
@@ -316,6 +316,42 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		c.sendTo(ch, f, after, targets, wantReply)
 	}
 	return nil
+}
+
+// deleteQueue deletes a queue: the client's queue.delete goes to the master,
+// whose answer the client gets (if-unused and if-empty are the master's to
+// judge: the proxy's own consumer sits on every slave). Once the master's
+// copy is gone, the engine forgets the queue and a plain queue.delete goes
+// to every other backend, a slave or not: deleting a missing queue is
+// harmless in RabbitMQ, and a copy the engine was adding at that moment
+// goes too.
+func (c *clientConn) deleteQueue(ch *channelState, f frames.Frame, meta mirror.QueueMeta, master *link, wantReply bool) {
+	var others []*link
+	for _, l := range c.reachAll(ch) {
+		if l != master {
+			others = append(others, l)
+		}
+	}
+	deleteCopies := func(reply []byte) []byte {
+		ctx, cancel := c.mirrorContext()
+		c.srv.opts.Mirror.Deleted(ctx, meta.ID)
+		cancel()
+		for _, l := range others {
+			l.expect(ch.id, nil)
+			if err := l.sock.writeMethod(ch.id, &frames.QueueDelete{Queue: meta.ID.Name}); err != nil {
+				c.writeFailed(l, err)
+				continue
+			}
+			l.sock.flush()
+		}
+		return reply
+	}
+	if !wantReply {
+		c.sendTo(ch, f, nil, []*link{master}, false)
+		deleteCopies(nil)
+		return
+	}
+	c.sendTo(ch, f, deleteCopies, []*link{master}, true)
 }
 
 // masterDown answers a request for a queue whose master cannot be reached
