@@ -98,6 +98,8 @@ func (m *fixedPlacement) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 	m.settled[id] = append(m.settled[id], ids...)
 }
 
+func (m *fixedPlacement) BackendDown(string) bool { return false }
+
 func (m *fixedPlacement) settledIDs(id mirror.QueueID) []mirror.MessageID {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -94,6 +94,11 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 			return err
 		}
 		ch.mu.Lock()
+		cons, known := ch.consumers[l.cancel.ConsumerTag]
+		if known && cons.link != l.idx || !known && ch.orphaned[l.cancel.ConsumerTag] {
+			ch.mu.Unlock()
+			return nil // the old master of a consumer that moved
+		}
 		delete(ch.consumers, l.cancel.ConsumerTag)
 		ch.mu.Unlock()
 		c.toClientOnChannel(ch, f)
@@ -176,10 +181,17 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		}
 		ch.mu.Lock()
 		cons, known := ch.consumers[d.ConsumerTag]
+		stale := known && cons.link != l.idx || !known && ch.orphaned[d.ConsumerTag]
 		if !known {
 			cons = ch.consumers[""]
 		}
 		ch.mu.Unlock()
+		if stale {
+			// The consumer moved to a new master (or waits for one): what
+			// the old master still sends is not delivered, and, never
+			// acked, stays on that copy, which rejoins purged.
+			return
+		}
 		queue := c.trimmable(cons.queue, m, hasID, &id)
 		ch.outMu.Lock()
 		ch.mu.Lock()

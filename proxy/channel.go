@@ -154,6 +154,21 @@ func (t *channelTable) open(id uint16) *channelState {
 	return ch
 }
 
+// each calls f for every open channel.
+func (t *channelTable) each(f func(ch *channelState)) {
+	for i := range t.chunks {
+		slots := t.chunks[i].Load()
+		if slots == nil {
+			continue
+		}
+		for j := range slots {
+			if ch := slots[j].Load(); ch != nil {
+				f(ch)
+			}
+		}
+	}
+}
+
 func (t *channelTable) remove(id uint16, ch *channelState) {
 	if s := t.slot(id, false); s != nil {
 		s.CompareAndSwap(ch, nil)

@@ -196,19 +196,7 @@ func (c *clientConn) logUnconfirmed() {
 	if c.channels == nil {
 		return
 	}
-	for i := range c.channels.chunks {
-		slots := c.channels.chunks[i].Load()
-		if slots == nil {
-			continue
-		}
-		for j := range slots {
-			ch := slots[j].Load()
-			if ch == nil {
-				continue
-			}
-			c.logChannelUnconfirmed(ch)
-		}
-	}
+	c.channels.each(c.logChannelUnconfirmed)
 }
 
 // logChannelUnconfirmed logs a channel's publishes still unconfirmed, and

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
@@ -15,6 +16,94 @@ import (
 // is down). The deliveries of the lost link are void: their tags carry the
 // old link's generation, so a late ack of one settles nothing; the new
 // master redelivers what clients had not acked, with redelivered set.
+
+// masterCheckInterval is how often a connection with consumers of mirrored
+// queues compares their links with their queues' masters.
+const masterCheckInterval = 100 * time.Millisecond
+
+// checkLinks drops the links to backends the engine counts down: a frozen
+// broker is counted down after failover_grace, but its sockets stay open
+// until it wakes or heartbeats give up, and nothing it sends after its
+// queues were promoted away may reach a client. Dropping the link settles
+// its confirms from the other copies and moves its consumers.
+func (c *clientConn) checkLinks() {
+	for i := range c.links {
+		l := c.linkAt(i)
+		if l != nil && c.srv.opts.Mirror.BackendDown(l.name) {
+			c.linkFailed(l, errors.New("counted down by the proxy's probe (no answer within failover_grace)"))
+		}
+	}
+}
+
+// checkMasters moves consumers whose queue got a new master while their
+// link stayed up (a promotion the engine decided on its own view, or an
+// ha-mode nodes hand-over): they are cancelled on the old master's link,
+// whose further deliveries are dropped, and consume on the new one.
+// checkMasters cancels, on the old master's link, the consumers whose queue
+// is mastered elsewhere now, and moves them.
+func (c *clientConn) checkMasters() {
+	var stale []orphan
+	c.channels.each(func(ch *channelState) {
+		if ch.closing.Load() != chanOpen {
+			return
+		}
+		ch.mu.Lock()
+		defer ch.mu.Unlock()
+		for tag, cons := range ch.consumers {
+			if cons.queue == nil {
+				continue
+			}
+			meta, ok := c.srv.opts.Mirror.Lookup(cons.queue.id)
+			if !ok || meta.Master == c.srv.backends[cons.link].Name {
+				continue
+			}
+			delete(ch.consumers, tag)
+			if ch.orphaned == nil {
+				ch.orphaned = make(map[string]bool)
+			}
+			ch.orphaned[tag] = true
+			stale = append(stale, orphan{ch: ch, tag: tag, cons: cons})
+		}
+	})
+	if len(stale) == 0 {
+		return
+	}
+	byOld := make(map[int][]orphan)
+	// The client loop may be blocked writing to a slow link while it holds
+	// sendMu; the cancels then wait for the next round (the old master's
+	// deliveries are dropped meanwhile).
+	locked := c.sendMu.TryLock()
+	for _, o := range stale {
+		byOld[o.cons.link] = append(byOld[o.cons.link], o)
+		old := c.linkAt(o.cons.link)
+		if old == nil {
+			continue
+		}
+		old.mu.Lock()
+		lc := old.chans[o.ch.id]
+		open := lc != nil && lc.open
+		old.mu.Unlock()
+		if !locked || !open || o.ch.pub.inContent {
+			// Between a publish's frames the channel takes nothing else;
+			// the old master's deliveries are dropped meanwhile anyway.
+			continue
+		}
+		old.expect(o.ch.id, nil) // cancel-ok
+		if err := old.sock.writeMethod(o.ch.id, &frames.BasicCancel{ConsumerTag: o.tag}); err != nil {
+			c.writeFailed(old, err)
+			continue
+		}
+		old.sock.flush()
+	}
+	if locked {
+		c.sendMu.Unlock()
+	}
+	for idx, orphans := range byOld {
+		c.log.Warn("queue master changed under live consumers; moving them", "old", c.srv.backends[idx].Name, "consumers", len(orphans))
+		c.linkLoops.Add(1)
+		go c.moveConsumers(c.srv.backends[idx].Name, orphans)
+	}
+}
 
 // orphan is a consumer whose link was lost.
 type orphan struct {

@@ -136,6 +136,11 @@ func (c *clientConn) ensureLink(i int) (*link, error) {
 	if !failedAt.IsZero() && time.Since(failedAt) < linkRetryPause {
 		return nil, fmt.Errorf("backend %s: unreachable a moment ago", c.srv.backends[i].Name)
 	}
+	if m := c.srv.opts.Mirror; m != nil && m.BackendDown(c.srv.backends[i].Name) {
+		// Not even dialled: a frozen or starting broker accepts TCP and
+		// then says nothing, and the client's frames would wait for it.
+		return nil, fmt.Errorf("backend %s: counted down", c.srv.backends[i].Name)
+	}
 	l, err := c.openLink(i)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -164,7 +169,9 @@ const linkRetryPause = time.Second
 // the client's credentials, vhost and the limits negotiated with the client.
 func (c *clientConn) openLink(i int) (*link, error) {
 	b := c.srv.backends[i]
-	deadline := time.Now().Add(c.srv.opts.HandshakeTimeout)
+	// The client's frames wait while a link opens: bounded by the dial
+	// timeout, not the client handshake's.
+	deadline := time.Now().Add(min(c.srv.opts.HandshakeTimeout, c.srv.opts.DialTimeout))
 	conn, err := c.dialBackend(b, deadline)
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
@@ -405,6 +412,10 @@ func (c *clientConn) linkLost(l *link, err error) {
 		go c.moveConsumers(l.name, c.orphans)
 	}
 	c.orphans = nil
+	// What the loss settled (confirms, cancels) must leave now: the
+	// goroutine that noticed it may be no read loop, whose flush would
+	// follow.
+	c.client.flush()
 }
 
 // markLinkClosed records that a link's connection ended its close handshake.

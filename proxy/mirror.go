@@ -44,6 +44,13 @@ type Mirror interface {
 	Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool)
 	// Settle says that the master's copies of these messages are gone
 	// (acked, or rejected without requeue): the slaves drop theirs. It is
-	// on the ack path and must not block on the network.
+	// on the ack path and must not block on the network; ids is valid only
+	// during the call.
 	Settle(id mirror.QueueID, ids []mirror.MessageID)
+	// BackendDown reports whether the engine counts a backend down (its
+	// connections reset, or no answer within failover_grace). The proxy
+	// drops its links to such a backend even when their sockets look
+	// alive: a frozen broker's sockets stay open, and whatever it says after
+	// its queues were promoted away must not reach a client.
+	BackendDown(backend string) bool
 }

@@ -585,6 +585,13 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 	}
 	if ch.confirming.Load() {
 		ch.mu.Lock()
+		// A link lost since the route was decided has settled its confirms
+		// already (under this lock); numbering this publish on it would
+		// wait for a confirm nobody sends.
+		quorum, extra = c.withoutLost(targets, quorum), c.withoutLost(targets, extra)
+		if len(quorum) == 0 && len(extra) > 0 {
+			quorum, extra = extra, nil
+		}
 		ch.confirms.publishTo(quorum, extra)
 		var out []clientConfirm
 		if len(quorum) == 0 {
@@ -676,6 +683,33 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 		return &publishRoute{targets: targets, quorum: r.quorum}
 	}
 	return r
+}
+
+// withoutLost returns idxs without the backends whose link among targets
+// was lost. The caller holds the channel's mu, under which a lost link
+// settles its confirms; idxs is returned as it is when none was lost.
+func (c *clientConn) withoutLost(targets []*link, idxs []int) []int {
+	var out []int
+	for i, idx := range idxs {
+		lost := false
+		for _, l := range targets {
+			if l.idx == idx {
+				l.mu.Lock()
+				lost = l.lost
+				l.mu.Unlock()
+				break
+			}
+		}
+		if lost && out == nil {
+			out = append(make([]int, 0, len(idxs)), idxs[:i]...)
+		} else if !lost && out != nil {
+			out = append(out, idx)
+		}
+	}
+	if out == nil {
+		return idxs
+	}
+	return out
 }
 
 // publishContent sends a publish's content frame where its method went,

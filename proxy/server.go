@@ -111,6 +111,8 @@ type Server struct {
 	stats      Stats
 	// releaser returns memory to the system after a storm of connections.
 	releaser *memoryReleaser
+	// stopWatch ends watchMirror; watchDone is closed when it returned.
+	stopWatch, watchDone chan struct{}
 }
 
 // Stats are the server's counters, safe to read at any time.
@@ -139,7 +141,9 @@ func New(opts Options) (*Server, error) {
 		index[b.Name] = i
 		names[i] = b.Name
 	}
-	return &Server{
+	s := &Server{
+		stopWatch:    make(chan struct{}),
+		watchDone:    make(chan struct{}),
 		backends:     backends,
 		backendIndex: index,
 		backendNames: names,
@@ -148,7 +152,53 @@ func New(opts Options) (*Server, error) {
 		listeners:    make(map[net.Listener]struct{}),
 		conns:        make(map[*clientConn]struct{}),
 		releaser:     newMemoryReleaser(),
-	}, nil
+	}
+	if opts.Mirror != nil {
+		go s.watchMirror()
+	} else {
+		close(s.watchDone)
+	}
+	return s, nil
+}
+
+// watchMirror checks every connection's links against the engine's view
+// of the backends and its consumers against their queues' masters (see
+// failover.go), until the server closes.
+func (s *Server) watchMirror() {
+	defer close(s.watchDone)
+	ticker := time.NewTicker(masterCheckInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-s.stopWatch:
+			return
+		case <-ticker.C:
+		}
+		s.mu.Lock()
+		conns := make([]*clientConn, 0, len(s.conns))
+		for c := range s.conns {
+			conns = append(conns, c)
+		}
+		s.mu.Unlock()
+		for _, c := range conns {
+			if c.isOpen() {
+				c.checkLinks()
+				c.checkMasters()
+			}
+		}
+	}
+}
+
+// stopWatching ends watchMirror and waits for it.
+func (s *Server) stopWatching() {
+	s.mu.Lock()
+	select {
+	case <-s.stopWatch:
+	default:
+		close(s.stopWatch)
+	}
+	s.mu.Unlock()
+	<-s.watchDone
 }
 
 // Stats returns the server's live counters.
@@ -234,6 +284,7 @@ func (s *Server) isClosed() bool {
 // beginClose stops accepting and returns the connections still open.
 func (s *Server) beginClose() []*clientConn {
 	s.releaser.stop()
+	s.stopWatching()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
