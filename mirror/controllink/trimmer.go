@@ -51,7 +51,13 @@ type TrimmerOptions struct {
 	// an operator listing consumers can tell it apart from clients.
 	// Default "amqp-mirror-trimmer".
 	ConsumerTag string
-	Logger      *slog.Logger
+	// MessageTTL is the queue's x-message-ttl (see QueueTTL); zero for
+	// none. With it, and with each message's expiration property, the
+	// trimmer gives back a held delivery once it has expired, for the
+	// slave broker to expire (and dead-letter) it as the master did: a
+	// broker never expires a message it has delivered unacknowledged.
+	MessageTTL time.Duration
+	Logger     *slog.Logger
 }
 
 func (o TrimmerOptions) withDefaults() TrimmerOptions {
@@ -109,6 +115,16 @@ type Trimmer struct {
 	// the identities already trimmed here, so that a late copy of one of
 	// them is dropped instead of kept forever.
 	trimmed map[mirror.MessageID]struct{}
+	// expiries are the held deliveries that expire, earliest first (see
+	// expiry.go); toNack are deliveries to give back at the next flush
+	// because they expired.
+	expiries expiryQueue
+	toNack   []uint64
+	// deadlines remembers when each identified message seen expires, across
+	// channels: one that comes again (the broker had not expired it yet by
+	// its clock, or the channel was replaced) keeps its first expiry
+	// instead of starting a new TTL.
+	deadlines map[mirror.MessageID]time.Time
 
 	// channelsLost counts channels the broker closed under the trimmer
 	// (consumer_timeout, a channel error), recycles not included.
@@ -173,6 +189,7 @@ func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Tr
 		held:      make(map[mirror.MessageID]uint64),
 		settled:   make(map[mirror.MessageID]settlement),
 		byContent: make(map[mirror.MessageID][]uint64),
+		deadlines: make(map[mirror.MessageID]time.Time),
 		wake:      make(chan struct{}, 1),
 		copies:    make(chan *copyJob),
 		purges:    make(chan *purgeJob),
@@ -192,6 +209,7 @@ func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Tr
 func (t *Trimmer) Settle(ids ...mirror.MessageID) {
 	t.mu.Lock()
 	for _, id := range ids {
+		delete(t.deadlines, id)
 		if tag, ok := t.held[id]; ok {
 			delete(t.held, id)
 			t.toAck = append(t.toAck, pendingAck{tag: tag, id: id})
@@ -343,7 +361,20 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 	defer recycle.Stop()
 	sweep := time.NewTicker(t.opts.ForgetAfter / 4)
 	defer sweep.Stop()
+	// One timer, set to the earliest expiry among the held deliveries.
+	expire := time.NewTimer(time.Hour)
+	expire.Stop()
+	defer expire.Stop()
+	var armed time.Time // what expire is set to; zero when stopped
 	for {
+		switch next, ok := t.nextExpiry(); {
+		case !ok && !armed.IsZero():
+			expire.Stop()
+			armed = time.Time{}
+		case ok && !next.Equal(armed):
+			expire.Reset(time.Until(next))
+			armed = next
+		}
 		var copyCancelled <-chan struct{}
 		if t.job != nil {
 			copyCancelled = t.job.ctx.Done()
@@ -369,6 +400,15 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 			return stopForCopy
 		case now := <-sweep.C:
 			t.forgetStale(now)
+		case <-expire.C:
+			armed = time.Time{}
+			if n := t.expireDue(time.Now()); n > 0 {
+				t.log.Debug("giving back expired messages for the broker to expire", "count", n)
+			}
+			if err := t.flush(ch); err != nil {
+				t.log.Warn("trimmer lost its channel", "err", err)
+				return stopChannelLost
+			}
 		case <-copyCancelled:
 			t.endCopy(t.job.ctx.Err())
 		case <-t.wake:
@@ -425,6 +465,9 @@ func (t *Trimmer) take(d amqp.Delivery) {
 		id = mirror.ContentID(d.Body)
 	}
 	kept := t.hold(d.DeliveryTag, id, byContent)
+	if kept {
+		t.scheduleExpiry(d.DeliveryTag, id, byContent, d.Expiration, time.Now())
+	}
 	if t.job != nil && kept {
 		if err := t.job.send(d); err != nil {
 			t.endCopy(err)
@@ -503,6 +546,81 @@ func (t *Trimmer) forgetStale(now time.Time) {
 			delete(t.settled, id)
 		}
 	}
+	// A message that expired long ago and did not come again was expired
+	// by its broker.
+	for id, at := range t.deadlines {
+		if now.Sub(at) >= t.opts.ForgetAfter {
+			delete(t.deadlines, id)
+		}
+	}
+}
+
+// scheduleExpiry records when a delivery just held expires, if it does:
+// counted from its receipt, which is later than the broker's enqueue, so
+// that by then the broker agrees that it expired. One seen before keeps
+// its first expiry; if that has passed already (the broker had not
+// expired it yet when it was given back), it is given back again after
+// Retry.
+func (t *Trimmer) scheduleExpiry(tag uint64, id mirror.MessageID, byContent bool, expiration string, now time.Time) {
+	in, ok := expiresIn(t.opts.MessageTTL, expiration)
+	if !ok {
+		return
+	}
+	at := now.Add(in)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !byContent {
+		if first, seen := t.deadlines[id]; seen {
+			at = first
+			if !first.After(now) {
+				at = now.Add(t.opts.Retry)
+			}
+		} else {
+			t.deadlines[id] = at
+		}
+	}
+	t.expiries.add(expiring{at: at, tag: tag, id: id, byContent: byContent})
+}
+
+// nextExpiry returns the earliest expiry of a held delivery.
+func (t *Trimmer) nextExpiry() (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.expiries.next()
+}
+
+// expireDue stops holding the deliveries that expired by now and queues
+// them to be given back (nacked with requeue) at the next flush. The
+// trimmer forgets them: their broker expires them, or, if by its clock
+// they have not expired yet, delivers them again to be held anew. It
+// returns how many it gave back.
+func (t *Trimmer) expireDue(now time.Time) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, e := range t.expiries.due(now) {
+		if e.byContent {
+			tags := t.byContent[e.id]
+			i := slices.Index(tags, e.tag)
+			if i < 0 {
+				continue // trimmed meanwhile
+			}
+			if len(tags) == 1 {
+				delete(t.byContent, e.id)
+			} else {
+				t.byContent[e.id] = slices.Delete(tags, i, i+1)
+			}
+			t.contentHeld--
+		} else {
+			if tag, ok := t.held[e.id]; !ok || tag != e.tag {
+				continue // trimmed meanwhile
+			}
+			delete(t.held, e.id)
+		}
+		t.toNack = append(t.toNack, e.tag)
+		n++
+	}
+	return n
 }
 
 // ExpectCopies tells the trimmer that a copy into its slave is running (on),
@@ -556,12 +674,26 @@ func (t *Trimmer) settleDelivery(tag uint64, id mirror.MessageID) {
 // deliveries, single acks for the rest.
 func (t *Trimmer) flush(ch *amqp.Channel) error {
 	t.mu.Lock()
-	if len(t.toAck) == 0 {
+	if len(t.toAck) == 0 && len(t.toNack) == 0 {
 		t.mu.Unlock()
 		return nil
 	}
 	acks := t.toAck
 	t.toAck = nil
+	nacks := t.toNack
+	t.toNack = nil
+	// A delivery given back is gone from the channel's unacknowledged ones
+	// like one acked on its own: a multiple ack may cover its tag but must
+	// not name it.
+	for _, tag := range nacks {
+		i, found := slices.BinarySearchFunc(t.outstanding, tag, func(o outstandingTag, tag uint64) int {
+			return compareTags(o.tag, tag)
+		})
+		if found {
+			t.outstanding[i].acked = true
+			t.outstanding[i].sent = true
+		}
+	}
 	for _, a := range acks {
 		i, found := slices.BinarySearchFunc(t.outstanding, a.tag, func(o outstandingTag, tag uint64) int {
 			return compareTags(o.tag, tag)
@@ -597,6 +729,15 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 	}
 	t.mu.Unlock()
 
+	// The nacks go first: the multiple ack may cover their tags, and would
+	// ack them if they were still unacknowledged.
+	for _, tag := range nacks {
+		if err := ch.Nack(tag, false, true); err != nil {
+			// The channel is gone, and with it every delivery it held
+			// went back to the queue: just what the nack was for.
+			return t.requeueAcks(acks, fmt.Errorf("nack %d: %w", tag, err))
+		}
+	}
 	if upTo > 0 {
 		if err := ch.Ack(upTo, true); err != nil {
 			return t.requeueAcks(acks, fmt.Errorf("ack up to %d: %w", upTo, err))
@@ -643,6 +784,8 @@ func (t *Trimmer) forgetChannel() {
 		}
 	}
 	t.toAck = nil
+	t.toNack = nil
+	t.expiries = t.expiries[:0]
 	clear(t.held)
 	clear(t.byContent)
 	t.outstanding = t.outstanding[:0]
@@ -700,6 +843,7 @@ func (t *Trimmer) runPurge() {
 	t.purge = nil
 	t.mu.Lock()
 	clear(t.settled)
+	clear(t.deadlines)
 	t.missed = 0
 	t.mu.Unlock()
 	ch, err := t.conn.Channel()

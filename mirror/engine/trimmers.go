@@ -46,7 +46,7 @@ func (e *Engine) ensureTrimmer(m mirror.QueueMeta, backend string) {
 	if current != nil {
 		e.stopTrimmer(m.ID, backend)
 	}
-	t, err := controllink.StartTrimmer(conn, m.ID.Name, e.trimmerOptions(m.ID))
+	t, err := controllink.StartTrimmer(conn, m.ID.Name, e.trimmerOptions(m))
 	if replyCode(err) == amqp.NotFound {
 		e.copyGone(m, backend)
 		return
@@ -75,9 +75,16 @@ func (e *Engine) ensureTrimmer(m mirror.QueueMeta, backend string) {
 	e.mu.Unlock()
 }
 
-func (e *Engine) trimmerOptions(id mirror.QueueID) controllink.TrimmerOptions {
+func (e *Engine) trimmerOptions(m mirror.QueueMeta) controllink.TrimmerOptions {
 	o := e.opts.Trimmer
-	o.Logger = e.opts.Logger.With("vhost", id.VHost)
+	o.Logger = e.opts.Logger.With("vhost", m.ID.VHost)
+	// The trimmer gives back held messages once the queue's TTL has passed,
+	// for the slave's broker to expire them as the master's does.
+	args, err := amqpTable(m.Arguments)
+	if err != nil {
+		o.Logger.Warn("cannot decode the queue's arguments; its slave copies are trimmed without a message TTL", "queue", m.ID.Name, "err", err)
+	}
+	o.MessageTTL = controllink.QueueTTL(args)
 	return o
 }
 
