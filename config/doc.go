@@ -19,7 +19,7 @@
 //	  advertise: ""               # gossip address others dial (default bind; required for 0.0.0.0)
 //	  raft_bind: ""               # raft (metadata log, TCP); "" = bind's port + 1
 //	  bootstrap_expect: 3         # a new cluster's size, the same on every proxy; 0 = join one
-//	queue_master_locator: min-masters   # min-masters | client-local | random (*)
+//	queue_master_locator: min-masters   # min-masters | client-local | random
 //	failover_grace: 2s            # silence before an unresponsive backend counts as down
 //	state_dir: ./state            # policies.json, admin.token; relative to this file
 //	admin_token: ""               # "" = generated into state_dir/admin.token (0600)
@@ -34,8 +34,6 @@
 //	     definition: {ha-mode: exactly, ha-params: 2, ha-sync-mode: automatic}}
 //	operator_policies: []         # like set_operator_policy (fewer keys allowed)
 //
-// (*) accepted and validated; the sidecar cluster is not wired into serve
-// yet (NotUsedYet).
 // ../amqp-mirror.example.yaml is the same with the README's comments, and a
 // test keeps the two and the loader in step.
 //

@@ -201,9 +201,8 @@
 //
 // # Status
 //
-// Built: the proxy data path (package proxy) with the proxy's own delivery
-// tags and confirm sequences per backend, the configuration and policy
-// matching (package config), and the pure decisions of this package:
+// Built: the configuration and policy matching (package config), and the
+// pure decisions of this package:
 //
 //   - placement.go: ResolveLocator (x-queue-master-locator argument, then
 //     policy, then config, default min-masters) and Placement.Master
@@ -276,11 +275,21 @@
 // slave's trimmer never received a copy of. It can call a slave
 // synchronised early when clients held many messages at its join.
 //
-// Not yet built: failover on the data path (moving consumers to a new
-// master, requeueing what clients had not acked there, epoch-scoped tags);
-// the engine records the promotion, and the new master's copy holds the
-// messages ready. A promotion is recorded by every proxy that sees the
-// loss, conditionally, so one wins. The engine does its part of the data
-// path only as far as package proxy calls it (proxy.Mirror): see the
-// proxy's documentation for which of those calls it makes today.
+// Built in the proxy (package proxy): a link to each backend per client
+// connection with the client's credentials; declares, binds, purges and
+// deletes on every copy; publishes fanned out with the identity header,
+// confirmed once the master and the synchronised slaves confirmed;
+// deliveries from the master with the header removed, acks reported to
+// the engine for trimming; and failover on the data path: consumers of a
+// lost master move to the promoted one with their tags (or get basic.cancel
+// with x-cancel-on-ha-failover), delivery tags are scoped by link
+// generation so a stale one settles nothing, and a client whose home
+// backend died keeps its connection. A promotion is recorded by every
+// proxy that sees the loss, conditionally, so one wins.
+//
+// Not yet built: `ctl drain`; a channel the client never put in confirm
+// mode is not put in confirm mode towards the backends either; an exchange
+// publish goes to every backend, not only those with bound queues; expired
+// messages (TTL) leave the master but not the slaves, whose copies the
+// trimmer holds unacknowledged.
 package mirror

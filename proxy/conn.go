@@ -212,7 +212,7 @@ func (c *clientConn) logChannelUnconfirmed(ch *channelState) {
 	for b, k := range owed {
 		byName[c.srv.backends[b].Name] = k
 	}
-	c.log.Warn("channel ended with publishes unconfirmed", "channel", ch.id, "unconfirmed", n, "owed_by_backend", byName)
+	c.log.Info("channel ended with publishes unconfirmed", "channel", ch.id, "unconfirmed", n, "owed_by_backend", byName)
 }
 
 // wait blocks until the sockets are closed and the link loops ended.
