@@ -229,6 +229,16 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 
 	serveCtx, cancelServe := context.WithCancel(context.Background())
 	defer cancelServe()
+	if mirroring.cluster != nil {
+		// pause_minority: a proxy cut off from most of its cluster stops
+		// serving until it sees a majority again (main_cluster.go).
+		pauseDone := make(chan struct{})
+		go func() {
+			defer close(pauseDone)
+			pauseInMinority(serveCtx, mirroring.cluster, srv, logger)
+		}()
+		defer func() { cancelServe(); <-pauseDone }()
+	}
 	go func() {
 		if mirroring.engine != nil {
 			return // the engine takes the watcher's events

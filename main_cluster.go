@@ -29,6 +29,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
 	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
 // sidecar reports whether cfg makes this proxy a member of a sidecar
@@ -72,6 +73,49 @@ func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 		logger.Info("sidecar cluster: metadata log ready", "leader", leader.Name, "members", len(c.Members()))
 	}
 	return c, nil
+}
+
+// minorityCheck is how often a sidecar proxy counts the members it sees.
+const minorityCheck = 250 * time.Millisecond
+
+// pauseInMinority pauses srv while this proxy sees no more than half of its
+// cluster's members alive (serf: a failed member still counts as a member),
+// and resumes it when a majority is back, as RabbitMQ's pause_minority
+// pauses a node. Two sides of a partition can then never both serve a
+// mirrored queue: at most one side has a majority. It returns when ctx
+// ends.
+func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server, logger *slog.Logger) {
+	ticker := time.NewTicker(minorityCheck)
+	defer ticker.Stop()
+	paused := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		alive, total := 0, 0
+		for _, m := range c.Members() {
+			switch m.Status {
+			case cluster.StatusAlive:
+				alive++
+				total++
+			case cluster.StatusFailed, cluster.StatusLeaving:
+				total++
+			}
+		}
+		minority := total > 0 && 2*alive <= total
+		switch {
+		case minority && !paused:
+			logger.Warn("sidecar cluster: this proxy sees a minority of the proxies; pausing (clients disconnected, new ones refused) until a majority is back", "alive", alive, "members", total)
+			srv.Pause()
+			paused = true
+		case !minority && paused:
+			logger.Info("sidecar cluster: a majority of the proxies is back; serving again", "alive", alive, "members", total)
+			srv.Resume()
+			paused = false
+		}
+	}
 }
 
 // clusterEngineOptions wires the engine to the cluster: writes forwarded

@@ -25,6 +25,9 @@ const (
 	ReasonMissedHeartbeats
 	// ReasonShutdown: the proxy is shutting down.
 	ReasonShutdown
+	// ReasonPaused: the proxy paused, cut off from the majority of its
+	// cluster (pause_minority).
+	ReasonPaused
 )
 
 var reasonNames = [...]string{
@@ -38,6 +41,7 @@ var reasonNames = [...]string{
 	ReasonProtocolError:      "protocol_error",
 	ReasonMissedHeartbeats:   "missed_heartbeats",
 	ReasonShutdown:           "shutdown",
+	ReasonPaused:             "paused",
 }
 
 func (r CloseReason) String() string {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -96,6 +98,7 @@ type Server struct {
 	log  *slog.Logger
 
 	mu        sync.Mutex
+	paused    bool // see Pause
 	listeners map[net.Listener]struct{}
 	conns     map[*clientConn]struct{}
 	closed    bool
@@ -201,6 +204,40 @@ func (s *Server) stopWatching() {
 	<-s.watchDone
 }
 
+// Pause stops serving, as a RabbitMQ node paused by pause_minority does: every
+// client connection gets connection.close 320, and new ones are closed at
+// once until Resume. A proxy cut off from the majority of its cluster must
+// not serve mirrored queues, whose masters the majority may have promoted
+// elsewhere meanwhile; its clients reconnect to a proxy of the majority.
+func (s *Server) Pause() {
+	s.mu.Lock()
+	if s.paused || s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.paused = true
+	conns := make([]*clientConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		if c.isOpen() {
+			c.closeClient(ReasonPaused, frames.ConnectionForced,
+				"CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'", 0, 0)
+			continue
+		}
+		c.teardown(ReasonPaused, "paused during the handshake")
+	}
+}
+
+// Resume serves again after Pause.
+func (s *Server) Resume() {
+	s.mu.Lock()
+	s.paused = false
+	s.mu.Unlock()
+}
+
 // Stats returns the server's live counters.
 func (s *Server) Stats() *Stats { return &s.stats }
 
@@ -245,7 +282,7 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) startConn(conn net.Conn) {
 	c := newClientConn(s, s.nextConnID.Add(1), conn)
 	s.mu.Lock()
-	if s.closed {
+	if s.closed || s.paused {
 		s.mu.Unlock()
 		conn.Close()
 		return
