@@ -148,8 +148,12 @@
 // so the master and epoch of a queue change only through the log: a
 // promotion is a conditional write, which a side without a majority cannot
 // make (cluster.Majority is false there), and the epoch fences masters a
-// stale side still believes in. The package documentation of cluster says
-// what is guaranteed under which failures, and what is not.
+// stale side still believes in. A proxy that sees no more than half of
+// the proxies alive pauses (serve, as RabbitMQ's pause_minority): it closes
+// its clients with 320 and refuses new ones until a majority is back, so
+// the two sides of a partition never both serve a mirrored queue. The
+// package documentation of cluster says what is guaranteed under which
+// failures, and what is not.
 //
 // Every proxy of the cluster runs an engine on the same log, so the work
 // on a queue is shared out by node, each part done by exactly one proxy:
