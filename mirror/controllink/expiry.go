@@ -85,6 +85,11 @@ func expiresIn(queueTTL time.Duration, expiration string) (d time.Duration, ok b
 	return d, ok
 }
 
+// expirySlack is added to each expiry: the broker's clock counts in whole
+// milliseconds, and a message given back a moment too early only comes
+// straight back.
+const expirySlack = 5 * time.Millisecond
+
 // expiring is one held delivery with an expiry.
 type expiring struct {
 	at        time.Time

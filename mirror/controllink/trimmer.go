@@ -129,6 +129,9 @@ type Trimmer struct {
 	// channelsLost counts channels the broker closed under the trimmer
 	// (consumer_timeout, a channel error), recycles not included.
 	channelsLost atomic.Int64
+	// givenBack counts deliveries given back because they expired (one
+	// message given back early and again later counts twice).
+	givenBack atomic.Int64
 	// queueMissing is set while consuming fails because the queue does
 	// not exist (someone deleted the slave copy, or its broker lost it).
 	queueMissing atomic.Bool
@@ -272,6 +275,11 @@ func (t *Trimmer) QueueMissing() bool { return t.queueMissing.Load() }
 // ChannelsLost is how many of its channels the broker closed under the
 // trimmer (each one was replaced).
 func (t *Trimmer) ChannelsLost() int64 { return t.channelsLost.Load() }
+
+// GivenBack is how many held deliveries the trimmer gave back to the slave's
+// broker because they had expired; one the broker delivered again because
+// by its clock it had not expired yet counts each time.
+func (t *Trimmer) GivenBack() int64 { return t.givenBack.Load() }
 
 // Close stops the trimmer. Its channel closes, so the broker requeues every
 // delivery it held: the slave copy keeps all the messages not trimmed yet.
@@ -566,7 +574,7 @@ func (t *Trimmer) scheduleExpiry(tag uint64, id mirror.MessageID, byContent bool
 	if !ok {
 		return
 	}
-	at := now.Add(in)
+	at := now.Add(in + expirySlack)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !byContent {
@@ -620,6 +628,7 @@ func (t *Trimmer) expireDue(now time.Time) int {
 		t.toNack = append(t.toNack, e.tag)
 		n++
 	}
+	t.givenBack.Add(int64(n))
 	return n
 }
 
