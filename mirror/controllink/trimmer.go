@@ -12,7 +12,10 @@
 // published past it) is keyed by its content (mirror.ContentID), so that
 // adopted queues are trimmed too. Holding is
 // what lets a slave be promoted with every message the master still had:
-// closing the trimmer's channel requeues them all on the slave.
+// closing the trimmer's channel requeues them all on the slave. A held
+// delivery whose TTL passes (the queue's x-message-ttl, or its own
+// expiration) is given back with a requeue for the slave's broker to
+// expire, and dead-letter, as the master's broker did (expiry.go).
 package controllink
 
 import (
