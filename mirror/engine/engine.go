@@ -105,6 +105,8 @@ type Engine struct {
 	// ownCopies is the loop's check of this node's copies at a cluster
 	// proxy's start (cluster.go).
 	ownCopies ownCopiesCheck
+	// drained are the backends `ctl drain` emptied (drain.go).
+	drained drainedSet
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc

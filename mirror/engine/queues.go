@@ -34,7 +34,7 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	if err != nil {
 		return mirror.QueueMeta{}, fmt.Errorf("placing %s: %w", q.ID, err)
 	}
-	live := e.live()
+	live := e.placeable() // never on a drained backend (drain.go)
 	candidates := e.backends
 	if def.HAMode == config.HANodes {
 		// Master on a named backend where one is up: a master elsewhere

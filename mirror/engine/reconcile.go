@@ -16,7 +16,9 @@ import (
 // Reconcile is pure and cheap, so every queue is looked at every time; only
 // a plan that changes something touches a backend.
 func (e *Engine) reconcileAll() {
-	live := e.live()
+	// Drained backends count as down here: no slave is added there, and a
+	// master kept there is left alone until undrain (drain.go).
+	live := e.placeable()
 	for _, m := range e.opts.Store.List() {
 		if e.ctx.Err() != nil {
 			return
