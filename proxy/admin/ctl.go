@@ -142,6 +142,8 @@ var commands = map[string]command{
 	"list_queues":       listQueuesCommand,
 	"sync_queue":        syncQueueCommand,
 	"cancel_sync_queue": cancelSyncQueueCommand,
+	"drain":             drainCommand,
+	"undrain":           undrainCommand,
 }
 
 func (o *ctlOptions) say(format string, args ...any) {
@@ -222,7 +224,7 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 // against client, printing rabbitmqctl-style output, and returns the exit
 // code. Commands: set_policy, clear_policy, list_policies,
 // set_operator_policy, clear_operator_policy, list_operator_policies,
-// list_queues, sync_queue, cancel_sync_queue, help.
+// list_queues, sync_queue, cancel_sync_queue, drain, undrain, help.
 // The connection flags (--config, --admin, --token) are accepted and
 // ignored: client is used.
 func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr io.Writer) int {
@@ -452,7 +454,7 @@ Commands:`)
 	fmt.Fprintf(w, "\nOptions:\n%s", fs.FlagUsages())
 	fmt.Fprintln(w, `
 With --config the admin address and credential come from the proxy's file.
-Exit codes: 64 usage, 65 refused input (also an unknown queue, or mirroring
-off), 69 admin API or metadata log unavailable, 75 sync_queue --wait timed
+Exit codes: 64 usage, 65 refused input (also an unknown queue or backend,
+or mirroring off), 69 admin API or metadata log unavailable, 75 sync_queue --wait timed
 out, 77 wrong or missing credential.`)
 }

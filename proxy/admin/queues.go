@@ -32,7 +32,14 @@ type Queues interface {
 
 // WithQueues serves list_queues, sync_queue and cancel_sync_queue from q.
 // Without it those endpoints answer errMirroringOff.
-func WithQueues(q Queues) Option { return func(s *Server) { s.queues = q } }
+func WithQueues(q Queues) Option {
+	return func(s *Server) {
+		s.queues = q
+		if d, ok := q.(Drainer); ok && s.drainer == nil {
+			s.drainer = d // the engine is both (drain.go)
+		}
+	}
+}
 
 // errMirroringOff is the answer of the queue endpoints when the proxy was
 // started without an engine, because it has a single backend.

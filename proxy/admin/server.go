@@ -15,6 +15,7 @@
 //	GET    /api/explain?vhost=V&name=Q[&kind=queue|exchange][&exclusive=true]
 //	GET    /api/queues[?vhost=V]                   list_queues (vhost "/" by default)
 //	POST   /api/queues/{vhost}/{name}/actions      {"action":"sync"} or {"action":"cancel_sync"}
+//	POST   /api/backends/{name}/actions            {"action":"drain"} (answers the report) or {"action":"undrain"}
 //	GET    /metrics                                Prometheus text format (client_golang)
 //
 // Every /api/ request needs "Authorization: Bearer <token>", compared in
@@ -64,7 +65,8 @@ type Server struct {
 	hasToken bool
 	logger   *slog.Logger
 	registry *Registry
-	queues   Queues // nil: mirroring is off
+	queues   Queues  // nil: mirroring is off
+	drainer  Drainer // nil: mirroring is off (drain.go)
 	mux      *http.ServeMux
 }
 
@@ -169,6 +171,8 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.listQueues(w, r)
 	case len(parts) == 4 && parts[0] == "queues" && parts[3] == "actions" && r.Method == http.MethodPost:
 		s.queueAction(w, r, mirror.QueueID{VHost: parts[1], Name: parts[2]})
+	case len(parts) == 3 && parts[0] == "backends" && parts[2] == "actions" && r.Method == http.MethodPost:
+		s.backendAction(w, r, parts[1])
 	case len(parts) == 1 && (parts[0] == "policies" || operator) && r.Method == http.MethodGet:
 		s.list(w, r, operator)
 	case len(parts) == 3 && (parts[0] == "policies" || operator) && r.Method == http.MethodPut:
