@@ -105,8 +105,12 @@ func (c *Client) Undrain(ctx context.Context, backend string) error {
 	return c.do(ctx, http.MethodPost, backendPath(backend), BackendAction{Action: actionUndrain}, nil)
 }
 
-// The Client is the engine's Drainer over HTTP.
-var _ Drainer = (*Client)(nil)
+// The Client is the engine's Drainer over HTTP; the engine is one, which
+// is what lets WithQueues(engine) serve drain too.
+var (
+	_ Drainer = (*Client)(nil)
+	_ Drainer = (*engine.Engine)(nil)
+)
 
 func backendPath(backend string) string {
 	return "/api/backends/" + url.PathEscape(backend) + "/actions"
