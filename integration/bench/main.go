@@ -142,6 +142,10 @@ type config struct {
 	mirrorBin       string
 	declareDuration time.Duration
 
+	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
+	failoverTargets []string
+	failoverKills   int
+
 	proxyCPUProfile string
 	proxyLogLevel   string
 	proxyGOMAXPROCS int
@@ -159,9 +163,9 @@ var hiddenFlags = map[string]bool{"role": true, "backend": true, "listen": true,
 
 func parseFlags(args []string) (config, error) {
 	var cfg config
-	var scenarios, targets, idleCounts, mirrored string
+	var scenarios, targets, idleCounts, mirrored, failover string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1)")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
@@ -194,6 +198,9 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.mirrorBin, "amqp-mirror-bin", "", "mirrored: the amqp-mirror `binary` to run; default: go build of this module into a temporary directory")
 	fs.DurationVar(&cfg.declareDuration, "declare-duration", 5*time.Second, "mirrored: how long each queue.declare rate is measured")
 
+	fs.StringVar(&failover, "failover-targets", targetMirror+","+targetNativeHA, "failover: comma-separated `list` of rows: amqp-mirror (serve in front of three plain nodes, clients without reconnect logic), native-ha (RabbitMQ's classic mirroring on a three-node cluster, clients that reconnect)")
+	fs.IntVar(&cfg.failoverKills, "failover-kills", 5, "failover: kill -9 of the queue master's node per target")
+
 	fs.StringVar(&cfg.proxyCPUProfile, "proxy-cpuprofile", "", "write a CPU profile of the proxy process of each full and light run, named after `file` with the scenario and run inserted: /tmp/p.pprof gives /tmp/p.full.1.pprof...")
 	fs.StringVar(&cfg.proxyLogLevel, "proxy-log-level", "warn", "proxy process log level: debug, info, warn or error")
 	fs.IntVar(&cfg.proxyGOMAXPROCS, "proxy-gomaxprocs", 0, "run the proxy process with GOMAXPROCS=`N`; 0 leaves Go's default (the number of cores)")
@@ -214,6 +221,7 @@ func parseFlags(args []string) (config, error) {
 	cfg.scenarios = splitList(scenarios)
 	cfg.targets = splitList(targets)
 	cfg.mirroredTargets = splitList(mirrored)
+	cfg.failoverTargets = splitList(failover)
 	var errs []error
 	for _, c := range splitList(idleCounts) {
 		n, err := strconv.Atoi(c)
@@ -249,8 +257,8 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored"}, s) {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss or mirrored", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored or failover", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
@@ -271,6 +279,14 @@ func (cfg config) validate() error {
 	}
 	if !slices.Contains(cfg.mirroredTargets, targetDirect) {
 		errs = append(errs, errors.New("-mirrored-targets: direct is needed, every ratio is against it"))
+	}
+	for _, t := range cfg.failoverTargets {
+		if t != targetMirror && t != targetNativeHA {
+			errs = append(errs, fmt.Errorf("-failover-targets: unknown target %q, want %s or %s", t, targetMirror, targetNativeHA))
+		}
+	}
+	if cfg.failoverKills <= 0 {
+		errs = append(errs, fmt.Errorf("-failover-kills must be positive, got %d", cfg.failoverKills))
 	}
 	if cfg.declareDuration <= 0 {
 		errs = append(errs, fmt.Errorf("-declare-duration must be positive, got %v", cfg.declareDuration))
@@ -402,7 +418,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	b := broker{url: cfg.amqpURL}
 	// The mirrored scenario starts its own nodes: a run of it alone needs no other broker.
-	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool { return s != "mirrored" })
+	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool { return s != "mirrored" && s != "failover" })
 	if b.url == "" && !onlyMirrored {
 		progress("starting a RabbitMQ node")
 		cluster, err := harness.Start(ctx, harness.Options{Nodes: 1, Logger: logger})
@@ -493,6 +509,13 @@ func run(ctx context.Context, cfg config) error {
 		report.Mirrored, report.Declares = runs, declares
 		if err != nil {
 			return errors.Join(fmt.Errorf("mirrored: %w", err), report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("failover") {
+		results, err := runFailover(ctx, cfg, logger)
+		report.Failover = results
+		if err != nil {
+			return errors.Join(err, report.print(os.Stdout, cfg))
 		}
 	}
 	report.Elapsed = time.Since(began).Round(time.Second).String()

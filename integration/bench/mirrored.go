@@ -56,6 +56,10 @@ type mirroredBench struct {
 	native *harness.Cluster
 	// servers counts amqp-mirror processes, for their directories.
 	servers int
+	// withAdmin gives the next servers an admin API (the failover scenario asks it where
+	// a queue's master is with amqp-mirror ctl); serverConfigPath is the last one's config.
+	withAdmin        bool
+	serverConfigPath string
 }
 
 // declareResult is the rate of one kind of queue.declare on one target.
@@ -410,6 +414,14 @@ func (m *mirroredBench) startServer(ctx context.Context) (*proxyProcess, error) 
 	}
 	path := filepath.Join(dir, "amqp-mirror.yaml")
 	config := serverConfig(addr, filepath.Join(dir, "state"), m.cfg.proxyLogLevel, m.plain.Nodes())
+	if m.withAdmin {
+		admin, err := freeAddress()
+		if err != nil {
+			return nil, err
+		}
+		config = strings.Replace(config, `admin: ""`, "admin: "+admin, 1)
+	}
+	m.serverConfigPath = path
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return nil, err
 	}

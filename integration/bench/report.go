@@ -202,7 +202,9 @@ type report struct {
 	// Mirrored are the mirrored scenario's runs, Declares its queue.declare rates.
 	Mirrored []runResult     `json:"mirrored,omitempty"`
 	Declares []declareResult `json:"declares,omitempty"`
-	Elapsed  string          `json:"elapsed"`
+	// Failover is the failover scenario's rows.
+	Failover []failoverResult `json:"failover,omitempty"`
+	Elapsed  string           `json:"elapsed"`
 }
 
 func describeConfig(cfg config) map[string]string {
@@ -295,6 +297,9 @@ func (r *report) print(out io.Writer, cfg config) error {
 	}
 	for _, idle := range r.Idle {
 		idle.print(out)
+	}
+	if err := printFailover(out, cfg, r.Failover); err != nil {
+		return err
 	}
 	if err := printMirrored(out, cfg, r.Mirrored, r.Declares); err != nil {
 		return err

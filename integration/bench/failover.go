@@ -1,0 +1,790 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+)
+
+// The failover scenario kills the broker holding a mirrored queue's master, -failover-kills
+// times per target, under one publisher with confirms and one consumer with manual acks,
+// and counts what the clients lost, saw twice or never had answered, and how long service
+// took to resume. Targets: amqp-mirror (serve in front of three plain nodes, clients on the
+// proxy with no reconnect logic) and native-ha (RabbitMQ's classic mirroring on a
+// three-node cluster, clients that reconnect to another node and re-consume, as
+// amqp091-go users must write them).
+
+const (
+	// failoverResumeTimeout bounds the wait for a message published after a kill to be
+	// delivered.
+	failoverResumeTimeout = 60 * time.Second
+	// failoverSyncTimeout bounds the wait for the restarted node to be a synchronised
+	// mirror again.
+	failoverSyncTimeout = 120 * time.Second
+	// failoverConfirmTimeout is how long the publisher waits for a confirm before it
+	// counts the publish as unanswered and sends it again.
+	failoverConfirmTimeout = 20 * time.Second
+	// failoverSteady is the load between the resync and the next kill.
+	failoverSteady = 2 * time.Second
+	// failoverDrainTimeout bounds the wait, at the end, for every confirmed message.
+	failoverDrainTimeout = 30 * time.Second
+)
+
+// failoverResult is one target's row.
+type failoverResult struct {
+	Target string `json:"target"`
+	// KilledNodes and ResumeSeconds are per kill: the node killed (the master's) and the
+	// time from the kill to the first delivery of a message first published after it.
+	KilledNodes   []string  `json:"killed_nodes"`
+	ResumeSeconds []float64 `json:"resume_seconds"`
+	Published     int       `json:"published"` // distinct messages
+	Confirmed     int       `json:"confirmed"` // distinct messages confirmed at least once
+	Lost          int       `json:"lost"`      // confirmed, never delivered
+	Duplicates    int       `json:"duplicates"`
+	// Unanswered are publish attempts that ended neither confirmed nor nacked: their
+	// channel closed, or no answer within failoverConfirmTimeout.
+	Unanswered int `json:"unanswered"`
+	Nacked     int `json:"nacked"`
+	// Reconnects are the clients' connections opened again after a loss; ClientErrors
+	// what a client without reconnect logic (amqp-mirror's) saw end its work.
+	Reconnects   int      `json:"reconnects"`
+	ClientErrors []string `json:"client_errors,omitempty"`
+	Moves        int      `json:"moves"` // clients moved off the master's node before a kill
+}
+
+// failoverTarget is what the kill loop needs to know of a target.
+type failoverTarget interface {
+	// master returns the node holding the queue's master now.
+	master(ctx context.Context) (*harness.Node, error)
+	// synchronised reports whether the queue has a master and two synchronised mirrors,
+	// all on running nodes.
+	synchronised(ctx context.Context) (bool, error)
+}
+
+// runFailover runs the failover scenario on each target of -failover-targets. It stops
+// every node and process it started before it returns, however it returns.
+func runFailover(ctx context.Context, cfg config, logger *slog.Logger) (results []failoverResult, err error) {
+	began := time.Now()
+	m := &mirroredBench{cfg: cfg, withAdmin: true}
+	m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(m.dir)
+	defer m.close()
+	if err := m.start(ctx, logger); err != nil {
+		return nil, err
+	}
+	progress("failover: nodes, cluster and amqp-mirror ready in %s", time.Since(began).Round(100*time.Millisecond))
+	for _, target := range cfg.failoverTargets {
+		var r failoverResult
+		var err error
+		switch target {
+		case targetMirror:
+			r, err = m.failoverMirror(ctx)
+		case targetNativeHA:
+			r, err = m.failoverNative(ctx)
+		}
+		r.Target = target
+		results = append(results, r)
+		if err != nil {
+			return results, fmt.Errorf("failover, %s: %w", target, err)
+		}
+	}
+	return results, nil
+}
+
+// failoverMirror runs the kills against amqp-mirror serve in front of the plain nodes.
+func (m *mirroredBench) failoverMirror(ctx context.Context) (failoverResult, error) {
+	server, err := m.startServer(ctx)
+	if err != nil {
+		return failoverResult{}, err
+	}
+	defer func() {
+		if err := server.stop(); err != nil {
+			progress("  %v", err)
+		}
+	}()
+	url := proxyURL(m.plain.Nodes()[0].URL(), server.addr)
+	t := &mirrorTarget{m: m, config: m.serverConfigPath, queue: queuePrefix(targetMirror) + "-failover"}
+	nodes := m.plain.Nodes()
+	return m.runKills(ctx, t, nodes, []string{url}, false, t.queue)
+}
+
+// failoverNative runs the kills against the RabbitMQ cluster's classic mirroring.
+func (m *mirroredBench) failoverNative(ctx context.Context) (failoverResult, error) {
+	nodes := m.native.Nodes()
+	var urls []string
+	for _, n := range nodes {
+		urls = append(urls, n.URL())
+	}
+	t := &nativeTarget{nodes: nodes, queue: queuePrefix(targetNativeHA) + "-failover"}
+	return m.runKills(ctx, t, nodes, urls, true, t.queue)
+}
+
+// runKills declares the queue, starts the clients and kills the master's node
+// -failover-kills times, each time waiting for service to resume, restarting the node and
+// waiting for it to be a synchronised mirror again. urls are the client's nodes in order of
+// preference; reconnect says whether the client moves to another one on a loss.
+func (m *mirroredBench) runKills(ctx context.Context, t failoverTarget, nodes []*harness.Node, urls []string, reconnect bool, queue string) (failoverResult, error) {
+	var result failoverResult
+	// The queue is declared through the clients' first URL: on the native cluster its
+	// master is then on that node (client-local), and the clients are moved off it before
+	// the first kill like before any other.
+	if err := declareFailoverQueue(urls[0], queue); err != nil {
+		return result, err
+	}
+	if err := awaitCondition(ctx, failoverSyncTimeout, "the queue's three copies synchronised", func() (bool, error) { return t.synchronised(ctx) }); err != nil {
+		return result, err
+	}
+	// A kill -9 soon after a declare could lose the queue on the killed node (see
+	// localbroker.Node.FlushMetadata): RabbitMQ's behaviour, not what this measures.
+	if err := flushAll(ctx, nodes); err != nil {
+		return result, err
+	}
+	c := newFailoverClient(urls, queue, reconnect, m.cfg.size)
+	defer c.close()
+	if err := c.start(ctx); err != nil {
+		return result, err
+	}
+	if !sleepUntil(ctx, time.Now().Add(failoverSteady)) {
+		return result, ctx.Err()
+	}
+	for kill := 1; kill <= m.cfg.failoverKills; kill++ {
+		master, err := t.master(ctx)
+		if err != nil {
+			return result, err
+		}
+		if reconnect && urls[c.home()] == master.URL() {
+			// Clients on the node about to die would measure a reconnect, not a failover:
+			// move them, quietly (publisher paused, consumer drained), to another node.
+			for i, u := range urls {
+				if u != master.URL() {
+					if err := c.moveTo(ctx, i); err != nil {
+						return result, err
+					}
+					break
+				}
+			}
+			result.Moves++
+		}
+		progress("  kill %d of %d: kill -9 %s (the master's node)", kill, m.cfg.failoverKills, master.Name)
+		killedAt := time.Now()
+		if err := master.Kill(); err != nil {
+			return result, fmt.Errorf("kill %s: %w", master.Name, err)
+		}
+		var resumed time.Duration
+		err = awaitCondition(ctx, failoverResumeTimeout, "a message published after the kill delivered", func() (bool, error) {
+			at, ok := c.firstDeliveryPublishedAfter(killedAt)
+			resumed = at.Sub(killedAt)
+			if !ok && c.failed() {
+				return false, fmt.Errorf("the clients stopped: %s", strings.Join(c.errors(), "; "))
+			}
+			return ok, nil
+		})
+		if err != nil {
+			return result, fmt.Errorf("kill %d of %s: %w", kill, master.Name, err)
+		}
+		result.KilledNodes = append(result.KilledNodes, master.Name)
+		result.ResumeSeconds = append(result.ResumeSeconds, resumed.Seconds())
+		progress("    resumed %.3f s after the kill; restarting %s", resumed.Seconds(), master.Name)
+		if err := master.Restart(ctx); err != nil {
+			return result, fmt.Errorf("restart %s: %w", master.Name, err)
+		}
+		if err := awaitCondition(ctx, failoverSyncTimeout, master.Name+" a synchronised mirror again", func() (bool, error) { return t.synchronised(ctx) }); err != nil {
+			return result, err
+		}
+		if err := flushAll(ctx, nodes); err != nil {
+			return result, err
+		}
+		if !sleepUntil(ctx, time.Now().Add(failoverSteady)) {
+			return result, ctx.Err()
+		}
+	}
+	c.stopPublishing()
+	// Every confirmed message should arrive; the wait ends early when it has.
+	_ = awaitCondition(ctx, failoverDrainTimeout, "every confirmed message delivered", func() (bool, error) {
+		return c.undelivered() == 0, nil
+	})
+	c.tally(&result)
+	return result, ctx.Err()
+}
+
+// declareFailoverQueue declares the durable queue at url, emptied of an earlier run's
+// messages.
+func declareFailoverQueue(url, queue string) error {
+	conn, err := dial(url, "bench failover declare", nil)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare %s: %w", queue, err)
+	}
+	if _, err := ch.QueuePurge(queue, false); err != nil {
+		return fmt.Errorf("purge %s: %w", queue, err)
+	}
+	return nil
+}
+
+func flushAll(ctx context.Context, nodes []*harness.Node) error {
+	for _, n := range nodes {
+		if err := n.FlushMetadata(ctx); err != nil {
+			return fmt.Errorf("%s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// awaitCondition polls cond every 5 ms until it holds, fails, or timeout passes.
+func awaitCondition(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := cond()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waited %v for %s", timeout, what)
+		}
+		if !sleepUntil(ctx, time.Now().Add(5*time.Millisecond)) {
+			return ctx.Err()
+		}
+	}
+}
+
+// mirrorTarget asks amqp-mirror serve, through amqp-mirror ctl, where the queue's copies are.
+type mirrorTarget struct {
+	m      *mirroredBench
+	config string
+	queue  string
+}
+
+type mirrorQueueRow struct {
+	Name         string   `json:"name"`
+	Master       string   `json:"master"`
+	Synchronised []string `json:"synchronised_slaves"`
+}
+
+func (t *mirrorTarget) row(ctx context.Context) (mirrorQueueRow, error) {
+	cmd := exec.CommandContext(ctx, t.m.binary, "ctl", "list_queues", "--config", t.config, "--formatter", "json",
+		"name", "master", "synchronised_slaves")
+	out, err := cmd.Output()
+	if err != nil {
+		return mirrorQueueRow{}, fmt.Errorf("amqp-mirror ctl list_queues: %w: %s", err, out)
+	}
+	var rows []mirrorQueueRow
+	if err := json.Unmarshal(out, &rows); err != nil {
+		return mirrorQueueRow{}, fmt.Errorf("amqp-mirror ctl list_queues: %w: %s", err, out)
+	}
+	for _, r := range rows {
+		if r.Name == t.queue {
+			return r, nil
+		}
+	}
+	return mirrorQueueRow{}, nil
+}
+
+func (t *mirrorTarget) master(ctx context.Context) (*harness.Node, error) {
+	r, err := t.row(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if n := t.m.plain.Node(r.Master); n != nil {
+		return n, nil
+	}
+	return nil, fmt.Errorf("amqp-mirror says %s's master is %q, not a bench node", t.queue, r.Master)
+}
+
+func (t *mirrorTarget) synchronised(ctx context.Context) (bool, error) {
+	r, err := t.row(ctx)
+	if err != nil {
+		return false, err
+	}
+	names := append([]string{r.Master}, r.Synchronised...)
+	if r.Master == "" || len(names) < mirroredNodes {
+		return false, nil
+	}
+	for _, name := range names {
+		if n := t.m.plain.Node(name); n == nil || !n.Running() {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// nativeTarget asks the RabbitMQ cluster, with rabbitmqctl on a running node.
+type nativeTarget struct {
+	nodes []*harness.Node
+	queue string
+}
+
+// row returns the queue's pid and synchronised_slave_pids, as Erlang pid strings.
+func (t *nativeTarget) row(ctx context.Context) (string, []string, error) {
+	var lastErr error
+	for _, n := range t.nodes {
+		if !n.Running() {
+			continue
+		}
+		out, err := n.Ctl(ctx, "list_queues", "name", "pid", "synchronised_slave_pids", "--formatter", "json")
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		var rows []struct {
+			Name   string `json:"name"`
+			PID    string `json:"pid"`
+			Synced any    `json:"synchronised_slave_pids"`
+		}
+		if err := json.Unmarshal(out, &rows); err != nil {
+			return "", nil, fmt.Errorf("rabbitmqctl list_queues: %w: %s", err, out)
+		}
+		for _, r := range rows {
+			if r.Name != t.queue {
+				continue
+			}
+			var synced []string
+			list, _ := r.Synced.([]any)
+			for _, p := range list {
+				s, _ := p.(string)
+				synced = append(synced, s)
+			}
+			return r.PID, synced, nil
+		}
+		return "", nil, nil
+	}
+	return "", nil, fmt.Errorf("no running node answered list_queues: %v", lastErr)
+}
+
+// nodeOf is the node an Erlang pid string (<name@host.1.2.3>) lives on.
+func (t *nativeTarget) nodeOf(pid string) *harness.Node {
+	for _, n := range t.nodes {
+		if strings.Contains(pid, "<"+n.ErlangName+".") {
+			return n
+		}
+	}
+	return nil
+}
+
+func (t *nativeTarget) master(ctx context.Context) (*harness.Node, error) {
+	pid, _, err := t.row(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if n := t.nodeOf(pid); n != nil {
+		return n, nil
+	}
+	return nil, fmt.Errorf("rabbitmqctl says %s's master is %q, not on a bench node", t.queue, pid)
+}
+
+func (t *nativeTarget) synchronised(ctx context.Context) (bool, error) {
+	pid, synced, err := t.row(ctx)
+	if err != nil {
+		return false, err
+	}
+	on := map[string]bool{}
+	for _, p := range append([]string{pid}, synced...) {
+		if n := t.nodeOf(p); n != nil && n.Running() {
+			on[n.Name] = true
+		}
+	}
+	return len(on) == mirroredNodes, nil
+}
+
+// failoverClient is one publisher (one message at a time, waiting for its confirm) and one
+// consumer (prefetch 20, an ack per message), each on its own connection. With reconnect,
+// each of them, on losing its channel, connects to the next node that answers, starting
+// with its home node, and goes on: the publisher sends again what was not confirmed, the
+// consumer consumes again. Without, a loss ends it and is recorded as an error.
+type failoverClient struct {
+	urls      []string
+	queue     string
+	reconnect bool
+	size      int
+
+	ctx     context.Context // ends both loops
+	cancel  context.CancelFunc
+	pubStop context.CancelFunc // ends the publisher alone
+	pubCtx  context.Context
+	loops   sync.WaitGroup
+	// publishing is held by the publisher around each publish and its confirm, and by a
+	// move, which pauses it.
+	publishing sync.Mutex
+
+	mu          sync.Mutex
+	homeIndex   int
+	conns       map[*amqp.Connection]bool
+	publishedAt []time.Time // by sequence number, the first attempt
+	confirmed   map[int]bool
+	received    map[int]int
+	deliveries  []failoverDelivery
+	unanswered  int
+	nacked      int
+	reconnects  int
+	clientErrs  []string
+	stopped     int // loops that ended on an error
+}
+
+type failoverDelivery struct {
+	seq int
+	at  time.Time
+}
+
+func newFailoverClient(urls []string, queue string, reconnect bool, size int) *failoverClient {
+	ctx, cancel := context.WithCancel(context.Background())
+	pubCtx, pubStop := context.WithCancel(ctx)
+	return &failoverClient{
+		urls: urls, queue: queue, reconnect: reconnect, size: max(size, 16),
+		ctx: ctx, cancel: cancel, pubCtx: pubCtx, pubStop: pubStop,
+		conns: map[*amqp.Connection]bool{}, confirmed: map[int]bool{}, received: map[int]int{},
+	}
+}
+
+// start connects both clients and starts their loops.
+func (c *failoverClient) start(ctx context.Context) error {
+	pubConn, pubCh, err := c.connectPublisher(ctx)
+	if err != nil {
+		return err
+	}
+	conConn, deliveries, err := c.connectConsumer(ctx)
+	if err != nil {
+		return err
+	}
+	c.loops.Add(2)
+	go c.publish(pubConn, pubCh)
+	go c.consume(conConn, deliveries)
+	return nil
+}
+
+func (c *failoverClient) home() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.homeIndex
+}
+
+// dialAny connects to the home node, or the next one that answers.
+func (c *failoverClient) dialAny(ctx context.Context, name string) (*amqp.Connection, error) {
+	for {
+		home := c.home()
+		var errs []error
+		for i := range c.urls {
+			conn, err := dial(c.urls[(home+i)%len(c.urls)], name, nil)
+			if err == nil {
+				c.mu.Lock()
+				c.conns[conn] = true
+				c.mu.Unlock()
+				return conn, nil
+			}
+			errs = append(errs, err)
+			if !c.reconnect {
+				return nil, err
+			}
+		}
+		// Every node refused: a client backs off a little and tries again.
+		if !sleepUntil(ctx, time.Now().Add(100*time.Millisecond)) {
+			return nil, errors.Join(append(errs, ctx.Err())...)
+		}
+	}
+}
+
+func (c *failoverClient) connectPublisher(ctx context.Context) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := c.dialAny(ctx, "bench failover publisher")
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("publisher channel: %w", err)
+	}
+	return conn, ch, nil
+}
+
+func (c *failoverClient) connectConsumer(ctx context.Context) (*amqp.Connection, <-chan amqp.Delivery, error) {
+	conn, err := c.dialAny(ctx, "bench failover consumer")
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Qos(20, 0, false)
+	}
+	var deliveries <-chan amqp.Delivery
+	if err == nil {
+		deliveries, err = ch.Consume(c.queue, "bench-failover", false, false, false, false, nil)
+	}
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("consumer channel: %w", err)
+	}
+	return conn, deliveries, nil
+}
+
+// fail records why a loop ended.
+func (c *failoverClient) fail(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clientErrs = append(c.clientErrs, fmt.Sprintf(format, args...))
+	c.stopped++
+}
+
+func (c *failoverClient) failed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stopped > 0
+}
+
+func (c *failoverClient) errors() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.clientErrs)
+}
+
+func (c *failoverClient) forget(conn *amqp.Connection) {
+	conn.Close()
+	c.mu.Lock()
+	delete(c.conns, conn)
+	c.mu.Unlock()
+}
+
+// publish sends message after message, each once confirmed (or nacked, or unanswered:
+// then the same message again).
+func (c *failoverClient) publish(conn *amqp.Connection, ch *amqp.Channel) {
+	defer c.loops.Done()
+	defer func() { c.forget(conn) }()
+	body := make([]byte, c.size)
+	seq := -1
+	resend := false
+	for c.pubCtx.Err() == nil {
+		c.publishing.Lock()
+		if ch.IsClosed() && c.reconnect {
+			// Closed by a move while the publisher waited, with nothing outstanding.
+			c.publishing.Unlock()
+			c.forget(conn)
+			var err error
+			if conn, ch, err = c.connectPublisher(c.pubCtx); err != nil {
+				if c.pubCtx.Err() == nil {
+					c.fail("publisher reconnect: %v", err)
+				}
+				return
+			}
+			c.mu.Lock()
+			c.reconnects++
+			c.mu.Unlock()
+			continue
+		}
+		if !resend {
+			c.mu.Lock()
+			seq = len(c.publishedAt)
+			c.publishedAt = append(c.publishedAt, time.Now())
+			c.mu.Unlock()
+		}
+		copy(body, strconv.Itoa(seq)+" ")
+		outcome, err := c.publishOne(ch, body)
+		c.publishing.Unlock()
+		c.mu.Lock()
+		switch outcome {
+		case "confirmed":
+			c.confirmed[seq] = true
+		case "nacked":
+			c.nacked++
+		default:
+			c.unanswered++
+		}
+		c.mu.Unlock()
+		resend = outcome != "confirmed"
+		if err == nil {
+			// Pacing, so that the client leaves the machine's two cores to the brokers.
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if !c.reconnect {
+			c.fail("publisher: %v", err)
+			return
+		}
+		c.forget(conn)
+		var cerr error
+		if conn, ch, cerr = c.connectPublisher(c.pubCtx); cerr != nil {
+			if c.pubCtx.Err() == nil {
+				c.fail("publisher reconnect: %v", cerr)
+			}
+			return
+		}
+		c.mu.Lock()
+		c.reconnects++
+		c.mu.Unlock()
+	}
+}
+
+// publishOne publishes body and waits for its answer: confirmed, nacked or unanswered.
+// The error says the channel is gone.
+func (c *failoverClient) publishOne(ch *amqp.Channel, body []byte) (string, error) {
+	dc, err := ch.PublishWithDeferredConfirmWithContext(c.ctx, "", c.queue, false, false,
+		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: body})
+	if err != nil {
+		return "unanswered", err
+	}
+	wait, cancel := context.WithTimeout(c.ctx, failoverConfirmTimeout)
+	defer cancel()
+	ok, err := dc.WaitContext(wait)
+	switch {
+	case err != nil:
+		return "unanswered", nil // a live channel with no answer: send it again
+	case ok:
+		return "confirmed", nil
+	case ch.IsClosed():
+		// amqp091-go answers every pending confirm with false when the channel closes.
+		return "unanswered", errors.New("channel closed while waiting for a confirm")
+	}
+	return "nacked", nil
+}
+
+// consume records and acks each delivery.
+func (c *failoverClient) consume(conn *amqp.Connection, deliveries <-chan amqp.Delivery) {
+	defer c.loops.Done()
+	defer func() { c.forget(conn) }()
+	for {
+		for d := range deliveries {
+			now := time.Now()
+			seq, err := strconv.Atoi(strings.TrimRight(strings.SplitN(string(d.Body), " ", 2)[0], "\x00"))
+			if err == nil {
+				c.mu.Lock()
+				c.received[seq]++
+				c.deliveries = append(c.deliveries, failoverDelivery{seq: seq, at: now})
+				c.mu.Unlock()
+			}
+			d.Ack(false) // an ack lost with its channel is the broker's to redeliver
+		}
+		if c.ctx.Err() != nil {
+			return
+		}
+		if !c.reconnect {
+			c.fail("consumer: its channel closed")
+			return
+		}
+		c.forget(conn)
+		var err error
+		if conn, deliveries, err = c.connectConsumer(c.ctx); err != nil {
+			if c.ctx.Err() == nil {
+				c.fail("consumer reconnect: %v", err)
+			}
+			return
+		}
+		c.mu.Lock()
+		c.reconnects++
+		c.mu.Unlock()
+	}
+}
+
+// moveTo makes node i the clients' home and moves them there: the publisher pauses, the
+// consumer receives everything confirmed, then both connections close and the loops
+// reconnect, to the new home. Not counted as reconnects.
+func (c *failoverClient) moveTo(ctx context.Context, i int) error {
+	c.publishing.Lock()
+	defer c.publishing.Unlock()
+	if err := awaitCondition(ctx, failoverDrainTimeout, "the consumer drained before a move", func() (bool, error) {
+		return c.undelivered() == 0, nil
+	}); err != nil {
+		return err
+	}
+	// Acks are written before the connection.close that follows them on the same socket.
+	time.Sleep(50 * time.Millisecond)
+	c.mu.Lock()
+	c.homeIndex = i
+	conns := make([]*amqp.Connection, 0, len(c.conns))
+	for conn := range c.conns {
+		conns = append(conns, conn)
+	}
+	c.reconnects -= len(conns)
+	c.mu.Unlock()
+	for _, conn := range conns {
+		conn.Close()
+	}
+	return nil
+}
+
+// undelivered counts the confirmed messages not delivered yet.
+func (c *failoverClient) undelivered() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for seq := range c.confirmed {
+		if c.received[seq] == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// firstDeliveryPublishedAfter returns when the first message first published after t was
+// delivered.
+func (c *failoverClient) firstDeliveryPublishedAfter(t time.Time) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// Deliveries are in time order: start at the first one after t.
+	from := sort.Search(len(c.deliveries), func(i int) bool { return c.deliveries[i].at.After(t) })
+	for _, d := range c.deliveries[from:] {
+		if d.seq < len(c.publishedAt) && c.publishedAt[d.seq].After(t) {
+			return d.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+func (c *failoverClient) stopPublishing() {
+	c.pubStop()
+	// Wait for the publisher's last publish to be answered, so that the tally sees it.
+	c.publishing.Lock()
+	c.publishing.Unlock()
+}
+
+func (c *failoverClient) tally(r *failoverResult) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r.Published, r.Confirmed = len(c.publishedAt), len(c.confirmed)
+	for seq := range c.confirmed {
+		if c.received[seq] == 0 {
+			r.Lost++
+		}
+	}
+	for _, n := range c.received {
+		r.Duplicates += n - 1
+	}
+	r.Unanswered, r.Nacked, r.Reconnects = c.unanswered, c.nacked, c.reconnects
+	r.ClientErrors = slices.Clone(c.clientErrs)
+}
+
+// close ends both loops and closes every connection.
+func (c *failoverClient) close() {
+	c.cancel()
+	c.mu.Lock()
+	for conn := range c.conns {
+		conn.Close()
+	}
+	c.mu.Unlock()
+	c.loops.Wait()
+}
