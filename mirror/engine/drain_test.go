@@ -22,6 +22,7 @@ func TestDrain(t *testing.T) {
 	h := newHarness(t, "", nil)
 	setPolicy(t, h.policies, "drain-all", "^drain-all-", `{"ha-mode": "all", "ha-sync-mode": "automatic"}`)
 	setPolicy(t, h.policies, "drain-kept", "^drain-kept-", `{"ha-mode": "exactly", "ha-params": 2}`)
+	setPolicy(t, h.policies, "drain-always", "^drain-always-", `{"ha-mode": "exactly", "ha-params": 2, "ha-promote-on-shutdown": "always"}`)
 	ctx := context.Background()
 
 	moved := mirror.QueueMeta{ID: queueID(uniqueName(t, "drain-all-moved")), Durable: true, Master: "rabbit3",
@@ -30,13 +31,16 @@ func TestDrain(t *testing.T) {
 		Slaves: []mirror.Slave{{Backend: "rabbit2", Synchronised: true}, {Backend: "rabbit3", Synchronised: true}}}
 	kept := mirror.QueueMeta{ID: queueID(uniqueName(t, "drain-kept")), Durable: true, Master: "rabbit3",
 		Slaves: []mirror.Slave{{Backend: "rabbit1"}}}
-	for _, m := range []mirror.QueueMeta{moved, slave, kept} {
+	always := mirror.QueueMeta{ID: queueID(uniqueName(t, "drain-always")), Durable: true, Master: "rabbit3",
+		Slaves: []mirror.Slave{{Backend: "rabbit2"}}}
+	for _, m := range []mirror.QueueMeta{moved, slave, kept, always} {
 		declareCopies(t, m)
 	}
 	publishTo(t, moved.ID.Name, 0, 50, moved.Backends()...)
 	publishTo(t, slave.ID.Name, 0, 20, slave.Backends()...)
 	publishTo(t, kept.ID.Name, 0, 10, "rabbit3") // the slave misses them: never synchronised
-	for _, m := range []mirror.QueueMeta{moved, slave, kept} {
+	publishTo(t, always.ID.Name, 0, 10, "rabbit3")
+	for _, m := range []mirror.QueueMeta{moved, slave, kept, always} {
 		if _, err := h.engine.Declared(ctx, m); err != nil {
 			t.Fatal(err)
 		}
@@ -51,9 +55,11 @@ func TestDrain(t *testing.T) {
 		moved.ID: {ID: moved.ID, Role: RoleMaster, To: "rabbit1", Synchronised: true, Epoch: 1},
 		slave.ID: {ID: slave.ID, Role: RoleSlave},
 		kept.ID:  {ID: kept.ID, Role: RoleMaster},
+		// ha-promote-on-shutdown always: the unsynchronised slave, knowingly.
+		always.ID: {ID: always.ID, Role: RoleMaster, To: "rabbit2", Epoch: 1},
 	}
 	if report.Backend != "rabbit3" || len(report.Queues) != len(want) {
-		t.Fatalf("report %+v, want backend rabbit3 and 3 queues", report)
+		t.Fatalf("report %+v, want backend rabbit3 and 4 queues", report)
 	}
 	for _, got := range report.Queues {
 		got.Reason = ""
@@ -67,6 +73,9 @@ func TestDrain(t *testing.T) {
 	}
 	if m, _ := h.store.Get(kept.ID); m.Master != "rabbit3" || m.Epoch != 0 {
 		t.Errorf("queue without synchronised slave: master %s, epoch %d; want rabbit3, epoch 0 (when-synced)", m.Master, m.Epoch)
+	}
+	if m, _ := h.store.Get(always.ID); m.Master != "rabbit2" || m.Epoch != 1 || m.Holds("rabbit3") {
+		t.Errorf("queue under ha-promote-on-shutdown always: master %s, epoch %d, slaves %+v; want rabbit2, epoch 1, no rabbit3", m.Master, m.Epoch, m.Slaves)
 	}
 	if m, _ := h.store.Get(slave.ID); !slices.Equal(m.Backends(), []string{"rabbit1", "rabbit2"}) {
 		t.Errorf("queue with a slave on rabbit3: copies %v, want [rabbit1 rabbit2]", m.Backends())
