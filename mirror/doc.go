@@ -291,9 +291,15 @@
 // backend died keeps its connection. A promotion is recorded by every
 // proxy that sees the loss, conditionally, so one wins.
 //
-// Not yet built: `ctl drain`; a channel the client never put in confirm
-// mode is not put in confirm mode towards the backends either; an exchange
-// publish goes to every backend, not only those with bound queues; expired
-// messages (TTL) leave the master but not the slaves, whose copies the
-// trimmer holds unacknowledged.
+// `ctl drain BACKEND` promotes away from a backend per
+// ha-promote-on-shutdown and keeps new copies off it until `ctl undrain`.
+//
+// Expired messages (x-message-ttl, expiration) leave the slaves too: a
+// trimmer gives back, with a requeue, a copy it holds past the message's
+// TTL, and the slave's broker expires it and dead-letters it into its own
+// copy of the target queue.
+//
+// Not yet built: a channel the client never put in confirm mode is not put
+// in confirm mode towards the backends either; an exchange publish goes to
+// every backend, not only those with bound queues.
 package mirror
