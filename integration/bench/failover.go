@@ -66,8 +66,10 @@ type failoverResult struct {
 	Moves        int      `json:"moves"` // clients moved off the master's node before a kill
 }
 
-// failoverTarget is what the kill loop needs to know of a target.
+// failoverTarget is what the kill loop needs to know of a target. Its String says what it
+// saw last, for an error.
 type failoverTarget interface {
+	fmt.Stringer
 	// master returns the node holding the queue's master now.
 	master(ctx context.Context) (*harness.Node, error)
 	// synchronised reports whether the queue has a master and two synchronised mirrors,
@@ -149,7 +151,7 @@ func (m *mirroredBench) runKills(ctx context.Context, t failoverTarget, nodes []
 		return result, err
 	}
 	if err := awaitCondition(ctx, failoverSyncTimeout, "the queue's three copies synchronised", func() (bool, error) { return t.synchronised(ctx) }); err != nil {
-		return result, err
+		return result, fmt.Errorf("%w (%s)", err, t)
 	}
 	// A kill -9 soon after a declare could lose the queue on the killed node (see
 	// localbroker.Node.FlushMetadata): RabbitMQ's behaviour, not what this measures.
@@ -206,7 +208,7 @@ func (m *mirroredBench) runKills(ctx context.Context, t failoverTarget, nodes []
 			return result, fmt.Errorf("restart %s: %w", master.Name, err)
 		}
 		if err := awaitCondition(ctx, failoverSyncTimeout, master.Name+" a synchronised mirror again", func() (bool, error) { return t.synchronised(ctx) }); err != nil {
-			return result, err
+			return result, fmt.Errorf("%w (%s)", err, t)
 		}
 		if err := flushAll(ctx, nodes); err != nil {
 			return result, err
@@ -279,6 +281,7 @@ type mirrorTarget struct {
 	m      *mirroredBench
 	config string
 	queue  string
+	last   string // the last list_queues row seen, for a timeout's message
 }
 
 type mirrorQueueRow struct {
@@ -300,11 +303,14 @@ func (t *mirrorTarget) row(ctx context.Context) (mirrorQueueRow, error) {
 	}
 	for _, r := range rows {
 		if r.Name == t.queue {
+			t.last = fmt.Sprintf("master %s, synchronised slaves %v", r.Master, r.Synchronised)
 			return r, nil
 		}
 	}
 	return mirrorQueueRow{}, nil
 }
+
+func (t *mirrorTarget) String() string { return "amqp-mirror ctl said " + t.last }
 
 func (t *mirrorTarget) master(ctx context.Context) (*harness.Node, error) {
 	r, err := t.row(ctx)
@@ -320,7 +326,9 @@ func (t *mirrorTarget) master(ctx context.Context) (*harness.Node, error) {
 func (t *mirrorTarget) synchronised(ctx context.Context) (bool, error) {
 	r, err := t.row(ctx)
 	if err != nil {
-		return false, err
+		// Between a kill and the promotion the answer may be an error: not yet.
+		t.last = err.Error()
+		return false, nil
 	}
 	names := append([]string{r.Master}, r.Synchronised...)
 	if r.Master == "" || len(names) < mirroredNodes {
@@ -338,54 +346,53 @@ func (t *mirrorTarget) synchronised(ctx context.Context) (bool, error) {
 type nativeTarget struct {
 	nodes []*harness.Node
 	queue string
+	last  string // the last list_queues row seen, for a timeout's message
 }
 
-// row returns the queue's pid and synchronised_slave_pids, as Erlang pid strings.
+// row returns the Erlang node names of the queue's master and of its synchronised
+// mirrors. rabbitmqctl list_queues' JSON prints pids without their node (#PID<1.2.3>),
+// so the bench asks the broker itself.
 func (t *nativeTarget) row(ctx context.Context) (string, []string, error) {
+	expression := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<%q>>)), `+
+		`[node(amqqueue:get_pid(Q)) | [node(P) || P <- amqqueue:get_sync_slave_pids(Q)]].`, t.queue)
 	var lastErr error
 	for _, n := range t.nodes {
 		if !n.Running() {
 			continue
 		}
-		out, err := n.Ctl(ctx, "list_queues", "name", "pid", "synchronised_slave_pids", "--formatter", "json")
+		out, err := n.Ctl(ctx, "eval", expression)
 		if err != nil {
 			lastErr = err
 			continue
 		}
-		var rows []struct {
-			Name   string `json:"name"`
-			PID    string `json:"pid"`
-			Synced any    `json:"synchronised_slave_pids"`
-		}
-		if err := json.Unmarshal(out, &rows); err != nil {
-			return "", nil, fmt.Errorf("rabbitmqctl list_queues: %w: %s", err, out)
-		}
-		for _, r := range rows {
-			if r.Name != t.queue {
-				continue
+		// ['a@localhost','b@localhost',\n 'c@localhost']
+		list := strings.Trim(strings.Join(strings.Fields(string(out)), ""), "[]")
+		var names []string
+		for name := range strings.SplitSeq(list, ",") {
+			if name = strings.Trim(name, "'"); name != "" {
+				names = append(names, name)
 			}
-			var synced []string
-			list, _ := r.Synced.([]any)
-			for _, p := range list {
-				s, _ := p.(string)
-				synced = append(synced, s)
-			}
-			return r.PID, synced, nil
 		}
-		return "", nil, nil
+		t.last = fmt.Sprintf("master and synchronised mirrors %v", names)
+		if len(names) == 0 {
+			return "", nil, nil
+		}
+		return names[0], names[1:], nil
 	}
-	return "", nil, fmt.Errorf("no running node answered list_queues: %v", lastErr)
+	return "", nil, fmt.Errorf("no running node told where %s is: %v", t.queue, lastErr)
 }
 
-// nodeOf is the node an Erlang pid string (<name@host.1.2.3>) lives on.
-func (t *nativeTarget) nodeOf(pid string) *harness.Node {
+// nodeOf is the node with the Erlang name.
+func (t *nativeTarget) nodeOf(erlangName string) *harness.Node {
 	for _, n := range t.nodes {
-		if strings.Contains(pid, "<"+n.ErlangName+".") {
+		if n.ErlangName == erlangName {
 			return n
 		}
 	}
 	return nil
 }
+
+func (t *nativeTarget) String() string { return "RabbitMQ said " + t.last }
 
 func (t *nativeTarget) master(ctx context.Context) (*harness.Node, error) {
 	pid, _, err := t.row(ctx)
@@ -401,7 +408,9 @@ func (t *nativeTarget) master(ctx context.Context) (*harness.Node, error) {
 func (t *nativeTarget) synchronised(ctx context.Context) (bool, error) {
 	pid, synced, err := t.row(ctx)
 	if err != nil {
-		return false, err
+		// Between a kill and the promotion the answer may be an error: not yet.
+		t.last = err.Error()
+		return false, nil
 	}
 	on := map[string]bool{}
 	for _, p := range append([]string{pid}, synced...) {
