@@ -365,14 +365,7 @@ func (t *nativeTarget) row(ctx context.Context) (string, []string, error) {
 			lastErr = err
 			continue
 		}
-		// ['a@localhost','b@localhost',\n 'c@localhost']
-		list := strings.Trim(strings.Join(strings.Fields(string(out)), ""), "[]")
-		var names []string
-		for name := range strings.SplitSeq(list, ",") {
-			if name = strings.Trim(name, "'"); name != "" {
-				names = append(names, name)
-			}
-		}
+		names := parseErlangAtoms(string(out))
 		t.last = fmt.Sprintf("master and synchronised mirrors %v", names)
 		if len(names) == 0 {
 			return "", nil, nil
@@ -380,6 +373,19 @@ func (t *nativeTarget) row(ctx context.Context) (string, []string, error) {
 		return names[0], names[1:], nil
 	}
 	return "", nil, fmt.Errorf("no running node told where %s is: %v", t.queue, lastErr)
+}
+
+// parseErlangAtoms reads a list of quoted atoms as rabbitmqctl eval prints it, wrapped
+// over lines: ['a@localhost','b@localhost',\n 'c@localhost'].
+func parseErlangAtoms(out string) []string {
+	list := strings.Trim(strings.Join(strings.Fields(out), ""), "[]")
+	var names []string
+	for name := range strings.SplitSeq(list, ",") {
+		if name = strings.Trim(name, "'"); name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 // nodeOf is the node with the Erlang name.

@@ -8,6 +8,7 @@
 //	go tool pprof -top /tmp/proxy.full.1.pprof
 //	go run ./integration/bench -targets=direct,proxy,baseline -baseline-cmd='/tmp/old-bench -role=proxy -backend={backend}'
 //	go run ./integration/bench -scenario=mirrored -rounds=3
+//	go run ./integration/bench -scenario=failover -failover-kills=5
 //
 // The last form compares two builds of the proxy in one run: build the bench of the older
 // commit to /tmp/old-bench and let it be the baseline target.
@@ -67,6 +68,16 @@
 //     About a minute to start and 20 s per run: three to four minutes with -rounds=1
 //     (direct, amqp-mirror, native-ha, quorum, direct), six to seven with -rounds=3, so it
 //     is not in the default list.
+//   - failover (failover.go; not in the default list): the mirrored scenario's nodes, and
+//     on each of -failover-targets (amqp-mirror: clients on the proxy, without reconnect
+//     logic; native-ha: clients on a cluster node other than the master's, reconnecting to
+//     another node and consuming again, sending again what was not confirmed) one
+//     publisher waiting for each confirm and one consumer with manual acks on a mirrored
+//     queue, while the queue master's node is killed with SIGKILL -failover-kills times,
+//     each time restarted and waited for until it is a synchronised mirror again. One table:
+//     messages confirmed and never delivered, duplicates, publishes neither confirmed nor
+//     nacked, and the time from each kill to the first delivery of a message published
+//     after it. About four minutes with the default five kills.
 //
 // Runs alternate, each round running every target of -targets once and a last direct run
 // ending the scenario (direct, socat, proxy, direct for -rounds=1), and the summary takes each target's median, so that drift of the broker
