@@ -678,9 +678,18 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 		r.quorum, r.extra = r.extra, r.quorum
 	}
 	r.links = c.linkChanges.Load()
-	if !found && p.Exchange == "" {
-		r.targets = nil // not kept: the queue may appear any moment
-		return &publishRoute{targets: targets, quorum: r.quorum}
+	complete := len(r.targets) == len(c.srv.backends)
+	if p.Exchange == "" && found {
+		complete = len(r.targets) == 1+len(meta.Slaves)
+	}
+	if !found && p.Exchange == "" || !complete {
+		// Not kept: the queue may appear any moment, or a copy's backend
+		// could not be reached and is tried again with the next publish
+		// (a copy that misses publishes must not stay unnoticed behind a
+		// remembered route).
+		route := *r
+		r.targets = nil
+		return &route
 	}
 	return r
 }
