@@ -443,28 +443,40 @@ func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod,
 	return nil
 }
 
+// masterOf returns the link a consume or get of queue goes to: its master's
+// with mirroring (and the queue to trim, ref), the home link otherwise or
+// for a queue no backend has (the broker answers 404). ok is false when the
+// request was answered already (the master is down: 404) or there is no
+// link at all.
+func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (target *link, ref *queueRef, ok bool) {
+	if c.srv.opts.Mirror != nil && queue != "" {
+		if meta, found := c.locate(queue); found {
+			master := c.reach(ch, meta.Master)
+			if len(master) == 0 {
+				c.masterDown(ch, meta, f)
+				return nil, nil, false
+			}
+			return master[0], &queueRef{id: meta.ID}, true
+		}
+	}
+	home := c.homeOnly()
+	if len(home) == 0 {
+		return nil, nil, false
+	}
+	return home[0], nil, true
+}
+
 // consume starts a consumer on the queue's master.
 func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) error {
 	d := &ch.clientConsume
 	if err := d.Decode(args); err != nil {
 		return err
 	}
-	targets := c.homeOnly()
-	var ref *queueRef
-	if c.srv.opts.Mirror != nil && d.Queue != "" {
-		if meta, ok := c.locate(d.Queue); ok {
-			master := c.reach(ch, meta.Master)
-			if len(master) == 0 {
-				c.masterDown(ch, meta, f)
-				return nil
-			}
-			targets = []*link{master[0]}
-			ref = &queueRef{id: meta.ID}
-		}
-	}
-	if len(targets) == 0 {
+	target, ref, ok := c.masterOf(ch, d.Queue, f)
+	if !ok {
 		return nil
 	}
+	targets := []*link{target}
 	cons := consumer{noAck: d.NoAck, link: targets[0].idx, queue: ref}
 	if ref != nil {
 		cons.args = append([]byte(nil), args...)
@@ -502,22 +514,11 @@ func (c *clientConn) get(ch *channelState, f frames.Frame, args []byte) error {
 	if err := d.Decode(args); err != nil {
 		return err
 	}
-	targets := c.homeOnly()
-	var ref *queueRef
-	if c.srv.opts.Mirror != nil && d.Queue != "" {
-		if meta, ok := c.locate(d.Queue); ok {
-			master := c.reach(ch, meta.Master)
-			if len(master) == 0 {
-				c.masterDown(ch, meta, f)
-				return nil
-			}
-			targets = []*link{master[0]}
-			ref = &queueRef{id: meta.ID}
-		}
-	}
-	if len(targets) == 0 {
+	target, ref, ok := c.masterOf(ch, d.Queue, f)
+	if !ok {
 		return nil
 	}
+	targets := []*link{target}
 	g := &rpcGroup{pending: 1, primary: targets[0].idx, get: &pendingGet{noAck: d.NoAck, queue: ref}}
 	targets[0].expect(ch.id, g)
 	if err := targets[0].sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
