@@ -15,13 +15,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
-	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
 	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
-	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
 // The chaos tests kill, restart and freeze the shared nodes under load
@@ -51,54 +48,8 @@ func startChaosProxy(t *testing.T, home *localbroker.Node, opts chaosOptions) *c
 	t.Helper()
 	captured := &syncBuffer{}
 	logger := slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), captured), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	var others []proxy.Backend
-	var watched []controllink.Backend
-	for _, n := range cluster.Nodes() {
-		watched = append(watched, controllink.Backend{Name: n.Name, URL: n.URL()})
-		if n.Name != home.Name {
-			others = append(others, proxy.Backend{Name: n.Name, Addr: nodeAddr(n)})
-		}
-	}
-	def, err := config.ParseDefinition([]byte(opts.definition))
-	if err != nil {
-		t.Fatalf("definition %s: %v", opts.definition, err)
-	}
-	policy, err := config.Policy{Name: "chaos", Pattern: ".*", ApplyTo: config.ApplyQueues, Definition: def}.Validated(false)
-	if err != nil {
-		t.Fatalf("policy: %v", err)
-	}
-	policies, err := config.OpenPolicyStore("", []config.Policy{policy}, nil)
-	if err != nil {
-		t.Fatalf("policies: %v", err)
-	}
-	store, err := mirror.OpenStore(mirror.StoreConfig{Dir: t.TempDir(), NodeID: "test", Logger: logger, ElectionTimeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatalf("metadata store: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := store.WaitLeader(ctx); err != nil {
-		t.Fatalf("metadata store: %v", err)
-	}
-	watcher := controllink.NewWatcher(watched, controllink.WatcherOptions{Logger: logger, Grace: opts.grace})
-	eng := engine.New(engine.Options{Backends: watched, Node: home.Name, Store: store, Policies: policies, Watcher: watcher, Logger: logger})
-	if err := eng.Start(ctx); err != nil {
-		t.Fatalf("engine: %v", err)
-	}
-	// Cleanups run last first: the proxy closes before the engine, the
-	// engine before the store.
-	t.Cleanup(func() {
-		eng.Close()
-		watcher.Close()
-		store.Close()
-	})
-	url, _ := startProxy(t, home, func(o *proxy.Options) {
-		o.Logger = logger
-		o.Others = others
-		o.Mirror = eng
-		o.ClientNode = home.Name
-	})
-	return &chaosProxy{url: url, eng: eng, log: captured}
+	p := startMirroredProxyWith(t, home, mirroredOptions{definition: opts.definition, grace: opts.grace, logger: logger})
+	return &chaosProxy{url: p.url, eng: p.eng, log: captured}
 }
 
 // syncBuffer is a log destination the test reads while the proxy writes.

@@ -14,6 +14,23 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
+// mirroredOptions configure startMirroredProxyWith.
+type mirroredOptions struct {
+	// definition is the policy applied to every queue of every vhost, as
+	// JSON; "" is ha-mode all with automatic sync.
+	definition string
+	// grace is the watcher's Grace (failover_grace); 0 for its default.
+	grace  time.Duration
+	logger *slog.Logger
+}
+
+// mirroredProxy is a proxy in this process with the replication engine.
+type mirroredProxy struct {
+	url string
+	srv *proxy.Server
+	eng *engine.Engine
+}
+
 // startMirroredProxy runs a proxy in this process (so under the test
 // binary's -race) with home as its home backend, the other shared nodes as
 // the other backends, and the replication engine with one policy, ha-mode
@@ -22,7 +39,20 @@ import (
 // clients use.
 func startMirroredProxy(t testing.TB, home *localbroker.Node, level slog.Level) (string, *proxy.Server) {
 	t.Helper()
-	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
+	p := startMirroredProxyWith(t, home, mirroredOptions{
+		logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level})),
+	})
+	return p.url, p.srv
+}
+
+// startMirroredProxyWith is startMirroredProxy with another policy,
+// failover_grace or log destination.
+func startMirroredProxyWith(t testing.TB, home *localbroker.Node, opts mirroredOptions) mirroredProxy {
+	t.Helper()
+	if opts.definition == "" {
+		opts.definition = `{"ha-mode":"all","ha-sync-mode":"automatic"}`
+	}
+	logger := opts.logger
 	var others []proxy.Backend
 	var watched []controllink.Backend
 	for _, n := range cluster.Nodes() {
@@ -31,15 +61,15 @@ func startMirroredProxy(t testing.TB, home *localbroker.Node, level slog.Level) 
 			others = append(others, proxy.Backend{Name: n.Name, Addr: nodeAddr(n)})
 		}
 	}
-	def, err := config.ParseDefinition([]byte(`{"ha-mode":"all","ha-sync-mode":"automatic"}`))
+	def, err := config.ParseDefinition([]byte(opts.definition))
+	if err != nil {
+		t.Fatalf("definition %s: %v", opts.definition, err)
+	}
+	policy, err := config.Policy{Name: "mirror-every-queue", Pattern: ".*", ApplyTo: config.ApplyQueues, Definition: def}.Validated(false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	haAll, err := config.Policy{Name: "ha-all", Pattern: ".*", ApplyTo: config.ApplyQueues, Definition: def}.Validated(false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	policies, err := config.OpenPolicyStore("", []config.Policy{haAll}, nil)
+	policies, err := config.OpenPolicyStore("", []config.Policy{policy}, nil)
 	if err != nil {
 		t.Fatalf("policies: %v", err)
 	}
@@ -52,7 +82,7 @@ func startMirroredProxy(t testing.TB, home *localbroker.Node, level slog.Level) 
 	if err := store.WaitLeader(ctx); err != nil {
 		t.Fatalf("metadata store: %v", err)
 	}
-	watcher := controllink.NewWatcher(watched, controllink.WatcherOptions{Logger: logger})
+	watcher := controllink.NewWatcher(watched, controllink.WatcherOptions{Logger: logger, Grace: opts.grace})
 	eng := engine.New(engine.Options{Backends: watched, Node: home.Name, Store: store, Policies: policies, Watcher: watcher, Logger: logger})
 	if err := eng.Start(ctx); err != nil {
 		t.Fatalf("engine: %v", err)
@@ -70,5 +100,5 @@ func startMirroredProxy(t testing.TB, home *localbroker.Node, level slog.Level) 
 		o.Mirror = eng
 		o.ClientNode = home.Name
 	})
-	return url, srv
+	return mirroredProxy{url: url, srv: srv, eng: eng}
 }
