@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -312,6 +314,33 @@ func TestChaosWhenSyncedNoPromotion(t *testing.T) {
 	after := p.meta(t, queue)
 	if after.Master != master.Name || after.Epoch != before.Epoch {
 		t.Errorf("after the master's kill: master %s epoch %d, want %s epoch %d (no promotion)", after.Master, after.Epoch, master.Name, before.Epoch)
+	}
+	// Meanwhile the queue answers as RabbitMQ answers for a queue whose node
+	// is down: 404 on get, consume and a passive declare.
+	probe := dialURL(t, p.url)
+	for _, op := range []struct {
+		name string
+		do   func(ch *amqp.Channel) error
+	}{
+		{"basic.get", func(ch *amqp.Channel) error { _, _, err := ch.Get(queue, true); return err }},
+		{"basic.consume", func(ch *amqp.Channel) error {
+			_, err := ch.Consume(queue, "", true, false, false, false, nil)
+			return err
+		}},
+		{"passive queue.declare", func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+			return err
+		}},
+	} {
+		pch, err := probe.Channel()
+		if err != nil {
+			t.Fatalf("channel: %v", err)
+		}
+		err = op.do(pch)
+		var amqpErr *amqp.Error
+		if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.NotFound || !strings.Contains(amqpErr.Reason, "is down or inaccessible") {
+			t.Errorf("%s while the master is down and nobody was promoted: got %v, want 404 NOT_FOUND ... is down or inaccessible", op.name, err)
+		}
 	}
 
 	restartNode(t, master)

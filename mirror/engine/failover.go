@@ -90,8 +90,14 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 	case !p.Promoted():
 		log.Warn("master lost; nobody promoted", "master", ev.Backend, "cause", cause.String(), "reason", p.Reason)
 	default:
-		e.stopTrimmer(id, p.To) // what it held is the new master's, ready again
-		log.Warn("master lost; slave promoted", "from", p.From, "to", p.To, "epoch", written.Epoch,
+		// What the new master's trimmer held is ready again there once it
+		// stops: the messages clients may not have acked, requeued.
+		requeued := 0
+		if tr := e.trimmer(id, p.To); tr != nil {
+			requeued, _ = tr.t.Stats()
+		}
+		e.stopTrimmer(id, p.To)
+		log.Warn("master lost; slave promoted", "from", p.From, "to", p.To, "epoch", written.Epoch, "requeued", requeued,
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", cause.String(),
 			"since_detection", time.Since(ev.At), "reason", p.Reason)
 	}
