@@ -49,6 +49,9 @@ type clientConn struct {
 	// and connection.open, and the negotiated channel_max.
 	startOk, openPayload []byte
 	channelMax           uint16
+	// cancelNotify: the client announced consumer_cancel_notify, so it may
+	// be sent basic.cancel (failover.go); RabbitMQ sends it only then.
+	cancelNotify bool
 	// home is the home link: where channel 0 and anything without a place
 	// of its own goes. It is the link the handshake opened until that link
 	// is lost; with mirroring, another link then becomes home (rehome).

@@ -80,3 +80,24 @@ func TestStripIdentityWithoutOne(t *testing.T) {
 		t.Errorf("got %x ok=%v err=%v, want the payload unchanged", got, ok, err)
 	}
 }
+
+func TestCapability(t *testing.T) {
+	props := frames.Table{{Key: "product", Value: "x"}, {Key: "capabilities", Value: frames.Table{
+		{Key: "consumer_cancel_notify", Value: true}, {Key: "basic.nack", Value: false}}}}
+	tests := []struct {
+		props frames.Table
+		name  string
+		want  bool
+	}{
+		{props, "consumer_cancel_notify", true},
+		{props, "basic.nack", false},
+		{props, "missing", false},
+		{frames.Table{{Key: "capabilities", Value: "not a table"}}, "consumer_cancel_notify", false},
+		{nil, "consumer_cancel_notify", false},
+	}
+	for _, tt := range tests {
+		if got := capability(tt.props, tt.name); got != tt.want {
+			t.Errorf("capability(%v, %q): got %v, want %v", tt.props, tt.name, got, tt.want)
+		}
+	}
+}

@@ -221,6 +221,11 @@ func (c *clientConn) cancelConsumer(o orphan) {
 	if !wasOrphan {
 		return // the client cancelled it itself
 	}
+	if !c.cancelNotify {
+		// Without consumer_cancel_notify the client is not told, as
+		// RabbitMQ does not tell it: its consumer just gets nothing more.
+		return
+	}
 	if c.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
 		return
 	}

@@ -78,6 +78,7 @@ func (c *clientConn) handshake() error {
 	c.user = saslUser(startOk.Mechanism, startOk.Response)
 	if c.srv.opts.Mirror != nil {
 		c.startOk = append([]byte(nil), f.Payload...)
+		c.cancelNotify = capability(startOk.ClientProperties, "consumer_cancel_notify")
 	}
 	if err := c.backend.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
 		return c.refuseUnavailable(err)
@@ -410,6 +411,21 @@ func (c *clientConn) clientSyntaxError(err error) error {
 	}
 	c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: code, ReplyText: text})
 	return err
+}
+
+// capability reports whether a client's properties announce a capability.
+func capability(clientProperties frames.Table, name string) bool {
+	v, ok := clientProperties.Get("capabilities")
+	if !ok {
+		return false
+	}
+	capabilities, ok := v.(frames.Table)
+	if !ok {
+		return false
+	}
+	on, _ := capabilities.Get(name)
+	b, _ := on.(bool)
+	return b
 }
 
 // saslUser extracts the user name from a SASL response, for logs only. The
