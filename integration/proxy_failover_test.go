@@ -21,6 +21,17 @@ import (
 // same consumer tag on the new master, every confirmed message is
 // delivered, and every message delivered twice carries redelivered.
 func TestFailoverMasterKilled(t *testing.T) {
+	testFailoverMasterLost(t, func(n *localbroker.Node) error { return n.Kill() })
+}
+
+// TestFailoverMasterStoppedCleanly: the same when the master's broker
+// shuts down cleanly (connection.close 320 on every connection), which
+// ha-promote-on-shutdown governs (when-synced: the slaves are synchronised).
+func TestFailoverMasterStoppedCleanly(t *testing.T) {
+	testFailoverMasterLost(t, func(n *localbroker.Node) error { return n.Stop(testContext(t, time.Minute)) })
+}
+
+func testFailoverMasterLost(t *testing.T, lose func(*localbroker.Node) error) {
 	home := node(t, "rabbit1")
 	url, _ := startMirroredProxy(t, home, slog.LevelInfo)
 	conn := dialURL(t, url)
@@ -135,7 +146,7 @@ func TestFailoverMasterKilled(t *testing.T) {
 		t.Fatalf("flush: %v", err)
 	}
 	killedAt := time.Now()
-	if err := master.Kill(); err != nil {
+	if err := lose(master); err != nil {
 		t.Fatalf("kill %s: %v", master.Name, err)
 	}
 	t.Cleanup(func() { restartNode(t, master) })
