@@ -518,11 +518,10 @@ func (c *clientConn) get(ch *channelState, f frames.Frame, args []byte) error {
 	if !ok {
 		return nil
 	}
-	targets := []*link{target}
-	g := &rpcGroup{pending: 1, primary: targets[0].idx, get: &pendingGet{noAck: d.NoAck, queue: ref}}
-	targets[0].expect(ch.id, g)
-	if err := targets[0].sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
-		c.writeFailed(targets[0], err)
+	g := &rpcGroup{pending: 1, primary: target.idx, get: &pendingGet{noAck: d.NoAck, queue: ref}}
+	target.expect(ch.id, g)
+	if err := target.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+		c.writeFailed(target, err)
 	}
 	return nil
 }
