@@ -4,11 +4,11 @@ package main
 // other proxies (mirror/cluster: serf membership, a raft voter of the
 // metadata log) instead of keeping a single-voter log of its own, hands
 // its engine the cluster's forwarding writes and settle delivery, and
-// keeps its runtime policies in step with the other proxies'.
+// keeps its runtime policies in the metadata log (as a proxy alone does in
+// its single-voter log).
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,14 +18,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
 	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
@@ -132,64 +131,67 @@ var (
 	_ engine.Peers      = (*cluster.Cluster)(nil)
 )
 
-// policyKind is the peer message kind of runtime policies.
-const policyKind = "runtime-policies"
-
-// policyInterval is how often each proxy tells the others its runtime
-// policies, so that a proxy that joins or missed a message catches up.
-const policyInterval = 2 * time.Second
-
-// runtimePolicies is what proxies tell each other: the runtime policies
-// (set_policy and set_operator_policy) of the latest change any of them
-// knows, stamped by when and where it was made.
-type runtimePolicies struct {
-	Stamp            int64           `json:"stamp"` // UnixNano of the change; 0: none in this run
-	Node             string          `json:"node"`
-	Policies         []config.Policy `json:"policies"`
-	OperatorPolicies []config.Policy `json:"operator_policies"`
+// policyWriter records a change of the runtime policies in the metadata
+// log: the Store itself for a proxy alone, the cluster (which forwards it
+// to the leader) in a sidecar cluster. Both return once this proxy has
+// applied the change.
+type policyWriter interface {
+	ChangePolicies(ctx context.Context, change mirror.PolicyChange) (mirror.PolicyResult, error)
 }
 
-func (r runtimePolicies) newerThan(o runtimePolicies) bool {
-	return r.Stamp > o.Stamp || r.Stamp == o.Stamp && r.Node > o.Node
+// policyLogTimeout bounds one runtime policy change (ctl set_policy and
+// friends): a proxy that cannot reach a majority answers with an error
+// within it instead of waiting for one.
+const policyLogTimeout = 5 * time.Second
+
+// policyLog keeps the runtime policies (set_policy, set_operator_policy
+// and their clears) in the metadata log, so that every proxy of a cluster
+// has the same ones, changed in the log's order, and a proxy alone keeps
+// them across restarts in its single-voter log. It is the PolicyStore's
+// PolicyLog; its goroutine hands the log's policies to the PolicyStore
+// whenever the log changes. Policies of the config file stay each proxy's
+// own.
+type policyLog struct {
+	writer   policyWriter
+	store    *mirror.Store
+	policies *config.PolicyStore
+	log      *slog.Logger
 }
 
-// policySync keeps the runtime policies of the proxies alike, last writer
-// wins: a change made through one proxy's ctl is sent to every other
-// proxy, which applies it to its own policy store (and state_dir file).
-// This is gossip, not the log: two changes made at once through two
-// proxies end with the later stamp's, and proxies whose clocks differ
-// order changes by their clocks. Policies in the config file are each
-// proxy's own.
-type policySync struct {
-	cluster *cluster.Cluster
-	store   *config.PolicyStore
-	node    string
-	log     *slog.Logger
+var _ config.PolicyLog = (*policyLog)(nil)
 
-	mu      sync.Mutex // serialises applying and announcing
-	current runtimePolicies
-}
-
-func startPolicySync(ctx context.Context, c *cluster.Cluster, store *config.PolicyStore, node string, logger *slog.Logger) (stop func()) {
-	s := &policySync{cluster: c, store: store, node: node, log: logger.With("component", "policy-sync")}
-	s.current = s.local()
-	c.Handle(policyKind, s.receive)
-	changes, unsubscribe := store.Subscribe()
-	ctx, cancel := context.WithCancel(ctx)
+// startPolicyLog moves the runtime policies of policies into the log
+// (store, written through writer). When the log has never recorded any,
+// those policies loaded from state_dir are imported once, retried until
+// the log has a leader; whichever proxy's import commits first wins and
+// the others' are refused. stop ends the goroutine.
+func startPolicyLog(writer policyWriter, store *mirror.Store, policies *config.PolicyStore, logger *slog.Logger) (stop func()) {
+	l := &policyLog{writer: writer, store: store, policies: policies, log: logger.With("component", "runtime-policies")}
+	filePolicies, fileOperator := policies.Runtime()
+	policies.UseLog(l)
+	changes, unsubscribe := store.Changes()
+	l.sync()
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer unsubscribe()
-		tick := time.NewTicker(policyInterval)
-		defer tick.Stop()
+		pending := len(filePolicies)+len(fileOperator) > 0
+		retry := time.NewTicker(time.Second)
+		defer retry.Stop()
 		for {
+			if pending {
+				pending = !l.importFile(ctx, filePolicies, fileOperator)
+			}
 			select {
 			case <-ctx.Done():
 				return
-			case <-changes:
-				s.changed()
-			case <-tick.C:
-				s.announce()
+			case _, ok := <-changes:
+				if !ok {
+					return
+				}
+				l.sync()
+			case <-retry.C:
 			}
 		}
 	}()
@@ -199,110 +201,77 @@ func startPolicySync(ctx context.Context, c *cluster.Cluster, store *config.Poli
 	}
 }
 
-// local reads this proxy's runtime policies, in the store's order.
-func (s *policySync) local() runtimePolicies {
-	snap := s.store.Snapshot()
-	pick := func(list []config.Policy, source string) []config.Policy {
-		out := []config.Policy{}
-		for _, p := range list {
-			if p.Source == source {
-				p.OverridesFile = false // depends on each proxy's file
-				out = append(out, p)
-			}
-		}
-		return out
+// importFile writes the runtime policies loaded from state_dir to the log
+// if it has none yet. It reports whether nothing is left to do.
+func (l *policyLog) importFile(ctx context.Context, policies, operatorPolicies []config.Policy) bool {
+	if l.store.Policies().Index != 0 {
+		return true
 	}
-	return runtimePolicies{
-		Policies:         pick(snap.Policies, config.SourceRuntime),
-		OperatorPolicies: pick(snap.OperatorPolicies, config.SourceOperatorRuntime),
-	}
-}
-
-func samePolicies(a, b runtimePolicies) bool {
-	ja, _ := json.Marshal([2][]config.Policy{a.Policies, a.OperatorPolicies})
-	jb, _ := json.Marshal([2][]config.Policy{b.Policies, b.OperatorPolicies})
-	return string(ja) == string(jb)
-}
-
-// changed stamps a change made here (ctl) and tells the others.
-func (s *policySync) changed() {
-	s.mu.Lock()
-	local := s.local()
-	if samePolicies(local, s.current) {
-		s.mu.Unlock() // what receive applied, or nothing new
-		return
-	}
-	local.Stamp = max(time.Now().UnixNano(), s.current.Stamp+1)
-	local.Node = s.node
-	s.current = local
-	s.mu.Unlock()
-	s.log.Info("runtime policies changed here; telling the other proxies", "policies", len(local.Policies), "operator_policies", len(local.OperatorPolicies))
-	s.announce()
-}
-
-// announce sends this proxy's view to every other alive member.
-func (s *policySync) announce() {
-	s.mu.Lock()
-	payload, err := json.Marshal(s.current)
-	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, policyLogTimeout)
+	defer cancel()
+	res, err := l.writer.ChangePolicies(ctx, mirror.PolicyChange{
+		Op:     mirror.PolicyImport,
+		Import: &mirror.RuntimePolicies{Policies: policies, OperatorPolicies: operatorPolicies},
+	})
 	if err != nil {
+		l.log.Debug("cannot import state_dir's runtime policies into the log yet; retrying", "err", err)
+		return false
+	}
+	if res.Changed {
+		l.log.Info("runtime policies imported from state_dir into the metadata log", "policies", len(policies), "operator_policies", len(operatorPolicies))
+	} else {
+		l.log.Info("the metadata log already has runtime policies; state_dir's are not imported")
+	}
+	l.sync()
+	// Renamed, so that a restart cannot show the file's policies, stale
+	// by then, while the log is read.
+	if retired, err := l.policies.RetireFile(); err != nil {
+		l.log.Warn("cannot rename the runtime policies file, which the log replaces", "err", err)
+	} else if retired != "" {
+		l.log.Info("runtime policies file renamed; the metadata log holds them now", "file", retired)
+	}
+	return true
+}
+
+// sync hands the log's runtime policies to the PolicyStore. A log that has
+// never recorded any leaves the store as it is (state_dir's until the
+// import).
+func (l *policyLog) sync() {
+	rp := l.store.Policies()
+	if rp.Index == 0 {
 		return
 	}
-	for _, m := range s.cluster.Members() {
-		if m.Name != s.node && m.Status == cluster.StatusAlive {
-			s.cluster.Send(m.Name, policyKind, payload)
-		}
+	if err := l.policies.SetRuntime(rp.Index, rp.Policies, rp.OperatorPolicies); err != nil {
+		l.log.Warn("some runtime policies of the log cannot be applied here", "err", err)
 	}
 }
 
-// receive applies another proxy's runtime policies when they are newer.
-func (s *policySync) receive(from string, payload []byte) {
-	var r runtimePolicies
-	if err := json.Unmarshal(payload, &r); err != nil {
-		s.log.Warn("undecodable runtime policies from a peer", "from", from, "err", err)
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !r.newerThan(s.current) {
-		return
-	}
-	if err := s.apply(r); err != nil {
-		s.log.Warn("cannot apply the runtime policies of a peer", "from", from, "err", err)
-		return
-	}
-	s.current = r
-	s.current.Policies, s.current.OperatorPolicies = s.local().Policies, s.local().OperatorPolicies
-	s.log.Info("runtime policies taken from a peer", "from", from, "changed_on", r.Node, "policies", len(r.Policies), "operator_policies", len(r.OperatorPolicies))
+// SetPolicy records a runtime policy in the log.
+func (l *policyLog) SetPolicy(p config.Policy, operator bool) error {
+	return l.change(mirror.PolicyChange{Op: mirror.PolicySet, Policy: &p, Operator: operator})
 }
 
-// apply makes the store's runtime policies r's; call with s.mu held.
-func (s *policySync) apply(r runtimePolicies) error {
-	local := s.local()
-	var errs []error
-	for _, kind := range []struct {
-		have, want []config.Policy
-		set        func(config.Policy) (config.Policy, error)
-		clear      func(vhost, name string) error
-	}{
-		{local.Policies, r.Policies, s.store.SetPolicy, s.store.ClearPolicy},
-		{local.OperatorPolicies, r.OperatorPolicies, s.store.SetOperatorPolicy, s.store.ClearOperatorPolicy},
-	} {
-		for _, p := range kind.have {
-			if !slices.ContainsFunc(kind.want, func(q config.Policy) bool { return q.VHost == p.VHost && q.Name == p.Name }) {
-				if err := kind.clear(p.VHost, p.Name); err != nil && !errors.Is(err, config.ErrPolicyNotFound) {
-					errs = append(errs, err)
-				}
-			}
+// ClearPolicy removes a runtime policy from the log.
+func (l *policyLog) ClearPolicy(vhost, name string, operator bool) error {
+	return l.change(mirror.PolicyChange{Op: mirror.PolicyClear, VHost: vhost, Name: name, Operator: operator})
+}
+
+func (l *policyLog) change(c mirror.PolicyChange) error {
+	ctx, cancel := context.WithTimeout(context.Background(), policyLogTimeout)
+	defer cancel()
+	if _, err := l.writer.ChangePolicies(ctx, c); err != nil {
+		switch {
+		case errors.Is(err, mirror.ErrNotLeader):
+			return fmt.Errorf("%w: runtime policies live in the proxies' replicated log, and this proxy cannot reach a majority of the proxies; nothing was changed (%v)", config.ErrNoMajority, err)
+		case errors.Is(err, context.DeadlineExceeded):
+			return fmt.Errorf("%w: no answer from the proxies' replicated log within %v; the change may or may not be made, list the policies to see (%v)", config.ErrNoMajority, policyLogTimeout, err)
 		}
-		for _, p := range kind.want {
-			p.Source = ""
-			if _, err := kind.set(p); err != nil {
-				errs = append(errs, fmt.Errorf("policy %q in vhost %q: %w", p.Name, p.VHost, err))
-			}
-		}
+		return err
 	}
-	return errors.Join(errs...)
+	// The writer returns once this proxy applied the change: the store
+	// shows it before the ctl command returns.
+	l.sync()
+	return nil
 }
 
 // sidecarAddresses are the addresses of one demo proxy.

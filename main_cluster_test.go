@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,64 +15,172 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 )
 
-// TestRuntimePoliciesReachEveryProxy runs two proxies' clusters and policy
-// stores in process: a policy set through one appears in the other, a
-// clear through the other removes it from the first, and the file
-// policies of each stay its own.
+func testPolicy(t *testing.T, name, pattern string) config.Policy {
+	t.Helper()
+	p, err := config.Policy{Name: name, VHost: "/", Pattern: pattern, ApplyTo: config.ApplyQueues, Definition: config.Definition{HAMode: config.HAAll}}.Validated(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// writeRuntimeFile writes a state_dir with a runtime policies file holding
+// the given policies, as a proxy of an earlier version left it.
+func writeRuntimeFile(t *testing.T, policies ...config.Policy) string {
+	t.Helper()
+	dir := t.TempDir()
+	if len(policies) == 0 {
+		return dir
+	}
+	store, err := config.OpenPolicyStore(dir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range policies {
+		if _, err := store.SetPolicy(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestRuntimePoliciesReachEveryProxy runs three proxies' clusters and
+// policy stores in process: a policy set through one is in the others'
+// stores moments later (in the setter's at once), a clear through another
+// removes it everywhere, the file policies of each stay its own, and the
+// runtime policies one proxy had in state_dir from an earlier version are
+// imported into the log once (the others' files are not: the log already
+// has policies).
 func TestRuntimePoliciesReachEveryProxy(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
 		// memberlist does not wait for its probe goroutine at Shutdown.
 		goleak.IgnoreTopFunction("github.com/hashicorp/memberlist.(*Memberlist).probeNode"))
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 
-	filePolicy := func(name string) []config.Policy {
-		p, err := config.Policy{Name: name, VHost: "/", Pattern: "^file-", ApplyTo: config.ApplyQueues, Definition: config.Definition{HAMode: config.HAAll}}.Validated(false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return []config.Policy{p}
-	}
+	filePolicy := func(name string) []config.Policy { return []config.Policy{testPolicy(t, name, "^file-")} }
+	stateDirs := []string{writeRuntimeFile(t, testPolicy(t, "old-1", "^old_")), writeRuntimeFile(t), writeRuntimeFile(t)}
 	var stores []*config.PolicyStore
+	var clusters []*cluster.Cluster
 	var join []string
-	for i, name := range []string{"rabbit1", "rabbit2"} {
+	for i, name := range []string{"rabbit1", "rabbit2", "rabbit3"} {
 		c, err := cluster.Start(cluster.Config{
 			NodeName: name, Bind: "127.0.0.1:0", RaftBind: "127.0.0.1:0", Join: join,
-			DataDir: t.TempDir(), BootstrapExpect: 2, Backend: name, Logger: logger,
+			DataDir: t.TempDir(), BootstrapExpect: 3, Backend: name, Logger: logger,
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Shutdown()
+		clusters = append(clusters, c)
 		join = []string{c.LocalMember().Gossip}
-		store, err := config.OpenPolicyStore(t.TempDir(), filePolicy(fmt.Sprintf("file-%d", i+1)), nil)
+		store, err := config.OpenPolicyStore(stateDirs[i], filePolicy(fmt.Sprintf("file-%d", i+1)), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		stores = append(stores, store)
-		stop := startPolicySync(ctx, c, store, name, logger)
+	}
+	for i, c := range clusters {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := c.Store().WaitLeader(ctx); err != nil {
+			t.Fatal(err)
+		}
+		stop := startPolicyLog(c, c.Store(), stores[i], logger)
 		defer stop()
 	}
+	for i, s := range stores {
+		testutil.Eventually(t, 15*time.Second, func() error { return hasPolicies(s, fmt.Sprintf("file-%d", i+1), "old-1") })
+	}
+	if _, err := os.Stat(filepath.Join(stateDirs[0], config.PoliciesFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the imported policies file is still there (stat: %v), want it renamed", err)
+	}
 
-	set, err := config.Policy{Name: "ha-all", VHost: "/", Pattern: "^queue_", ApplyTo: config.ApplyQueues, Definition: config.Definition{HAMode: config.HAAll}}.Validated(false)
-	if err != nil {
+	if _, err := stores[0].SetPolicy(testPolicy(t, "ha-all", "^queue_")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stores[0].SetPolicy(set); err != nil {
-		t.Fatal(err)
+	set := time.Now()
+	if err := hasPolicies(stores[0], "file-1", "ha-all", "old-1"); err != nil {
+		t.Errorf("the setter's store when set_policy returned: %v", err)
 	}
-	testutil.Eventually(t, 15*time.Second, func() error { return hasPolicies(stores[1], "file-2", "ha-all") })
+	testutil.Eventually(t, 15*time.Second, func() error { return hasPolicies(stores[2], "file-3", "ha-all", "old-1") })
+	t.Logf("proxy 3's store had the policy %v after proxy 1's set_policy returned", time.Since(set))
 	if err := stores[1].ClearPolicy("/", "ha-all"); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 15*time.Second, func() error { return hasPolicies(stores[0], "file-1") })
-	if err := hasPolicies(stores[1], "file-2"); err != nil {
+	testutil.Eventually(t, 15*time.Second, func() error { return hasPolicies(stores[0], "file-1", "old-1") })
+	if err := hasPolicies(stores[1], "file-2", "old-1"); err != nil {
 		t.Error(err)
 	}
+
+	tests := []struct {
+		name    string
+		clear   string
+		wantErr error
+	}{
+		{name: "a file policy of the proxy asked", clear: "file-2", wantErr: config.ErrFilePolicy},
+		{name: "a policy nobody has", clear: "nope", wantErr: config.ErrPolicyNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := stores[1].ClearPolicy("/", tt.clear); !errors.Is(err, tt.wantErr) {
+				t.Errorf("clear %s: err = %v, want %v", tt.clear, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// A proxy alone keeps its runtime policies in its single-voter log: a
+// policy set before a restart is there after it, and a state_dir file
+// left by an earlier version is imported on the first start only.
+func TestRuntimePoliciesSurviveRestartAlone(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	stateDir := writeRuntimeFile(t, testPolicy(t, "old", "^old_"))
+	raftDir := t.TempDir()
+	start := func() (*config.PolicyStore, func()) {
+		t.Helper()
+		store, err := mirror.OpenStore(mirror.StoreConfig{Dir: raftDir, NodeID: "proxy", Logger: logger, ElectionTimeout: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := store.WaitLeader(ctx); err != nil {
+			t.Fatal(err)
+		}
+		policies, err := config.OpenPolicyStore(stateDir, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := startPolicyLog(store, store, policies, logger)
+		return policies, func() { stop(); store.Close() }
+	}
+
+	policies, stop := start()
+	testutil.Eventually(t, 10*time.Second, func() error { return hasPolicies(policies, "old") })
+	if _, err := policies.SetPolicy(testPolicy(t, "ha-all", "^queue_")); err != nil {
+		t.Fatal(err)
+	}
+	if err := policies.ClearPolicy("/", "old"); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+
+	// A file written again by hand is not imported: the log has policies.
+	writeAgain, err := config.OpenPolicyStore(stateDir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writeAgain.SetPolicy(testPolicy(t, "stale", "^stale_")); err != nil {
+		t.Fatal(err)
+	}
+	policies, stop = start()
+	defer stop()
+	testutil.Eventually(t, 10*time.Second, func() error { return hasPolicies(policies, "ha-all") })
 }
 
 // hasPolicies checks the names of the store's user policies, in the store's order

@@ -12,17 +12,22 @@ import (
 	"sync/atomic"
 )
 
-// Errors of PolicyStore's clear operations, for errors.Is.
+// Errors of PolicyStore's operations, for errors.Is.
 var (
 	ErrPolicyNotFound = errors.New("policy not found")
 	ErrFilePolicy     = errors.New("policy is defined in the config file")
+	// ErrNoMajority: the runtime policies live in the proxies' replicated
+	// log (PolicyLog) and this proxy cannot commit to it now (it is on a
+	// minority side of a partition, or an election is under way).
+	ErrNoMajority = errors.New("no majority of the proxies reachable")
 )
 
 // PoliciesFile is the name of the runtime policy file inside state_dir.
 const PoliciesFile = "policies.json"
 
 // PolicyStore holds the file policies and the runtime ones (set_policy and
-// friends, persisted in state_dir/policies.json across restarts).
+// friends, persisted in state_dir/policies.json across restarts, or, once
+// UseLog is called, kept in the proxies' replicated metadata log).
 //
 // A runtime policy with the same vhost and name as a file policy overrides
 // it, as a second rabbitmqctl set_policy overwrites the first; the listing
@@ -34,6 +39,9 @@ const PoliciesFile = "policies.json"
 // load of an immutable value, and never lock.
 type PolicyStore struct {
 	path string // "" keeps runtime policies in memory only
+	// log, once set (UseLog), records runtime policy changes instead of
+	// the file; they come back through SetRuntime.
+	log atomic.Pointer[policyLogBox]
 
 	mu sync.Mutex // guards the fields below and the file at path
 	// The policies of the file and the runtime ones (set_policy), user and
@@ -43,9 +51,31 @@ type PolicyStore struct {
 	version                  uint64
 	subs                     map[uint64]chan *Snapshot
 	nextSub                  uint64
+	// logIndex is the log index of the runtime policies SetRuntime took
+	// last, so that an older state never replaces a newer one.
+	logIndex uint64
 
 	snap atomic.Pointer[Snapshot]
 }
+
+// PolicyLog records runtime policy changes in a replicated log (the
+// proxies' metadata log, package mirror) instead of state_dir, so that
+// every proxy of a sidecar cluster has the same runtime policies, changed
+// in the same order. Each method returns once the change is committed and
+// SetRuntime has given this store the log's policies with it; a log that
+// cannot commit (no majority reachable) returns an error and changes
+// nothing.
+type PolicyLog interface {
+	// SetPolicy records p, validated, as a runtime policy (operator: an
+	// operator policy), replacing one of the same vhost and name.
+	SetPolicy(p Policy, operator bool) error
+	// ClearPolicy removes a runtime policy, or returns an error wrapping
+	// ErrPolicyNotFound when the log has none of that vhost and name.
+	ClearPolicy(vhost, name string, operator bool) error
+}
+
+// policyLogBox holds a PolicyLog for the atomic pointer.
+type policyLogBox struct{ log PolicyLog }
 
 // Snapshot is an immutable view of the effective policies. Callers must not
 // modify its slices.
@@ -142,6 +172,75 @@ func (s *PolicyStore) ClearOperatorPolicy(vhost, name string) error {
 	return s.clear(vhost, name, true)
 }
 
+// UseLog makes log the place of the runtime policies from now on: set and
+// clear go to it, the policies file in state_dir is no longer written, and
+// the runtime policies are those SetRuntime gives. Until the first
+// SetRuntime the store keeps showing the ones it loaded from state_dir
+// (Runtime), which the caller imports into the log when it has none.
+func (s *PolicyStore) UseLog(log PolicyLog) { s.log.Store(&policyLogBox{log: log}) }
+
+// Runtime returns the runtime policies and runtime operator policies this
+// store holds now (from state_dir before UseLog and the first SetRuntime).
+func (s *PolicyStore) Runtime() (policies, operatorPolicies []Policy) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Policy(nil), s.runtime...), append([]Policy(nil), s.runtimeOperator...)
+}
+
+// RetireFile renames state_dir's runtime policies file, once its policies
+// are in the log (UseLog), to the same name with ".imported" appended, so
+// that it is neither read nor mistaken for the current policies. It
+// returns the new name, "" when there was no file.
+func (s *PolicyStore) RetireFile() (string, error) {
+	if s.path == "" {
+		return "", nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	retired := s.path + ".imported"
+	if err := os.Rename(s.path, retired); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return "", nil
+		}
+		return "", fmt.Errorf("retiring the runtime policies file: %w", err)
+	}
+	return retired, nil
+}
+
+// SetRuntime replaces the runtime policies with the log's state at index
+// (the log index of its last policy change). A state not newer than the
+// last one taken is ignored, so that callers need not order their calls.
+// Each policy is validated again as set_policy would (a policy this
+// proxy's version cannot take is left out and reported); the others are
+// taken all the same.
+func (s *PolicyStore) SetRuntime(index uint64, policies, operatorPolicies []Policy) error {
+	var errs []error
+	check := func(list []Policy, operator bool, source string) []Policy {
+		out := make([]Policy, 0, len(list))
+		for _, p := range list {
+			v, err := p.Validated(operator)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("runtime policy %q in vhost %q from the log: %w", p.Name, p.VHost, err))
+				continue
+			}
+			v.Source, v.OverridesFile = source, false
+			out = append(out, v)
+		}
+		return out
+	}
+	runtime := check(policies, false, SourceRuntime)
+	runtimeOperator := check(operatorPolicies, true, SourceOperatorRuntime)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if index <= s.logIndex {
+		return nil
+	}
+	s.logIndex = index
+	s.runtime, s.runtimeOperator = runtime, runtimeOperator
+	s.publishLocked(true)
+	return errors.Join(errs...)
+}
+
 // SetFilePolicies replaces the file's policies (on reload).
 func (s *PolicyStore) SetFilePolicies(policies, operatorPolicies []Policy) {
 	s.mu.Lock()
@@ -182,6 +281,12 @@ func (s *PolicyStore) set(p Policy, operator bool) (Policy, error) {
 		v.Source = SourceOperatorRuntime
 	}
 	v.OverridesFile = false
+	if box := s.log.Load(); box != nil {
+		if err := box.log.SetPolicy(v, operator); err != nil {
+			return Policy{}, err
+		}
+		return v, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	list := &s.runtime
@@ -208,6 +313,13 @@ func (s *PolicyStore) set(p Policy, operator bool) (Policy, error) {
 func (s *PolicyStore) clear(vhost, name string, operator bool) error {
 	if vhost == "" {
 		vhost = "/"
+	}
+	if box := s.log.Load(); box != nil {
+		err := box.log.ClearPolicy(vhost, name, operator)
+		if errors.Is(err, ErrPolicyNotFound) && s.inFile(vhost, name, operator) {
+			return fmt.Errorf("%w: %q in vhost %q; change the config file and reload", ErrFilePolicy, name, vhost)
+		}
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -237,6 +349,22 @@ func (s *PolicyStore) clear(vhost, name string, operator bool) error {
 	}
 	s.publishLocked(true)
 	return nil
+}
+
+// inFile reports whether the config file defines the policy.
+func (s *PolicyStore) inFile(vhost, name string, operator bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	file := s.file
+	if operator {
+		file = s.fileOperator
+	}
+	for _, q := range file {
+		if q.VHost == vhost && q.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // saveLocked writes the runtime policies atomically: a temporary file in the

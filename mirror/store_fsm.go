@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,11 +18,14 @@ type command struct {
 	Meta   *QueueMeta `json:"meta,omitempty"`
 	ID     QueueID    `json:"id,omitzero"`
 	Expect uint64     `json:"expect"`
+	// Policy is the change of a runtime policy (opPolicy).
+	Policy *PolicyChange `json:"policy,omitempty"`
 }
 
 const (
 	opPut    = "put"
 	opDelete = "delete"
+	opPolicy = "policy"
 )
 
 func (c command) encode() ([]byte, error) {
@@ -34,22 +38,33 @@ func (c command) encode() ([]byte, error) {
 
 // applyResult is what the state machine returns for one entry.
 type applyResult struct {
-	meta *QueueMeta
-	err  error
+	meta   *QueueMeta
+	policy PolicyResult
+	err    error
 }
 
-// metaFSM is the replicated state: every queue's metadata. raft calls Apply,
-// Snapshot and Restore from its own goroutine; readers take mu.
+// metaFSM is the replicated state: every queue's metadata, the tombstones
+// of deleted queues and the runtime policies. raft calls Apply, Snapshot
+// and Restore from its own goroutine; readers take mu.
 type metaFSM struct {
-	mu     sync.RWMutex
-	queues map[QueueID]QueueMeta
+	mu         sync.RWMutex
+	queues     map[QueueID]QueueMeta
+	tombstones map[QueueID]Tombstone
+	policies   RuntimePolicies
+	// applied is the index of the last entry applied here (raft's own
+	// AppliedIndex runs ahead of the FSM), for Store.WaitApplied.
+	applied uint64
 
 	subMu       sync.Mutex
 	subscribers map[chan struct{}]struct{}
 }
 
 func newMetaFSM() *metaFSM {
-	return &metaFSM{queues: make(map[QueueID]QueueMeta), subscribers: make(map[chan struct{}]struct{})}
+	return &metaFSM{
+		queues:      make(map[QueueID]QueueMeta),
+		tombstones:  make(map[QueueID]Tombstone),
+		subscribers: make(map[chan struct{}]struct{}),
+	}
 }
 
 // Apply applies one committed entry. A conditional write whose version is
@@ -58,10 +73,14 @@ func newMetaFSM() *metaFSM {
 func (f *metaFSM) Apply(entry *raft.Log) any {
 	var cmd command
 	if err := json.Unmarshal(entry.Data, &cmd); err != nil {
+		f.mu.Lock()
+		f.applied = max(f.applied, entry.Index)
+		f.mu.Unlock()
 		return applyResult{err: fmt.Errorf("undecodable metadata entry %d: %w", entry.Index, err)}
 	}
 	f.mu.Lock()
-	res := f.applyLocked(cmd, entry.Index)
+	res := f.applyLocked(cmd, entry)
+	f.applied = max(f.applied, entry.Index)
 	f.mu.Unlock()
 	if res.err == nil {
 		f.notify()
@@ -69,7 +88,8 @@ func (f *metaFSM) Apply(entry *raft.Log) any {
 	return res
 }
 
-func (f *metaFSM) applyLocked(cmd command, index uint64) applyResult {
+func (f *metaFSM) applyLocked(cmd command, entry *raft.Log) applyResult {
+	index := entry.Index
 	switch cmd.Op {
 	case opPut:
 		if cmd.Meta == nil {
@@ -82,6 +102,8 @@ func (f *metaFSM) applyLocked(cmd command, index uint64) applyResult {
 		meta := cmd.Meta.Clone()
 		meta.Version = index
 		f.queues[meta.ID] = meta
+		// Declared again: its copies are wanted again.
+		delete(f.tombstones, meta.ID)
 		return applyResult{meta: &meta}
 	case opDelete:
 		current, exists := f.queues[cmd.ID]
@@ -89,9 +111,25 @@ func (f *metaFSM) applyLocked(cmd command, index uint64) applyResult {
 			return applyResult{err: ErrConflict}
 		}
 		delete(f.queues, cmd.ID)
+		f.bury(current, entry)
 		return applyResult{}
+	case opPolicy:
+		if cmd.Policy == nil {
+			return applyResult{err: fmt.Errorf("metadata entry %d: policy operation without a change", index)}
+		}
+		res, err := f.policies.apply(*cmd.Policy, index)
+		if err != nil {
+			return applyResult{err: fmt.Errorf("metadata entry %d: %w", index, err)}
+		}
+		return applyResult{policy: res}
 	}
 	return applyResult{err: fmt.Errorf("metadata entry %d: unknown operation %q", index, cmd.Op)}
+}
+
+func (f *metaFSM) appliedIndex() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.applied
 }
 
 func (f *metaFSM) get(id QueueID) (QueueMeta, bool) {
@@ -115,34 +153,66 @@ func (f *metaFSM) list() []QueueMeta {
 	return out
 }
 
+// snapshotState is a snapshot as persisted. Snapshots written before
+// tombstones and policies were in the log are a bare array of queues;
+// Restore reads both.
+type snapshotState struct {
+	Queues     []QueueMeta     `json:"queues"`
+	Tombstones []Tombstone     `json:"tombstones,omitempty"`
+	Policies   RuntimePolicies `json:"policies"`
+	// Applied is the index of the last entry the state includes.
+	Applied uint64 `json:"applied"`
+}
+
 // Snapshot captures the state for raft to persist; the records are copied
 // here, so raft may write them while Apply goes on.
 func (f *metaFSM) Snapshot() (raft.FSMSnapshot, error) {
-	return metaSnapshot{queues: f.list()}, nil
+	// raft never calls Snapshot concurrently with Apply, so the parts
+	// read one after another are of one index.
+	return metaSnapshot{state: snapshotState{
+		Queues:     f.list(),
+		Tombstones: f.listTombstones(),
+		Policies:   f.runtimePolicies(),
+		Applied:    f.appliedIndex(),
+	}}, nil
 }
 
 // Restore replaces the state with a snapshot's.
 func (f *metaFSM) Restore(r io.ReadCloser) error {
 	defer r.Close()
-	var queues []QueueMeta
-	if err := json.NewDecoder(r).Decode(&queues); err != nil {
+	raw, err := io.ReadAll(r)
+	if err != nil {
 		return fmt.Errorf("restoring metadata snapshot: %w", err)
 	}
-	state := make(map[QueueID]QueueMeta, len(queues))
-	for _, m := range queues {
-		state[m.ID] = m
+	var snap snapshotState
+	if trimmed := bytes.TrimSpace(raw); len(trimmed) > 0 && trimmed[0] == '[' {
+		err = json.Unmarshal(trimmed, &snap.Queues)
+	} else {
+		err = json.Unmarshal(raw, &snap)
+	}
+	if err != nil {
+		return fmt.Errorf("restoring metadata snapshot: %w", err)
+	}
+	queues := make(map[QueueID]QueueMeta, len(snap.Queues))
+	for _, m := range snap.Queues {
+		queues[m.ID] = m
+	}
+	tombstones := make(map[QueueID]Tombstone, len(snap.Tombstones))
+	for _, t := range snap.Tombstones {
+		tombstones[t.ID] = t
 	}
 	f.mu.Lock()
-	f.queues = state
+	f.queues, f.tombstones, f.policies = queues, tombstones, snap.Policies
+	f.applied = max(f.applied, snap.Applied)
 	f.mu.Unlock()
 	f.notify()
 	return nil
 }
 
-type metaSnapshot struct{ queues []QueueMeta }
+type metaSnapshot struct{ state snapshotState }
 
 func (s metaSnapshot) Persist(sink raft.SnapshotSink) error {
-	if err := json.NewEncoder(sink).Encode(s.queues); err != nil {
+	if err := json.NewEncoder(sink).Encode(s.state); err != nil {
 		sink.Cancel()
 		return fmt.Errorf("writing metadata snapshot: %w", err)
 	}

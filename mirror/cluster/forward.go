@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
@@ -28,18 +29,21 @@ import (
 const forwardTimeout = 10 * time.Second
 
 type forwardRequest struct {
-	Op      string            `json:"op"` // "put" or "delete"
-	Meta    *mirror.QueueMeta `json:"meta,omitempty"`
-	ID      mirror.QueueID    `json:"id,omitzero"`
-	Expect  uint64            `json:"expect"`
-	Timeout time.Duration     `json:"timeout"`
+	Op      string               `json:"op"` // "put", "delete" or "policy"
+	Meta    *mirror.QueueMeta    `json:"meta,omitempty"`
+	ID      mirror.QueueID       `json:"id,omitzero"`
+	Expect  uint64               `json:"expect"`
+	Policy  *mirror.PolicyChange `json:"policy,omitempty"`
+	Timeout time.Duration        `json:"timeout"`
 }
 
 type forwardResponse struct {
-	Meta  *mirror.QueueMeta `json:"meta,omitempty"`
-	Error string            `json:"error,omitempty"`
+	Meta   *mirror.QueueMeta    `json:"meta,omitempty"`
+	Policy *mirror.PolicyResult `json:"policy,omitempty"`
+	Error  string               `json:"error,omitempty"`
 	// Kind names a sentinel the error stands for, so that errors.Is works
-	// on the forwarding side: "conflict", "not_leader" or "closed".
+	// on the forwarding side: "conflict", "not_leader", "closed" or
+	// "policy_not_found".
 	Kind string `json:"kind,omitempty"`
 }
 
@@ -73,6 +77,36 @@ func (c *Cluster) Delete(ctx context.Context, id mirror.QueueID, expect uint64) 
 		return fmt.Errorf("removing %s: %w", id, err)
 	}
 	return nil
+}
+
+// ChangePolicies records a change of the runtime policies through the
+// leader, on this node or forwarded to it, and waits until this node has
+// applied it, so that this proxy's reads (and its PolicyStore, fed from
+// the log) show the change when it returns. Errors are those of
+// mirror.Store.ChangePolicies: ErrNotLeader when no majority is reachable
+// from here, config.ErrPolicyNotFound for a clear of a policy the log does
+// not have.
+func (c *Cluster) ChangePolicies(ctx context.Context, change mirror.PolicyChange) (mirror.PolicyResult, error) {
+	var res mirror.PolicyResult
+	if c.store.IsLeader() {
+		var err error
+		if res, err = c.store.ChangePolicies(ctx, change); err != nil {
+			return mirror.PolicyResult{}, err
+		}
+	} else {
+		resp, err := c.forward(ctx, forwardRequest{Op: "policy", Policy: &change})
+		if err != nil {
+			return mirror.PolicyResult{}, fmt.Errorf("recording a runtime policy change (%s): %w", change.Op, err)
+		}
+		if resp.Policy == nil {
+			return mirror.PolicyResult{}, fmt.Errorf("recording a runtime policy change (%s): the leader answered without a result", change.Op)
+		}
+		res = *resp.Policy
+	}
+	if err := c.store.WaitApplied(ctx, res.Index); err != nil {
+		return res, fmt.Errorf("the runtime policy change is committed, but this proxy has not applied it yet: %w", err)
+	}
+	return res, nil
 }
 
 func (c *Cluster) forward(ctx context.Context, req forwardRequest) (resp forwardResponse, err error) {
@@ -131,6 +165,8 @@ func (c *Cluster) forward(ctx context.Context, req forwardRequest) (resp forward
 		return resp, fmt.Errorf("%w (leader %s)", mirror.ErrConflict, leaderID)
 	case "not_leader", "closed":
 		return resp, fmt.Errorf("%w: %s is no longer the leader: %s", mirror.ErrNotLeader, leaderID, resp.Error)
+	case "policy_not_found":
+		return resp, fmt.Errorf("%w (leader %s: %s)", config.ErrPolicyNotFound, leaderID, resp.Error)
 	}
 	return resp, fmt.Errorf("leader %s: %s (%s)", leaderID, resp.Error, resp.Kind)
 }
@@ -163,6 +199,15 @@ func (c *Cluster) serveForward(conn net.Conn) {
 		}
 	case "delete":
 		err = c.store.Delete(ctx, req.ID, req.Expect)
+	case "policy":
+		if req.Policy == nil {
+			err = errors.New("forwarded policy change without a change")
+			break
+		}
+		var res mirror.PolicyResult
+		if res, err = c.store.ChangePolicies(ctx, *req.Policy); err == nil {
+			resp.Policy = &res
+		}
 	default:
 		err = fmt.Errorf("unknown forwarded operation %q", req.Op)
 	}
@@ -175,6 +220,8 @@ func (c *Cluster) serveForward(conn net.Conn) {
 			resp.Kind = "not_leader"
 		case errors.Is(err, mirror.ErrStoreClosed):
 			resp.Kind = "closed"
+		case errors.Is(err, config.ErrPolicyNotFound):
+			resp.Kind = "policy_not_found"
 		}
 	}
 	if err := json.NewEncoder(conn).Encode(resp); err != nil {
