@@ -403,6 +403,13 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 	if m.cluster != nil {
 		clusterEngineOptions(&opts, m.cluster)
 	}
+	// Runtime policies live in the metadata log (main_cluster.go), taken
+	// before the engine acts on any.
+	var writer policyWriter = m.store
+	if m.cluster != nil {
+		writer = m.cluster
+	}
+	m.stopPolicies = startPolicyLog(writer, m.store, policies, logger)
 	m.engine = engine.New(opts)
 	// The first placements should see which backends are up: wait a moment
 	// for the watcher's first verdicts (a backend down is not an error).
@@ -416,7 +423,6 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 		m.cluster.HandleSettles(m.engine.SettleLocal)
 		m.cluster.HandlePurges(m.engine.PurgeLocal)
 		m.cluster.HandleSyncs(m.engine.SyncLocal)
-		m.stopPolicies = startPolicySync(ctx, m.cluster, policies, cfg.Node, logger)
 	}
 	return m, nil
 }
