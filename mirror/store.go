@@ -53,6 +53,11 @@ type StoreConfig struct {
 	// bootstraps it with every expected voter (Bootstrap) or a leader adds
 	// it. Ignored for a store with existing state.
 	JoinCluster bool
+	// LeaderIndex, when set, asks the log's leader how far it has applied
+	// the log (its AppliedIndex; the sidecar cluster asks over its own
+	// connections). WaitLeader on a follower then also waits until this
+	// node has applied that far.
+	LeaderIndex func(ctx context.Context) (uint64, error)
 }
 
 // Store is the queue metadata, replicated through a Raft log
@@ -68,6 +73,8 @@ type Store struct {
 	transport raft.Transport
 	log       *slog.Logger
 	timeout   time.Duration
+	// leaderIndex is StoreConfig.LeaderIndex.
+	leaderIndex func(ctx context.Context) (uint64, error)
 
 	closeOnce sync.Once
 	closeErr  error
@@ -147,24 +154,33 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 		transport: transport,
 		log:       logger,
 		timeout:   10 * time.Second,
+
+		leaderIndex: cfg.LeaderIndex,
 	}, nil
 }
 
 // WaitLeader blocks until the log has a leader this proxy can reach, or ctx
 // ends. On the leader it also waits until every entry of the log is applied,
-// so that reads after it see everything written before a restart; a
-// follower's reads may still lag the leader by a few entries.
+// so that reads after it see everything written before a restart. On a
+// follower with StoreConfig.LeaderIndex it waits until this node has
+// applied what the leader had applied when asked: a follower that
+// restarts replays nothing by itself (raft applies its log only once the
+// leader tells it what is committed), and a proxy serving from the
+// metadata of before its crash would route to a master since replaced.
+// Without LeaderIndex a follower's reads may still lag the leader.
 func (s *Store) WaitLeader(ctx context.Context) error {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
 		if addr, _ := s.raft.LeaderWithID(); addr != "" {
 			if s.raft.State() != raft.Leader {
-				return nil
-			}
-			// A leader that just started may not have applied the log it
-			// replays yet; the barrier waits until its reads see all of it.
-			if err := s.raft.Barrier(s.timeout).Error(); err == nil {
+				if s.caughtUp(ctx) {
+					return nil
+				}
+			} else if err := s.raft.Barrier(s.timeout).Error(); err == nil {
+				// A leader that just started may not have applied the log
+				// it replays yet; the barrier waits until its reads see all
+				// of it.
 				return nil
 			}
 		}
@@ -175,6 +191,32 @@ func (s *Store) WaitLeader(ctx context.Context) error {
 		}
 	}
 }
+
+// caughtUp reports whether this follower has applied the log as far as
+// the leader had (StoreConfig.LeaderIndex); always true without it. False
+// when the leader could not be asked (it may not be reachable yet) or ctx
+// ended; the caller asks again.
+func (s *Store) caughtUp(ctx context.Context) bool {
+	if s.leaderIndex == nil {
+		return true
+	}
+	ask, cancel := context.WithTimeout(ctx, 2*time.Second)
+	index, err := s.leaderIndex(ask)
+	cancel()
+	if err != nil {
+		s.log.Debug("cannot ask the leader how far it applied the log yet", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+		return false
+	}
+	return s.WaitApplied(ctx, index) == nil
+}
+
+// AppliedIndex is the index of the latest entry this node's state has
+// applied: its reads show every write up to there.
+func (s *Store) AppliedIndex() uint64 { return s.fsm.appliedIndex() }
 
 // IsLeader reports whether this proxy leads the metadata log: only the
 // leader's writes can commit without a round trip to another proxy.

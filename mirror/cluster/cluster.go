@@ -81,6 +81,7 @@ func Start(cfg Config) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	var c *Cluster // set before Start returns, so before any WaitLeader
 	store, err := mirror.OpenStore(mirror.StoreConfig{
 		Dir:             cfg.DataDir,
 		NodeID:          cfg.NodeName,
@@ -88,13 +89,14 @@ func Start(cfg Config) (*Cluster, error) {
 		Logger:          cfg.Logger.With("node", cfg.NodeName),
 		ElectionTimeout: cfg.ElectionTimeout,
 		JoinCluster:     true,
+		LeaderIndex:     func(ctx context.Context) (uint64, error) { return c.leaderAppliedIndex(ctx) },
 	})
 	if err != nil {
 		transport.Close()
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 
-	c := &Cluster{
+	c = &Cluster{
 		cfg:        cfg,
 		log:        log,
 		store:      store,
@@ -110,6 +112,7 @@ func Start(cfg Config) (*Cluster, error) {
 	base.forward.Store(&serve)
 	base.peer.Store(&servePeer)
 	base.call.Store(&serveCall)
+	c.handleAppliedIndex()
 	if voters, err := store.Voters(); err == nil && len(voters) > 0 {
 		c.bootstrapped = true
 	}

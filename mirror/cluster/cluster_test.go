@@ -171,6 +171,17 @@ func testFailedNode(t *testing.T, newRaftPort bool) {
 	if newRaftPort && back.LocalMember().Raft == leader.LocalMember().Raft {
 		t.Fatalf("restarted on the same raft address %s", back.LocalMember().Raft)
 	}
+	// What the node missed is in its reads as soon as WaitLeader returns
+	// (it asks the leader for its commit index): a proxy that restarts
+	// must not serve from the metadata it had before.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := back.Store().WaitLeader(ctx); err != nil {
+		t.Fatalf("WaitLeader on the restarted node: %v", err)
+	}
+	if got, ok := back.Store().Get(missed.ID); !ok || got.Version != missed.Version {
+		t.Errorf("right after WaitLeader the restarted node reads %+v (found %t), want version %d", got, ok, missed.Version)
+	}
 	nodes = append(survivors, back)
 	waitMembers(t, nodes, all, nil)
 	waitReplicated(t, nodes, missed)
