@@ -100,6 +100,8 @@ func (m *fixedPlacement) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 
 func (m *fixedPlacement) BackendDown(string) bool { return false }
 
+func (m *fixedPlacement) Missed(string, *mirror.QueueID) {}
+
 func (m *fixedPlacement) settledIDs(id mirror.QueueID) []mirror.MessageID {
 	m.mu.Lock()
 	defer m.mu.Unlock()

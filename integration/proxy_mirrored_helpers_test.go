@@ -22,6 +22,9 @@ type mirroredOptions struct {
 	// grace is the watcher's Grace (failover_grace); 0 for its default.
 	grace  time.Duration
 	logger *slog.Logger
+	// linkAddrs sends the proxy's client links to a backend through another
+	// address (a faultyLink); the engine still reaches it directly.
+	linkAddrs map[string]string
 }
 
 // mirroredProxy is a proxy in this process with the replication engine.
@@ -58,7 +61,11 @@ func startMirroredProxyWith(t testing.TB, home *localbroker.Node, opts mirroredO
 	for _, n := range cluster.Nodes() {
 		watched = append(watched, controllink.Backend{Name: n.Name, URL: n.URL()})
 		if n.Name != home.Name {
-			others = append(others, proxy.Backend{Name: n.Name, Addr: nodeAddr(n)})
+			addr := nodeAddr(n)
+			if a, ok := opts.linkAddrs[n.Name]; ok {
+				addr = a
+			}
+			others = append(others, proxy.Backend{Name: n.Name, Addr: addr})
 		}
 	}
 	def, err := config.ParseDefinition([]byte(opts.definition))

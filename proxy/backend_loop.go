@@ -270,17 +270,26 @@ func (c *clientConn) trimmable(q *queueRef, m *message, hasID bool, id *mirror.M
 	return q
 }
 
-// confirm turns a backend's publisher confirm into the client's.
+// confirm turns a backend's publisher confirm into the client's; in the
+// proxy's own confirm mode (ownConfirms) it tells the client nothing.
 func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint64, multiple, nack bool) {
-	if !ch.confirming.Load() {
-		return // the proxy's own confirm mode: nothing to tell the client
+	own := !ch.confirming.Load()
+	if own && !ch.ownConfirms.Load() {
+		return
 	}
 	ch.outMu.Lock()
 	defer ch.outMu.Unlock()
 	ch.mu.Lock()
-	out := ch.confirms.confirm(l.idx, seq, multiple, nack, l.confirmed[:0])
-	l.confirmed = out
+	missed := l.missed[:0]
+	out := ch.confirms.confirm(l.idx, seq, multiple, nack, l.confirmed[:0], &missed)
+	l.confirmed, l.missed = out, missed
 	ch.mu.Unlock()
+	if len(missed) > 0 {
+		c.reportMissed(missed, "nacked")
+	}
+	if own {
+		return
+	}
 	if len(out) == 1 && out[0] == (clientConfirm{seq: seq, multiple: multiple, nack: nack}) {
 		c.toClient(f)
 		return
@@ -421,4 +430,27 @@ func isMethod(payload []byte, keys ...uint32) bool {
 		}
 	}
 	return false
+}
+
+// reportMissed tells the engine which slave copies may lack a publish, so
+// that they stop counting as synchronised (they rejoin as the youngest
+// slave and synchronise again, as a RabbitMQ mirror that missed messages
+// would restart). why is "nacked" or "link lost".
+func (c *clientConn) reportMissed(missed []missedCopy, why string) {
+	for _, m := range missed {
+		backend := c.srv.backends[m.backend].Name
+		var queue *mirror.QueueID // nil: any queue with a slave there
+		if m.queue != anyQueue {
+			queue = m.queue
+		}
+		c.log.Warn("a slave copy may lack publishes; it synchronises again", "backend", backend, "queue", queueName(queue), "why", why)
+		c.srv.opts.Mirror.Missed(backend, queue)
+	}
+}
+
+func queueName(q *mirror.QueueID) string {
+	if q == nil {
+		return "(any reached by an exchange publish)"
+	}
+	return q.Name
 }

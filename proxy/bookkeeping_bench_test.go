@@ -30,6 +30,6 @@ func BenchmarkPublisherConfirms(b *testing.B) {
 	b.ResetTimer()
 	for i := uint64(1); i <= uint64(b.N); i++ {
 		p.publish(0)
-		out = p.confirm(0, i, false, false, out[:0])
+		out = p.confirm(0, i, false, false, out[:0], nil)
 	}
 }

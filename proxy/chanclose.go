@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"unicode/utf8"
+
 	"github.com/amqp-mirror/amqp-mirror/frames"
 )
 
@@ -170,9 +172,9 @@ func (c *clientConn) closeChannelByProxy(ch *channelState, code uint16, text str
 		ch.mu.Unlock()
 		return
 	}
-	ch.notice = &frames.ChannelClose{ReplyCode: code, ReplyText: text, ClassID: classID, MethodID: methodID}
+	ch.notice = &frames.ChannelClose{ReplyCode: code, ReplyText: shortstr(text), ClassID: classID, MethodID: methodID}
 	ch.mu.Unlock()
-	c.closeOnLinks(ch, nil, "closed by amqp-mirror: "+text)
+	c.closeOnLinks(ch, nil, shortstr("closed by amqp-mirror: "+text))
 	ch.mu.Lock()
 	c.closeWaitDoneLocked(ch)
 }
@@ -262,11 +264,20 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 		}
 		cancelled = append(cancelled, tag)
 	}
-	confirms := ch.confirms.backendLost(l.idx, ch.confirmedLost[:0])
-	ch.confirmedLost = confirms
+	missed := ch.missed[:0]
+	confirms := ch.confirms.backendLost(l.idx, ch.confirmedLost[:0], &missed)
+	ch.confirmedLost, ch.missed = confirms, missed
 	ch.mu.Unlock()
+	if !ch.confirming.Load() {
+		confirms = nil // the proxy's own confirm mode
+	}
 	for _, cc := range confirms {
 		c.writeConfirm(ch.id, cc)
+	}
+	if len(missed) > 0 && !c.srv.opts.Mirror.BackendDown(l.name) {
+		// A backend counted down loses its slaves anyway; one still up
+		// kept its copies while this client's link to it broke.
+		c.reportMissed(missed, "link lost")
 	}
 	for _, tag := range cancelled {
 		c.toClientMethod(ch.id, &frames.BasicCancel{ConsumerTag: tag, NoWait: true})
@@ -281,4 +292,17 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 		}
 		ch.mu.Unlock()
 	}
+}
+
+// shortstr cuts a reply text to the 255 bytes a shortstr holds, at a rune
+// boundary: a longer one would not encode, and the close would be lost.
+func shortstr(s string) string {
+	if len(s) <= 255 {
+		return s
+	}
+	cut := 255
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }

@@ -17,6 +17,12 @@ type channelState struct {
 	// confirming is set once the client sent confirm.select (the link read
 	// loops read it for every confirm).
 	confirming atomic.Bool
+	// ownConfirms is set once the proxy put the channel's backend sides in
+	// confirm mode itself, at its first publish to several copies, the
+	// client having selected neither confirms nor transactions: the
+	// backends' confirms then tell the proxy which slave copies may lack a
+	// publish (Mirror.Missed) and never reach the client.
+	ownConfirms atomic.Bool
 
 	// Client read loop only.
 	//
@@ -58,8 +64,10 @@ type channelState struct {
 	// returns counts, for mandatory publishes sent to several backends,
 	// the backends that returned each (see returnArrived).
 	returns returnCounts
-	// confirmedLost is scratch for the confirms a lost link settles.
+	// confirmedLost is scratch for the confirms a lost link settles, missed
+	// for the slave copies it leaves short of publishes.
 	confirmedLost []clientConfirm
+	missed        []missedCopy
 
 	// closing is the channel's close state (chanClosing…), set under mu and
 	// read on every frame.

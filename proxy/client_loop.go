@@ -253,9 +253,24 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		if err := sel.Decode(args); err != nil {
 			return err
 		}
+		ch.mu.Lock()
+		if !ch.confirming.Load() {
+			ch.confirms.clientSelected()
+		}
 		ch.confirming.Store(true)
+		ch.mu.Unlock()
 		return c.onOpenLinks(ch, f, !sel.NoWait)
 	case frames.TxSelectKey:
+		if ch.ownConfirms.Load() {
+			// The backends would refuse it the same way ("cannot switch
+			// from confirm to tx mode"), but the client never asked for
+			// confirm mode, so say why.
+			c.closeChannelByProxy(ch, frames.PreconditionFailed,
+				"PRECONDITION_FAILED - cannot switch to tx mode: amqp-mirror keeps a channel that published to mirrored queues "+
+					"in confirm mode on the backends; select tx before the channel's first publish, or use another channel",
+				frames.ClassTx, 10)
+			return nil
+		}
 		ch.mu.Lock()
 		ch.transactional = true
 		ch.mu.Unlock()

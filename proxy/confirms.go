@@ -1,6 +1,10 @@
 package proxy
 
-import "sort"
+import (
+	"sort"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
 
 // publisherConfirms tracks, on one channel in confirm mode, which of the
 // client's publishes the backends have confirmed. The client's sequence
@@ -11,8 +15,17 @@ import "sort"
 // nacked when one nacked it, or when every backend that would have held it
 // was lost before acking. Backends outside the quorum (unsynchronised
 // slaves) are numbered but not waited for.
+//
+// The same bookkeeping serves the proxy's own confirm mode (ownConfirms in
+// channelState): there nothing reaches the client, but a slave's nack, or a
+// slave's link lost before it confirmed, says which copies may lack a
+// publish (missed).
 type publisherConfirms struct {
-	lastClient uint64 // the client's last publish sequence number
+	lastClient uint64 // the last publish sequence number, the proxy's own included
+	// clientBase is lastClient when the client sent confirm.select on a
+	// channel the proxy had put in confirm mode itself: the client numbers
+	// its publishes from there, and confirms up to it are the proxy's own.
+	clientBase uint64
 	// waiting holds every unconfirmed client publish, in sequence order.
 	waiting []pendingPublish
 	// backendSeqs maps each backend's sequence numbers back to the client's.
@@ -34,6 +47,23 @@ type backendSequence struct {
 type backendPublish struct {
 	backendSeq, clientSeq uint64
 	counts                bool // the backend is in the publish's quorum
+	// slaveOf is the queue whose synchronised slave this backend's copy
+	// is, anyQueue for an exchange publish (whichever queues it reached),
+	// nil when a lost copy would matter to no slave (the master's copy, an
+	// unsynchronised slave's).
+	slaveOf *mirror.QueueID
+}
+
+// anyQueue stands for every queue a publish to an exchange may have
+// reached on a backend.
+var anyQueue = new(mirror.QueueID)
+
+// missedCopy is a slave copy that may lack a publish: its backend nacked
+// it, or its link was lost before confirming it. queue is anyQueue when
+// the publish went to an exchange.
+type missedCopy struct {
+	backend int
+	queue   *mirror.QueueID
 }
 
 // clientConfirm is one basic.ack or basic.nack to send to the client.
@@ -46,40 +76,65 @@ type clientConfirm struct {
 // publish records a client publish sent to the given backends, all of them
 // in its quorum, and returns its client sequence number.
 func (p *publisherConfirms) publish(backends ...int) uint64 {
-	return p.publishTo(backends, nil)
+	return p.publishTo(backends, nil, nil, -1)
 }
 
-// publishTo records a client publish sent to the quorum backends and to the
-// extra ones (numbered, not waited for) and returns its sequence number.
-func (p *publisherConfirms) publishTo(quorum, extra []int) uint64 {
+// publishTo records a publish sent to the quorum backends and to the extra
+// ones (numbered, not waited for) and returns its sequence number. queue is
+// the mirrored queue it goes to, whose master is backend master; anyQueue
+// (master -1) for an exchange publish; nil when it is not mirrored.
+func (p *publisherConfirms) publishTo(quorum, extra []int, queue *mirror.QueueID, master int) uint64 {
 	p.lastClient++
 	p.waiting = append(p.waiting, pendingPublish{seq: p.lastClient, copies: uint8(len(quorum))})
 	if p.backendSeqs == nil {
 		p.backendSeqs = make(map[int]*backendSequence, 1)
 	}
 	for _, b := range quorum {
-		p.number(b, true)
+		slaveOf := queue
+		if b == master {
+			slaveOf = nil
+		}
+		p.number(b, true, slaveOf)
 	}
 	for _, b := range extra {
-		p.number(b, false)
+		p.number(b, false, nil)
 	}
 	return p.lastClient
 }
 
-func (p *publisherConfirms) number(b int, counts bool) {
+func (p *publisherConfirms) number(b int, counts bool, slaveOf *mirror.QueueID) {
 	bs := p.backendSeqs[b]
 	if bs == nil {
 		bs = &backendSequence{}
 		p.backendSeqs[b] = bs
 	}
 	bs.last++
-	bs.pending = append(bs.pending, backendPublish{backendSeq: bs.last, clientSeq: p.lastClient, counts: counts})
+	bs.pending = append(bs.pending, backendPublish{backendSeq: bs.last, clientSeq: p.lastClient, counts: counts, slaveOf: slaveOf})
+}
+
+// clientSelected records the client's confirm.select on a channel the
+// proxy already numbers publishes on: the client's first publish is 1.
+func (p *publisherConfirms) clientSelected() { p.clientBase = p.lastClient }
+
+// appendMissed appends to missed the slave copy of bp's publish on backend
+// b, once per queue.
+func appendMissed(missed []missedCopy, b int, bp backendPublish) []missedCopy {
+	if bp.slaveOf == nil {
+		return missed
+	}
+	for _, m := range missed {
+		if m.backend == b && m.queue == bp.slaveOf {
+			return missed
+		}
+	}
+	return append(missed, missedCopy{backend: b, queue: bp.slaveOf})
 }
 
 // backendLost stops waiting for a backend whose link was lost: its pending
 // publishes count as neither acked nor nacked, and a publish no quorum
 // backend acked is nacked. A new link to the backend numbers from 1 again.
-func (p *publisherConfirms) backendLost(backend int, out []clientConfirm) []clientConfirm {
+// The slave copies those publishes were meant for are appended to missed.
+func (p *publisherConfirms) backendLost(backend int, out []clientConfirm, missed *[]missedCopy) []clientConfirm {
 	bs := p.backendSeqs[backend]
 	if bs == nil {
 		return out
@@ -87,6 +142,9 @@ func (p *publisherConfirms) backendLost(backend int, out []clientConfirm) []clie
 	delete(p.backendSeqs, backend)
 	answered := 0
 	for _, bp := range bs.pending {
+		if missed != nil {
+			*missed = appendMissed(*missed, backend, bp)
+		}
 		if !bp.counts {
 			continue
 		}
@@ -108,8 +166,9 @@ func (p *publisherConfirms) backendLost(backend int, out []clientConfirm) []clie
 // confirm applies a backend's basic.ack or basic.nack and appends to out the
 // confirms the client should now receive, coalesced into one multiple ack
 // when they are the oldest outstanding publishes, as they are when a single
-// backend confirms in order.
-func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, nack bool, out []clientConfirm) []clientConfirm {
+// backend confirms in order. A nack appends the slave copies it concerns to
+// missed.
+func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, nack bool, out []clientConfirm, missed *[]missedCopy) []clientConfirm {
 	bs := p.backendSeqs[backend]
 	if bs == nil {
 		return out
@@ -120,6 +179,9 @@ func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, na
 	}
 	answered := 0
 	apply := func(bp backendPublish) {
+		if nack && missed != nil {
+			*missed = appendMissed(*missed, backend, bp)
+		}
 		if !bp.counts {
 			return
 		}
@@ -165,10 +227,13 @@ func (p *publisherConfirms) collect(answered int, out []clientConfirm) []clientC
 		prefix++
 	}
 	switch {
+	case prefix == 0 || p.waiting[prefix-1].seq <= p.clientBase:
 	case prefix == 1:
-		out = append(out, clientConfirm{seq: p.waiting[0].seq})
-	case prefix > 1:
-		out = append(out, clientConfirm{seq: p.waiting[prefix-1].seq, multiple: true})
+		out = append(out, clientConfirm{seq: p.waiting[0].seq - p.clientBase})
+	default:
+		// Publishes of the proxy's own (up to clientBase) in the range are
+		// news to nobody; the client's sequence starts after them.
+		out = append(out, clientConfirm{seq: p.waiting[prefix-1].seq - p.clientBase, multiple: true})
 	}
 	if prefix == answered {
 		n := copy(p.waiting, p.waiting[prefix:])
@@ -181,7 +246,9 @@ func (p *publisherConfirms) collect(answered int, out []clientConfirm) []clientC
 		switch {
 		case i < prefix:
 		case w.copies == 0:
-			out = append(out, clientConfirm{seq: w.seq, nack: w.nacked})
+			if w.seq > p.clientBase {
+				out = append(out, clientConfirm{seq: w.seq - p.clientBase, nack: w.nacked})
+			}
 		default:
 			kept = append(kept, w)
 		}

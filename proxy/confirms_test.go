@@ -3,6 +3,8 @@ package proxy
 import (
 	"reflect"
 	"testing"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 func TestPublisherConfirms(t *testing.T) {
@@ -78,7 +80,7 @@ func TestPublisherConfirms(t *testing.T) {
 				}
 			}
 			for i, c := range tt.confirms {
-				got := p.confirm(c.backend, c.seq, c.multiple, c.nack, nil)
+				got := p.confirm(c.backend, c.seq, c.multiple, c.nack, nil, nil)
 				if !reflect.DeepEqual(got, c.want) {
 					t.Errorf("confirm %d (backend %d seq %d): got %+v, want %+v", i, c.backend, c.seq, got, c.want)
 				}
@@ -95,7 +97,7 @@ func TestPublisherConfirmsSteadyStateDoesNotAllocate(t *testing.T) {
 	var out []clientConfirm
 	step := func() {
 		seq := p.publish(0)
-		out = p.confirm(0, seq, false, false, out[:0])
+		out = p.confirm(0, seq, false, false, out[:0], nil)
 	}
 	for i := 0; i < 100; i++ {
 		step()
@@ -162,14 +164,14 @@ func TestPublisherConfirmsQuorum(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var p publisherConfirms
 			for _, pub := range tt.publishes {
-				p.publishTo(pub[0], pub[1])
+				p.publishTo(pub[0], pub[1], nil, -1)
 			}
 			for i, s := range tt.steps {
 				var got []clientConfirm
 				if s.lost {
-					got = p.backendLost(s.backend, nil)
+					got = p.backendLost(s.backend, nil, nil)
 				} else {
-					got = p.confirm(s.backend, s.seq, s.multiple, s.nack, nil)
+					got = p.confirm(s.backend, s.seq, s.multiple, s.nack, nil, nil)
 				}
 				if !reflect.DeepEqual(got, s.want) {
 					t.Errorf("step %d: got %+v, want %+v", i, got, s.want)
@@ -179,5 +181,87 @@ func TestPublisherConfirmsQuorum(t *testing.T) {
 				t.Errorf("unconfirmed: got %d, want %d", got, tt.wantLeft)
 			}
 		})
+	}
+}
+
+// TestPublisherConfirmsMissedCopies: a slave's nack, or its link lost before
+// it confirmed, names the slave copies that may lack a publish (once per
+// queue); the master's copy and an unsynchronised slave's are not named.
+func TestPublisherConfirmsMissedCopies(t *testing.T) {
+	orders := &mirror.QueueID{VHost: "/", Name: "orders"}
+	tests := []struct {
+		name string
+		lost bool
+		// backend's confirm (or loss) of publishes up to seq, multiple
+		backend int
+		nack    bool
+		want    []missedCopy
+	}{
+		{name: "a slave's nack", backend: 1, nack: true, want: []missedCopy{{backend: 1, queue: orders}}},
+		{name: "a slave's ack", backend: 1},
+		{name: "the master's nack", backend: 0, nack: true},
+		{name: "an unsynchronised slave's nack", backend: 2, nack: true},
+		{name: "a slave's link lost", lost: true, backend: 1, want: []missedCopy{{backend: 1, queue: orders}}},
+		{name: "the master's link lost", lost: true, backend: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p publisherConfirms
+			for range 3 {
+				p.publishTo([]int{0, 1}, []int{2}, orders, 0)
+			}
+			var missed []missedCopy
+			if tt.lost {
+				p.backendLost(tt.backend, nil, &missed)
+			} else {
+				p.confirm(tt.backend, 3, true, tt.nack, nil, &missed)
+			}
+			if !reflect.DeepEqual(missed, tt.want) {
+				t.Errorf("missed: got %+v, want %+v", missed, tt.want)
+			}
+		})
+	}
+	t.Run("an exchange publish's lost link names any queue", func(t *testing.T) {
+		var p publisherConfirms
+		p.publishTo([]int{0, 1}, nil, anyQueue, -1)
+		var missed []missedCopy
+		p.backendLost(0, nil, &missed)
+		if want := []missedCopy{{backend: 0, queue: anyQueue}}; !reflect.DeepEqual(missed, want) {
+			t.Errorf("missed: got %+v, want %+v", missed, want)
+		}
+	})
+}
+
+// TestPublisherConfirmsClientSelectsLater: publishes the proxy numbered in
+// its own confirm mode are never confirmed to the client, whose sequence
+// starts at 1 with its confirm.select.
+func TestPublisherConfirmsClientSelectsLater(t *testing.T) {
+	var p publisherConfirms
+	p.publishTo([]int{0, 1}, nil, nil, -1) // the proxy's own: 1
+	p.publishTo([]int{0, 1}, nil, nil, -1) // the proxy's own: 2
+	p.clientSelected()
+	p.publishTo([]int{0, 1}, nil, nil, -1) // the client's 1
+	p.publishTo([]int{0, 1}, nil, nil, -1) // the client's 2
+	steps := []struct {
+		backend  int
+		seq      uint64
+		multiple bool
+		nack     bool
+		want     []clientConfirm
+	}{
+		{backend: 0, seq: 3, multiple: true},
+		{backend: 1, seq: 1}, // own 1 done: nothing to say
+		{backend: 1, seq: 3, multiple: true, want: []clientConfirm{{seq: 1, multiple: true}}}, // own 2 and client 1
+		{backend: 0, seq: 4, nack: true},
+		{backend: 1, seq: 4, want: []clientConfirm{{seq: 2, nack: true}}},
+	}
+	for i, s := range steps {
+		got := p.confirm(s.backend, s.seq, s.multiple, s.nack, nil, nil)
+		if !reflect.DeepEqual(got, s.want) {
+			t.Errorf("step %d: got %+v, want %+v", i, got, s.want)
+		}
+	}
+	if got := p.unconfirmed(); got != 0 {
+		t.Errorf("unconfirmed: got %d, want 0", got)
 	}
 }

@@ -43,6 +43,7 @@ type link struct {
 	backAck       frames.BasicAck
 	backNack      frames.BasicNack
 	confirmed     []clientConfirm
+	missed        []missedCopy
 	headerScratch []byte
 }
 
@@ -256,7 +257,7 @@ func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	if qos != nil {
 		lc.replies = append(lc.replies, nil)
 	}
-	confirm := ch.confirming.Load() && !ch.transactional
+	confirm := (ch.confirming.Load() || ch.ownConfirms.Load()) && !ch.transactional
 	if confirm {
 		lc.confirm = true
 		lc.replies = append(lc.replies, nil)

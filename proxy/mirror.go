@@ -47,6 +47,12 @@ type Mirror interface {
 	// on the ack path and must not block on the network; ids is valid only
 	// during the call.
 	Settle(id mirror.QueueID, ids []mirror.MessageID)
+	// Missed says that the slave copy on backend of queue (of every queue
+	// with a synchronised slave there, when queue is nil: a publish to an
+	// exchange) may lack a publish: the backend nacked it, or the client's
+	// link broke before the backend confirmed it. Such a slave is no
+	// longer synchronised. It must not block.
+	Missed(backend string, queue *mirror.QueueID)
 	// BackendDown reports whether the engine counts a backend down (its
 	// connections reset, or no answer within failover_grace). The proxy
 	// drops its links to such a backend even when their sockets look

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
@@ -583,7 +584,11 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 	if p.Mandatory && len(targets) > 1 {
 		ch.pub.returns = len(targets)
 	}
-	if ch.confirming.Load() {
+	confirming := ch.confirming.Load()
+	if !confirming && len(targets) > 1 && !ch.ownConfirms.Load() && !ch.transactional {
+		c.selectOwnConfirms(ch)
+	}
+	if confirming || ch.ownConfirms.Load() {
 		ch.mu.Lock()
 		// A link lost since the route was decided has settled its confirms
 		// already (under this lock); numbering this publish on it would
@@ -592,12 +597,15 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 		if len(quorum) == 0 && len(extra) > 0 {
 			quorum, extra = extra, nil
 		}
-		ch.confirms.publishTo(quorum, extra)
+		ch.confirms.publishTo(quorum, extra, r.queue, r.master)
 		var out []clientConfirm
 		if len(quorum) == 0 {
 			out = ch.confirms.collect(1, nil)
 		}
 		ch.mu.Unlock()
+		if !confirming {
+			out = nil
+		}
 		for _, cc := range out {
 			ch.outMu.Lock()
 			c.writeConfirm(ch.id, cc)
@@ -617,6 +625,28 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 	return nil
 }
 
+// selectOwnConfirms puts the channel's backend sides in confirm mode at its
+// first publish to several copies, the client having selected neither
+// confirms nor transactions: a slave that nacks a publish, or whose link
+// breaks before it confirmed, may lack it and must not count as
+// synchronised. confirm.select goes with no-wait, so no reply comes back;
+// links the channel opens on later get it with the channel (ensureChannel).
+func (c *clientConn) selectOwnConfirms(ch *channelState) {
+	ch.ownConfirms.Store(true)
+	for _, l := range c.openLinks(ch) {
+		l.mu.Lock()
+		lc := l.channelLocked(ch.id)
+		send := !lc.confirm
+		lc.confirm = true
+		l.mu.Unlock()
+		if send {
+			if err := l.sock.writeMethod(ch.id, &frames.ConfirmSelect{NoWait: true}); err != nil {
+				c.writeFailed(l, err)
+			}
+		}
+	}
+}
+
 // publishRoute is where a channel's publishes to one exchange and routing
 // key go. It is kept while the queue's metadata and the connection's links
 // stay as they were, so that a stream of publishes to one queue decides
@@ -629,6 +659,11 @@ type publishRoute struct {
 	targets       []*link
 	quorum, extra []int // backend indexes whose confirms count, and the others
 	identify      bool
+	// queue is the mirrored queue the publishes go to (anyQueue for an
+	// exchange, nil for a queue without slaves) and master its master's
+	// backend index: which copies a lost confirm leaves short.
+	queue  *mirror.QueueID
+	master int
 }
 
 // publishRoute decides, or recalls, where a publish goes.
@@ -644,7 +679,7 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 		r.links == c.linkChanges.Load() && (p.Exchange != "" || (found && meta.Version == r.version)) {
 		return r
 	}
-	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: confirming, quorum: r.quorum[:0], extra: r.extra[:0]}
+	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: confirming, quorum: r.quorum[:0], extra: r.extra[:0], master: -1}
 	var targets []*link
 	if p.Exchange == "" {
 		if !found {
@@ -654,7 +689,13 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 			targets = c.reach(ch, meta.Backends()...)
 			r.identify = len(meta.Slaves) > 0
 			r.version = meta.Version
+			if r.identify {
+				r.queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
+			}
 			for _, l := range targets {
+				if l.name == meta.Master {
+					r.master = l.idx
+				}
 				if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
 					r.extra = append(r.extra, l.idx)
 				} else {
@@ -667,6 +708,9 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 	} else {
 		targets = c.reachAll(ch)
 		r.identify = len(targets) > 1
+		if r.identify {
+			r.queue = anyQueue
+		}
 	}
 	r.targets = append([]*link(nil), targets...) // reach's slice is scratch
 	if len(r.quorum) == 0 && len(r.extra) == 0 {
@@ -682,6 +726,9 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 	if p.Exchange == "" && found {
 		complete = len(r.targets) == 1+len(meta.Slaves)
 	}
+	if !complete && (found || p.Exchange != "") {
+		c.reportUnreached(meta, found, r.targets)
+	}
 	if !found && p.Exchange == "" || !complete {
 		// Not kept: the queue may appear any moment, or a copy's backend
 		// could not be reached and is tried again with the next publish
@@ -692,6 +739,32 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 		return &route
 	}
 	return r
+}
+
+// reportUnreached reports the synchronised slaves of the queue (of every
+// backend, for an exchange publish: queue is false) that a publish cannot
+// reach although their backends are not counted down: a link that broke a
+// moment ago and is not dialled again yet. They miss the publish.
+func (c *clientConn) reportUnreached(meta mirror.QueueMeta, queue bool, targets []*link) {
+	reached := func(name string) bool {
+		return slices.ContainsFunc(targets, func(l *link) bool { return l.name == name })
+	}
+	m := c.srv.opts.Mirror
+	if !queue {
+		for _, name := range c.srv.backendNames {
+			if !reached(name) && !m.BackendDown(name) {
+				c.log.Debug("an exchange publish cannot reach a backend", "backend", name)
+				m.Missed(name, nil)
+			}
+		}
+		return
+	}
+	for _, s := range meta.Slaves {
+		if s.Synchronised && !reached(s.Backend) && !m.BackendDown(s.Backend) {
+			c.log.Debug("a publish cannot reach a synchronised slave", "backend", s.Backend, "queue", meta.ID.Name)
+			m.Missed(s.Backend, &meta.ID)
+		}
+	}
 }
 
 // withoutLost returns idxs without the backends whose link among targets

@@ -107,6 +107,9 @@ type Engine struct {
 	ownCopies ownCopiesCheck
 	// drained are the backends `ctl drain` emptied (drain.go).
 	drained drainedSet
+	// missed are the slave copies the proxy reported short of a publish
+	// (missed.go).
+	missed missedCopies
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -302,6 +305,7 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 			for _, ev := range e.takeEvents() {
 				e.handleEvent(ev)
 			}
+			e.handleMissed()
 			e.ensureTrimmers()
 			e.reconcileAll()
 		case <-tick.C:

@@ -1,0 +1,120 @@
+package engine
+
+import (
+	"sync"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// missedCopies collects the proxy's reports of slave copies that may lack
+// a publish (Missed) until the background loop handles them.
+type missedCopies struct {
+	mu sync.Mutex
+	// byBackend holds, per backend, the queues reported; all is set for a
+	// backend an exchange publish may have missed (any queue there).
+	byBackend map[string]*missedOn
+}
+
+type missedOn struct {
+	all    bool
+	queues map[mirror.QueueID]bool
+}
+
+func (m *missedCopies) add(backend string, queue *mirror.QueueID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.byBackend == nil {
+		m.byBackend = make(map[string]*missedOn)
+	}
+	on := m.byBackend[backend]
+	if on == nil {
+		on = &missedOn{queues: make(map[mirror.QueueID]bool)}
+		m.byBackend[backend] = on
+	}
+	if queue == nil {
+		on.all = true
+		return
+	}
+	on.queues[*queue] = true
+}
+
+func (m *missedCopies) take() map[string]*missedOn {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := m.byBackend
+	m.byBackend = nil
+	return out
+}
+
+// Missed records that the slave copy on backend of queue (of every queue
+// with a slave there, when queue is nil) may lack a publish: the backend
+// nacked it, or a client's link to it broke before the backend confirmed
+// it. The background loop makes such a slave unsynchronised. It does not
+// block: the proxy calls it from a link's read loop.
+func (e *Engine) Missed(backend string, queue *mirror.QueueID) {
+	e.missed.add(backend, queue)
+	e.poke()
+}
+
+// handleMissed makes every reported synchronised slave rejoin as the
+// youngest unsynchronised slave (mirror.Rejoin), as a RabbitMQ mirror that
+// lost messages restarts as a new mirror: it no longer counts towards
+// confirms or as a promotion candidate, and it synchronises again (at once
+// with ha-sync-mode automatic). A backend counted down is left alone: it
+// loses its slaves anyway, and they rejoin purged when it is back.
+func (e *Engine) handleMissed() {
+	reports := e.missed.take()
+	if len(reports) == 0 {
+		return
+	}
+	live := e.live()
+	for backend, on := range reports {
+		if !live.Has(backend) {
+			continue
+		}
+		for _, m := range e.opts.Store.List() {
+			i := m.SlaveIndex(backend)
+			if i < 0 || !m.Slaves[i].Synchronised || !on.all && !on.queues[m.ID] {
+				continue
+			}
+			e.resyncSlave(m.ID, backend)
+		}
+	}
+}
+
+// resyncSlave turns the synchronised slave of queue id on backend into the
+// youngest unsynchronised one whose copy is emptied before it is copied to
+// again. Beside its trimmer (trimsHere) the copy is marked partial, which
+// the next sync purges first; a slave another proxy trims is purged through
+// that proxy before the record changes, so that its own sync never copies
+// to it before the purge.
+func (e *Engine) resyncSlave(id mirror.QueueID, backend string) {
+	log := e.log.With("queue", id.Name, "vhost", id.VHost, "backend", backend)
+	local := e.trimsHere(backend)
+	if !local {
+		ctx, cancel := e.opContext()
+		err := e.purgeRemote(ctx, backend, id)
+		cancel()
+		if err != nil {
+			log.Warn("a slave missed publishes and cannot be purged; trying again later", "err", err)
+			e.missed.add(backend, &id)
+			return
+		}
+	} else {
+		e.cancelSyncTo(id, backend) // it must not call the slave synchronised
+		e.markPartial(id, []string{backend})
+	}
+	_, err := e.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+		if i := cur.SlaveIndex(backend); i < 0 || !cur.Slaves[i].Synchronised {
+			return cur, false
+		}
+		r := mirror.Rejoin(cur, backend)
+		return r.Meta, r.Joined
+	})
+	if err != nil {
+		log.Warn("a slave missed publishes; cannot record it unsynchronised; trying again later", "err", err)
+		e.missed.add(backend, &id)
+		return
+	}
+	log.Warn("a slave missed publishes (nacked, or a client's link to it broke before it confirmed): no longer synchronised, it rejoined as the youngest slave")
+}
