@@ -24,27 +24,34 @@ import (
 )
 
 // TestAmqp091SuiteThroughProxy runs the integration tests of amqp091-go, the client library
-// our go.mod pins, twice against rabbit1: once directly and once through a proxy running in
-// this process (so under this binary's -race). Every test that passes directly must pass
-// through the proxy. A test that fails directly must be listed in amqp091FailsDirectly with
-// the reason, and a listed test must indeed fail directly, so the list stays honest.
+// our go.mod pins, three times against rabbit1: once directly; once through a proxy running in
+// this process (so under this binary's -race) with rabbit1 as its only backend; and once
+// through a proxy with rabbit1 as home and rabbit2 and rabbit3 as the other backends, the real
+// mirror engine and a policy that mirrors every queue on all three (ha-mode all, automatic
+// sync), so every queue the suite declares has a master and two slaves, and every publish
+// and ack crosses three links. Every test that passes directly must pass through both
+// proxies. A test that fails directly must be listed in amqp091FailsDirectly with the reason,
+// and a listed test must indeed fail directly, so the list stays honest.
 //
 // The suite is compiled once, without -race, from the module cache with `go test -c -tags
 // integration`; its only test-only dependency, go.uber.org/goleak, is already in our go.mod.
 // It runs the tests the integration tag adds, plus any other test that reads AMQP_URL;
-// the library's unit tests never touch a broker and would only add ~18s per run.
+// the library's unit tests never touch a broker and would only add ~18s per run. The direct
+// run is made once and is what both proxied runs are compared with.
 //
 // It is not parallel: the suite has 200ms delivery deadlines, and on a two-core machine the
-// rest of the package running beside it would make those flaky, in either run. Running alone
+// rest of the package running beside it would make those flaky, in any run. Running alone
 // also lets the suite's memory-alarm test raise rabbit1's alarm for a few seconds without
-// disturbing anyone.
+// disturbing anyone; rabbit1 is the mirrored proxy's home too, where that test's queue is
+// placed.
 //
 // Two tests take most of the time and are kept: TestChannelCounterShouldNotPanicIssue136
 // (~25s directly, 35-65s through the -race proxy on a loaded two-core machine) opens and
 // closes 80,000 channels from 8 goroutines, wrapping channel ids past channel_max dozens of
-// times, which is the proxy's channel-table reuse under concurrency; and
-// TestConnectionRecoverySkipAndContinueNoInfiniteLoop (~16s) waits three recovery
-// periods to prove a loop does not recur. The whole test takes about two minutes.
+// times, which is the proxy's channel-table reuse under concurrency (and, mirrored, its
+// channels on three links); and TestConnectionRecoverySkipAndContinueNoInfiniteLoop (~16s)
+// waits three recovery periods to prove a loop does not recur. Each run takes about two
+// minutes.
 func TestAmqp091SuiteThroughProxy(t *testing.T) {
 	direct := node(t, "rabbit1")
 	suite := buildAmqp091Suite(t)
@@ -52,25 +59,64 @@ func TestAmqp091SuiteThroughProxy(t *testing.T) {
 	t.Logf("amqp091-go %s: %d tests selected, %d not run", suite.version, len(suite.tests), len(amqp091NotRun))
 
 	directRun := suite.run(t, "direct", direct.URL())
-	proxyURL, server := startProxy(t, direct, func(options *proxy.Options) {
-		// The suite opens hundreds of connections; only warnings are worth reading here.
-		options.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	})
-	proxiedRun := suite.run(t, "proxied", proxyURL)
-
 	if len(directRun.results) == 0 {
 		t.Fatalf("the direct run reported no test at all; it ended with:\n%s", directRun.ending())
 	}
+	suite.checkLists(t, directRun)
+	// The suite opens hundreds of connections; only warnings are worth reading here.
+	warnings := func(t *testing.T) *slog.Logger {
+		return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+
+	t.Run("proxied", func(t *testing.T) {
+		url, server := startProxy(t, direct, func(options *proxy.Options) { options.Logger = warnings(t) })
+		run := suite.run(t, "proxied", url)
+		compareAmqp091Runs(t, directRun, run, server)
+	})
+	t.Run("mirrored", func(t *testing.T) {
+		p := startMirroredProxyWith(t, direct, mirroredOptions{logger: warnings(t)})
+		run := suite.run(t, "mirrored", p.url)
+		compareAmqp091Runs(t, directRun, run, p.srv)
+	})
+}
+
+// checkLists fails the test where amqp091FailsDirectly or amqp091NotRun no longer say the
+// truth about the direct run or about the suite's tests.
+func (s amqp091Suite) checkLists(t *testing.T, directRun amqp091Run) {
+	t.Helper()
+	for _, name := range directRun.names() {
+		if directRun.results[name] != "FAIL" {
+			continue
+		}
+		if _, listed := amqp091FailsDirectly[topLevel(name)]; !listed {
+			t.Errorf("%s fails directly and is not in amqp091FailsDirectly; find out why and list it with the reason:\n%s",
+				name, directRun.excerpt(name))
+		}
+	}
+	for _, name := range sortedKeys(amqp091FailsDirectly) {
+		if status, ran := directRun.results[name]; !ran {
+			t.Errorf("%s is in amqp091FailsDirectly but did not run directly: is it still in amqp091-go %s?", name, s.version)
+		} else if status != "FAIL" {
+			t.Errorf("%s directly: got %s, want FAIL as amqp091FailsDirectly says; take it off the list", name, status)
+		}
+	}
+	for _, name := range sortedKeys(amqp091NotRun) {
+		if !slices.Contains(s.declared, name) {
+			t.Errorf("%s is in amqp091NotRun but amqp091-go %s has no such test; take it off the list", name, s.version)
+		}
+	}
+}
+
+// compareAmqp091Runs fails the test for every test that passed directly and not through the
+// proxy, and checks that every connection the suite opened through the proxy ended there.
+func compareAmqp091Runs(t *testing.T, directRun, proxiedRun amqp091Run, server *proxy.Server) {
+	t.Helper()
 	regressed := false
 	for _, name := range directRun.names() {
 		directStatus, proxiedStatus := directRun.results[name], proxiedRun.results[name]
-		reason, listed := amqp091FailsDirectly[topLevel(name)]
 		switch {
-		case directStatus == "FAIL" && !listed:
-			t.Errorf("%s fails directly and is not in amqp091FailsDirectly; find out why and list it with the reason:\n%s",
-				name, directRun.excerpt(name))
 		case directStatus == "FAIL":
-			t.Logf("%s fails directly, as listed (%s); through the proxy: %s", name, reason, orMissing(proxiedStatus))
+			t.Logf("%s fails directly, as listed (%s); through the proxy: %s", name, amqp091FailsDirectly[topLevel(name)], orMissing(proxiedStatus))
 		case directStatus == "PASS" && proxiedStatus != "PASS":
 			regressed = true
 			t.Errorf("%s through the proxy: got %s, want PASS as directly\n--- directly:\n%s\n--- through the proxy:\n%s",
@@ -84,18 +130,6 @@ func TestAmqp091SuiteThroughProxy(t *testing.T) {
 		// left behind, say.
 		t.Errorf("the suite through the proxy: got %v, want exit 0 as directly; it ended with:\n%s",
 			proxiedRun.err, proxiedRun.ending())
-	}
-	for _, name := range sortedKeys(amqp091FailsDirectly) {
-		if status, ran := directRun.results[name]; !ran {
-			t.Errorf("%s is in amqp091FailsDirectly but did not run directly: is it still in amqp091-go %s?", name, suite.version)
-		} else if status != "FAIL" {
-			t.Errorf("%s directly: got %s, want FAIL as amqp091FailsDirectly says; take it off the list", name, status)
-		}
-	}
-	for _, name := range sortedKeys(amqp091NotRun) {
-		if !slices.Contains(suite.declared, name) {
-			t.Errorf("%s is in amqp091NotRun but amqp091-go %s has no such test; take it off the list", name, suite.version)
-		}
 	}
 	// The suite's process is gone, so every connection it opened through the proxy must end
 	// in the proxy too; the reasons tell how they ended.
