@@ -417,3 +417,88 @@ func deleteThrough(p *cliProxy, queue string) error {
 	defer conn.Close()
 	return deleteQueue(conn, queue)
 }
+
+// TestSidecarRuntimePoliciesInTheLog: runtime policies live in the proxies' replicated
+// log. A policy set through proxy 1 is listed through proxy 3 as soon as set_policy
+// returns (within moments: proxy 3 applies the log entry), is still there after every
+// proxy restarted, and a clear through proxy 2 removes it everywhere. A proxy that cannot
+// reach a majority (the two others stopped) refuses set_policy with an error that says so,
+// and changes nothing.
+func TestSidecarRuntimePoliciesInTheLog(t *testing.T) {
+	proxies := startSidecars(t)
+	const policyRow = "/\tha-log\t^policylog_\tqueues\t{\"ha-mode\":\"all\"}\t0\truntime\n"
+	setPolicy(t, proxies[0], "ha-log", "^policylog_", `{"ha-mode":"all"}`)
+	set := time.Now()
+	awaitCondition(t, 2*time.Second, func() error { return proxies[2].ctl(t, "list_policies").contains(policyRow) })
+	t.Logf("proxy 3 listed the policy %v after set_policy through proxy 1 returned", time.Since(set))
+	for i, p := range proxies {
+		if err := p.ctl(t, "list_policies").contains(policyRow); err != nil {
+			t.Errorf("proxy %d: %v", i+1, err)
+		}
+	}
+
+	// Every proxy stopped, then all started again: the log keeps the policy.
+	for _, p := range proxies {
+		p.stop(t, syscall.SIGTERM)
+	}
+	for i, p := range proxies {
+		proxies[i] = startServeProcess(t, p.binary, p.configPath)
+		proxies[i].token = p.token
+	}
+	for i, p := range proxies {
+		awaitCondition(t, 60*time.Second, func() error {
+			if p.exited() {
+				return fmt.Errorf("proxy %d exited with %v:\n%s", i+1, p.command.ProcessState, p.stderr)
+			}
+			line, ok := p.record(map[string]string{"msg": "admin API listening"})
+			if !ok {
+				return fmt.Errorf("proxy %d does not serve its admin API yet", i+1)
+			}
+			p.adminAddr = line.text("addr")
+			return nil
+		})
+	}
+	for i, p := range proxies {
+		awaitCondition(t, 30*time.Second, func() error {
+			if err := p.ctl(t, "list_policies").contains(policyRow); err != nil {
+				return fmt.Errorf("proxy %d after the restart: %w", i+1, err)
+			}
+			return nil
+		})
+	}
+
+	// Cleared through proxy 2: gone everywhere.
+	awaitCondition(t, 30*time.Second, func() error {
+		r := proxies[1].ctl(t, "clear_policy", "ha-log")
+		if r.code != 0 {
+			return fmt.Errorf("clear_policy through proxy 2: exit code %d: %s", r.code, r.stderr)
+		}
+		return nil
+	})
+	for i, p := range proxies {
+		awaitCondition(t, 2*time.Second, func() error {
+			r := p.ctl(t, "list_policies")
+			if r.code != 0 || strings.Contains(r.stdout, "ha-log") {
+				return fmt.Errorf("proxy %d lists (exit code %d):\n%s%s", i+1, r.code, r.stdout, r.stderr)
+			}
+			return nil
+		})
+	}
+
+	// Proxy 1 alone: no majority, so set_policy fails and says why.
+	proxies[1].stop(t, syscall.SIGTERM)
+	proxies[2].stop(t, syscall.SIGTERM)
+	awaitCondition(t, 30*time.Second, func() error {
+		r := proxies[0].ctl(t, "set_policy", "--apply-to", "queues", "minority", "^minority_", `{"ha-mode":"all"}`)
+		if r.code == 0 {
+			return fmt.Errorf("set_policy through a proxy without a majority succeeded:\n%s", r.stdout)
+		}
+		if !strings.Contains(r.stderr, "no majority of the proxies reachable") {
+			return fmt.Errorf("set_policy without a majority: exit code %d, stderr lacks the reason:\n%s", r.code, r.stderr)
+		}
+		return nil
+	})
+	if r := proxies[0].ctl(t, "list_policies"); r.code != 0 || strings.Contains(r.stdout, "minority") {
+		t.Errorf("proxy 1 lists after a refused set_policy (exit code %d):\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
