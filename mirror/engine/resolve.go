@@ -78,9 +78,17 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 	}
 	m := adoptedMeta(id, copies)
 	written, err := e.opts.Writer.Put(ctx, m, 0)
-	if errors.Is(err, mirror.ErrConflict) {
+	for errors.Is(err, mirror.ErrConflict) {
+		// The log holds the queue and this proxy's copy of it may not
+		// show it yet (in a cluster it lags the leader by a moment): wait
+		// for it rather than answer from what the backends hold.
 		if stored, ok := e.opts.Store.Get(id); ok {
 			return stored, true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return mirror.QueueMeta{}, false, fmt.Errorf("adopting %s: %w (and this proxy's copy of the log does not show it yet)", id, err)
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
 	if err != nil {
