@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -370,4 +372,96 @@ func TestTrimmerPurge(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// countingConn counts the writes on a connection: amqp091-go writes each
+// frame it sends with one, so for a trimmer's connection that holds its
+// deliveries they are its acks.
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// dialCounting dials the broker with every write counted in writes.
+func dialCounting(t *testing.T, writes *atomic.Int64) *amqp.Connection {
+	t.Helper()
+	conn, err := amqp.DialConfig(broker.URL(), amqp.Config{
+		Dial: func(network, addr string) (net.Conn, error) {
+			c, err := net.DialTimeout(network, addr, 10*time.Second)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{Conn: c, writes: writes}, nil
+		},
+	})
+	if err != nil {
+		t.Fatalf("dial %s: %v", broker.URL(), err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// TestTrimmerBatchesAcks: settlements that come one by one, as client acks
+// do, reach the slave's broker as a few multiple acks, not one ack each.
+func TestTrimmerBatchesAcks(t *testing.T) {
+	const total = 1000
+	tests := []struct {
+		name     string
+		opts     TrimmerOptions
+		pause    time.Duration // between settlements of pausedEvery messages
+		maxAcks  int64
+		pausedAt int
+	}{
+		// Settled over tens of milliseconds, inside one AckDelay: one ack
+		// (two if the machine is slow enough to straddle the timer).
+		{name: "within one AckDelay", opts: TrimmerOptions{AckDelay: 2 * time.Second}, pause: time.Millisecond, pausedAt: 20, maxAcks: 2},
+		// An AckDelay that never passes within the test: only full
+		// batches can have gone out.
+		{name: "full batches go at once", opts: TrimmerOptions{AckDelay: time.Hour, AckBatch: 100}, maxAcks: total / 100},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn := dial(t)
+			queue := declareWithMessages(t, conn, total)
+			var writes atomic.Int64
+			opts := tt.opts
+			opts.Logger = quietLogger()
+			tr, err := StartTrimmer(dialCounting(t, &writes), queue, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			testutil.Eventually(t, 10*time.Second, func() error {
+				if held, _ := tr.Stats(); held != total {
+					return fmt.Errorf("trimmer holds %d, want %d", held, total)
+				}
+				return nil
+			})
+			before := writes.Load()
+			for n := range total {
+				tr.Settle(messageID(n))
+				if tt.pause > 0 && n%tt.pausedAt == tt.pausedAt-1 {
+					time.Sleep(tt.pause) // settlements spread over time, as a consumer's acks are
+				}
+			}
+			testutil.Eventually(t, 10*time.Second, func() error {
+				if n := tr.decided(); n != 0 {
+					return fmt.Errorf("%d acks not sent yet", n)
+				}
+				return nil
+			})
+			if got := writes.Load() - before; got < 1 || got > tt.maxAcks {
+				t.Errorf("the trimmer wrote %d frames for %d settlements, want 1 to %d", got, total, tt.maxAcks)
+			}
+			tr.Close()
+			if left := remaining(t, conn, queue); len(left) != 0 {
+				t.Errorf("%d settled messages left on the slave, want none", len(left))
+			}
+		})
+	}
 }
