@@ -107,6 +107,9 @@ type Engine struct {
 	ownCopies ownCopiesCheck
 	// drained are the backends `ctl drain` emptied (drain.go).
 	drained drainedSet
+	// failedMembers are the backends whose proxy serf declared failed
+	// (liveness.go).
+	failedMembers memberFailures
 	// missed are the slave copies the proxy reported short of a publish
 	// (missed.go).
 	missed missedCopies
@@ -344,7 +347,7 @@ func (e *Engine) handleEvent(ev controllink.Event) {
 // those that could not at the backend's return.
 func (e *Engine) retryRejoins() {
 	for b, queues := range e.lost {
-		if e.opts.Watcher.State(b) != controllink.Up {
+		if !e.up(b) {
 			continue
 		}
 		e.backendBack(b, queues)
@@ -354,11 +357,11 @@ func (e *Engine) retryRejoins() {
 	}
 }
 
-// live returns the backends the watcher sees up.
+// live returns the backends the engine counts up (liveness.go).
 func (e *Engine) live() mirror.LiveSet {
 	var up []string
 	for _, b := range e.backends {
-		if e.opts.Watcher.State(b) == controllink.Up {
+		if e.up(b) {
 			up = append(up, b)
 		}
 	}

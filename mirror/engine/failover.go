@@ -60,7 +60,7 @@ func (e *Engine) backendLost(ev controllink.Event) {
 		// during an election) is decided again a moment later, while the
 		// backend is still down.
 		time.AfterFunc(time.Second, func() {
-			if e.ctx.Err() == nil && e.opts.Watcher.State(ev.Backend) != controllink.Up {
+			if e.ctx.Err() == nil && !e.up(ev.Backend) {
 				e.addEvent(ev)
 			}
 		})
@@ -119,6 +119,13 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 	}
 	for id := range queues {
 		m, ok := e.opts.Store.Get(id)
+		if !ok {
+			// Deleted while the backend was down: its copy goes too.
+			if _, err := e.buryCopies(id, []string{backend}); err != nil {
+				e.log.Warn("cannot delete a returning copy of a deleted queue; retrying", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
+				continue
+			}
+		}
 		if !ok || m.Master == backend {
 			delete(queues, id)
 			continue

@@ -1,0 +1,111 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// TestMemberFailedCountsBackendDown: serf's verdict that the proxy beside
+// a backend failed counts the backend down at once, although the watcher
+// still sees its broker up: the master there is replaced by its oldest
+// synchronised slave, and the proxy is told to drop its links
+// (BackendDown). When serf sees the proxy alive again, the backend counts
+// up and its copy rejoins as the youngest slave, purged.
+func TestMemberFailedCountsBackendDown(t *testing.T) {
+	h := newHarness(t, "", nil)
+	setPolicy(t, h.policies, "ha-all", "^member-", `{"ha-mode": "all", "ha-sync-mode": "automatic"}`)
+	ctx := context.Background()
+	id := queueID(uniqueName(t, "member"))
+	placed := mirror.QueueMeta{ID: id, Durable: true, Master: "rabbit2",
+		Slaves: []mirror.Slave{{Backend: "rabbit3", Synchronised: true}, {Backend: "rabbit1", Synchronised: true}}}
+	declareCopies(t, placed)
+	m, err := h.engine.Declared(ctx, placed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishTo(t, id.Name, 0, 20, m.Backends()...)
+	expectHeld(t, h.engine, id, 20, "rabbit3", "rabbit1")
+
+	failed := time.Now()
+	h.engine.MemberFailed("rabbit2")
+	if !h.engine.BackendDown("rabbit2") {
+		t.Error("BackendDown(rabbit2) = false right after MemberFailed, want true")
+	}
+	expectMeta(t, h.store, id, func(m mirror.QueueMeta, ok bool) error {
+		if m.Master != "rabbit3" || m.Epoch != 1 || m.Holds("rabbit2") {
+			return fmt.Errorf("master %s, epoch %d, slaves %+v; want rabbit3, epoch 1, rabbit2 gone", m.Master, m.Epoch, m.Slaves)
+		}
+		return nil
+	})
+	t.Logf("promoted %v after MemberFailed", time.Since(failed))
+	if h.engine.live().Has("rabbit2") {
+		t.Error("rabbit2 still counts as live while its proxy is failed")
+	}
+
+	h.engine.MemberAlive("rabbit2")
+	if h.engine.BackendDown("rabbit2") {
+		t.Error("BackendDown(rabbit2) = true after MemberAlive with its broker up, want false")
+	}
+	rejoined := expectMeta(t, h.store, id, synchronisedSlaves(2))
+	if got := rejoined.Backends(); !slices.Equal(got, []string{"rabbit3", "rabbit1", "rabbit2"}) {
+		t.Errorf("after the return the copies are %v, want [rabbit3 rabbit1 rabbit2] (rabbit2 the youngest slave)", got)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := readyOn(t, "rabbit3", id.Name); n != 20 {
+			return fmt.Errorf("the new master has %d ready messages, want 20", n)
+		}
+		return nil
+	})
+}
+
+// TestDeletedQueueCopyIsNotAdopted: a copy that a broker kept of a queue
+// deleted while it was down (the log keeps the queue's tombstone) is
+// deleted when a client names the queue, not adopted as a new queue; the
+// queue declared again loses its tombstone. A queue the log never knew is
+// still adopted (TestAdoption).
+func TestDeletedQueueCopyIsNotAdopted(t *testing.T) {
+	h := newHarness(t, "", nil)
+	ctx := context.Background()
+	id := queueID(uniqueName(t, "tombstone"))
+	placed := mirror.QueueMeta{ID: id, Durable: true, Master: "rabbit1", Slaves: []mirror.Slave{{Backend: "rabbit3"}}}
+	declareCopies(t, placed)
+	m, err := h.engine.Declared(ctx, placed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Deleted while rabbit3 was down: the master's copy went, rabbit3's
+	// stayed, holding messages from before.
+	publishPlain(t, "rabbit3", id.Name, 5)
+	deleteOn("rabbit1", id.Name)
+	if err := h.store.Delete(ctx, id, m.Version); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.store.Tombstone(id); !ok {
+		t.Fatal("no tombstone after the delete")
+	}
+
+	got, ok, err := h.engine.Resolve(ctx, id)
+	if err != nil || ok {
+		t.Fatalf("Resolve of a deleted queue = %+v, %v, %v; want not found", got, ok, err)
+	}
+	if n := readyOn(t, "rabbit3", id.Name); n != -1 {
+		t.Errorf("rabbit3 still has the deleted queue's copy (%d ready), want it deleted", n)
+	}
+	if _, ok := h.store.Get(id); ok {
+		t.Error("the deleted queue is recorded again")
+	}
+
+	again, err := h.engine.Declared(ctx, mirror.QueueMeta{ID: id, Durable: true, Master: "rabbit2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts, ok := h.store.Tombstone(id); ok {
+		t.Errorf("tombstone %+v kept after the queue was declared again (%+v)", ts, again)
+	}
+}
