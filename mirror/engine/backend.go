@@ -127,6 +127,28 @@ func (e *Engine) deleteCopy(backend, queue string) error {
 	return err
 }
 
+// buryCopies deletes the copies on backends of a queue that was deleted
+// (the log keeps its tombstone), and reports whether it was: a broker that
+// was down when the queue was deleted kept its copy, which must go, not be
+// adopted as a new queue. A queue the log never knew has no tombstone and
+// is left alone (adopted as before). The tombstone goes when the queue is
+// declared again through a proxy.
+func (e *Engine) buryCopies(id mirror.QueueID, backends []string) (bool, error) {
+	ts, ok := e.opts.Store.Tombstone(id)
+	if !ok {
+		return false, nil
+	}
+	var errs []error
+	for _, b := range backends {
+		if err := e.deleteCopy(b, id.Name); err != nil {
+			errs = append(errs, fmt.Errorf("deleting the copy of deleted %s on %s: %w", id, b, err))
+			continue
+		}
+		e.log.Info("copy of a deleted queue deleted", "queue", id.Name, "vhost", id.VHost, "backend", b, "deleted_at", ts.At, "epoch", ts.Epoch)
+	}
+	return true, errors.Join(errs...)
+}
+
 // amqpTable converts a field table as it came on the wire (frames
 // encoding, nil for none) to amqp091-go's Table.
 func amqpTable(encoded []byte) (amqp.Table, error) {

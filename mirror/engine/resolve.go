@@ -25,7 +25,9 @@ type found struct {
 // every live backend (a passive declare on the proxy's own connection);
 // found on one, the queue is adopted with that backend as master; found on
 // several, the one with most messages (the first configured on a tie)
-// becomes master and the others unsynchronised slaves. The engine then
+// becomes master and the others unsynchronised slaves. Copies of a queue
+// deleted through the proxies (the log keeps its tombstone) are deleted
+// instead, and the queue is not found. The engine then
 // mirrors it per its policy like any queue. An exclusive queue of some
 // connection (405) is returned with its backend as master but not
 // recorded: exclusive queues are never mirrored. No backend having the
@@ -72,6 +74,17 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 			// Not known to be missing: a backend that could not answer may
 			// have it.
 			return mirror.QueueMeta{}, false, fmt.Errorf("resolving %s: %w", id, errors.Join(errs...))
+		}
+		e.cacheNegative(id)
+		return mirror.QueueMeta{}, false, nil
+	}
+	holders := make([]string, 0, len(copies))
+	for _, c := range copies {
+		holders = append(holders, c.backend)
+	}
+	if buried, err := e.buryCopies(id, holders); buried {
+		if err != nil {
+			return mirror.QueueMeta{}, false, fmt.Errorf("resolving %s: %w", id, err)
 		}
 		e.cacheNegative(id)
 		return mirror.QueueMeta{}, false, nil
