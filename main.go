@@ -345,6 +345,8 @@ type mirroring struct {
 	// alone; it owns store then. stopPolicies ends its policy gossip.
 	cluster      *cluster.Cluster
 	stopPolicies func()
+	// stopMembers ends handing serf's verdicts to the engine.
+	stopMembers func()
 }
 
 // startMirroring opens the metadata store in state_dir/raft (a single
@@ -423,6 +425,7 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 		m.cluster.HandleSettles(m.engine.SettleLocal)
 		m.cluster.HandlePurges(m.engine.PurgeLocal)
 		m.cluster.HandleSyncs(m.engine.SyncLocal)
+		m.stopMembers = watchMembers(m.cluster, m.engine, cfg.Node)
 	}
 	return m, nil
 }
@@ -437,6 +440,9 @@ func (m *mirroring) mirror() proxy.Mirror {
 }
 
 func (m *mirroring) close() {
+	if m.stopMembers != nil {
+		m.stopMembers()
+	}
 	if m.stopPolicies != nil {
 		m.stopPolicies()
 	}

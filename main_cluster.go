@@ -117,6 +117,66 @@ func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server,
 	}
 }
 
+// memberCheck is how often a sidecar proxy hands serf's verdicts on the
+// other proxies to its engine: serf's own detection takes about a second
+// (mirror/cluster's doc), this adds at most a tenth of that.
+const memberCheck = 100 * time.Millisecond
+
+// memberVerdicts is what watchMembers needs of the engine.
+type memberVerdicts interface {
+	MemberFailed(backend string)
+	MemberAlive(backend string)
+}
+
+// watchMembers hands serf's verdicts on the other proxies to the engine
+// until stop is called: a proxy serf declares failed means its node (proxy
+// and broker) failed, so its backend counts as down at once on every
+// survivor (engine.MemberFailed), and as the watcher sees it again once
+// serf sees the proxy alive. A member that left gracefully or was
+// forgotten leaves the verdict to the watcher.
+func watchMembers(c *cluster.Cluster, verdicts memberVerdicts, self string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(memberCheck)
+		defer ticker.Stop()
+		failed := map[string]bool{}
+		for {
+			seen := map[string]bool{}
+			for _, m := range c.Members() {
+				if m.Name == self || m.Backend == "" {
+					continue
+				}
+				seen[m.Backend] = true
+				isFailed := m.Status == cluster.StatusFailed
+				switch {
+				case isFailed && !failed[m.Backend]:
+					verdicts.MemberFailed(m.Backend)
+				case !isFailed && failed[m.Backend]:
+					verdicts.MemberAlive(m.Backend)
+				}
+				failed[m.Backend] = isFailed
+			}
+			for backend := range failed {
+				if !seen[backend] {
+					verdicts.MemberAlive(backend)
+					delete(failed, backend)
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
 // clusterEngineOptions wires the engine to the cluster: writes forwarded
 // to the leader, settles for other nodes' slaves delivered to them.
 func clusterEngineOptions(opts *engine.Options, c *cluster.Cluster) {
