@@ -208,7 +208,11 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request, vhost, name string,
 			p, err = s.store.SetPolicy(p)
 		}
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, config.ErrNoMajority):
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	case err != nil:
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -255,6 +259,8 @@ func (s *Server) delete(w http.ResponseWriter, vhost, name string, operator bool
 		writeError(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, config.ErrFilePolicy):
 		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, config.ErrNoMajority):
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err.Error())
 	default:
