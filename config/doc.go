@@ -21,7 +21,7 @@
 //	  bootstrap_expect: 3         # a new cluster's size, the same on every proxy; 0 = join one
 //	queue_master_locator: min-masters   # min-masters | client-local | random
 //	failover_grace: 2s            # silence before an unresponsive backend counts as down
-//	state_dir: ./state            # policies.json, admin.token; relative to this file
+//	state_dir: ./state            # metadata log (raft/, runtime policies), admin.token; relative to this file
 //	admin_token: ""               # "" = generated into state_dir/admin.token (0600)
 //	log: {level: info, format: text}    # debug|info|warn|error ; text|json
 //	handshake_timeout: 10s        # limit for a client's AMQP handshake
