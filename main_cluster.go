@@ -306,6 +306,32 @@ func (l *policyLog) sync() {
 	}
 }
 
+// policyRetry is how long a change waits before it tries again when the
+// log had no leader.
+const policyRetry = 100 * time.Millisecond
+
+// changeRetrying records c, trying again while the log has no leader
+// until ctx ends: an election (a leader lost, a loaded host) lasts about a
+// second, and a ctl command during one should wait for it rather than
+// fail. A proxy on a minority side fails when ctx ends. A change the log
+// refused without committing is tried again; one that may have committed
+// (ErrLeadershipLost is also ErrNotLeader) is one that a second attempt
+// repeats harmlessly for a set, and for a clear finds the policy already
+// gone (ErrPolicyNotFound, as for a clear made twice).
+func (l *policyLog) changeRetrying(ctx context.Context, c mirror.PolicyChange) error {
+	for {
+		_, err := l.writer.ChangePolicies(ctx, c)
+		if err == nil || !errors.Is(err, mirror.ErrNotLeader) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(policyRetry):
+		}
+	}
+}
+
 // SetPolicy records a runtime policy in the log.
 func (l *policyLog) SetPolicy(p config.Policy, operator bool) error {
 	return l.change(mirror.PolicyChange{Op: mirror.PolicySet, Policy: &p, Operator: operator})
@@ -319,7 +345,7 @@ func (l *policyLog) ClearPolicy(vhost, name string, operator bool) error {
 func (l *policyLog) change(c mirror.PolicyChange) error {
 	ctx, cancel := context.WithTimeout(context.Background(), policyLogTimeout)
 	defer cancel()
-	if _, err := l.writer.ChangePolicies(ctx, c); err != nil {
+	if err := l.changeRetrying(ctx, c); err != nil {
 		switch {
 		case errors.Is(err, mirror.ErrNotLeader):
 			return fmt.Errorf("%w: runtime policies live in the proxies' replicated log, and this proxy cannot reach a majority of the proxies; nothing was changed (%v)", config.ErrNoMajority, err)
