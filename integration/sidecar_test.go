@@ -491,7 +491,10 @@ func TestSidecarRuntimePoliciesInTheLog(t *testing.T) {
 	awaitCondition(t, 30*time.Second, func() error {
 		r := proxies[0].ctl(t, "set_policy", "--apply-to", "queues", "minority", "^minority_", `{"ha-mode":"all"}`)
 		if r.code == 0 {
-			return fmt.Errorf("set_policy through a proxy without a majority succeeded:\n%s", r.stdout)
+			t.Fatalf("set_policy through a proxy without a majority succeeded:\n%s", r.stdout)
+		}
+		if r.code != 69 {
+			return fmt.Errorf("set_policy without a majority: exit code %d, want 69 (unavailable, try again):\n%s", r.code, r.stderr)
 		}
 		if !strings.Contains(r.stderr, "no majority of the proxies reachable") {
 			return fmt.Errorf("set_policy without a majority: exit code %d, stderr lacks the reason:\n%s", r.code, r.stderr)
