@@ -126,10 +126,15 @@
 // # Failover
 //
 // A backend is down at once when its connections are reset or refused, and
-// after failover_grace when it merely stops answering. For every queue
-// mastered there, the oldest live synchronised slave becomes master and the
-// epoch rises; with no synchronised slave, ha-promote-on-failure decides
-// (default always: promote the oldest slave, and messages only the old
+// after failover_grace when it merely stops answering. A backend that closes
+// the watcher's connection with 320 CONNECTION_FORCED was stopped cleanly:
+// ha-promote-on-shutdown decides instead of ha-promote-on-failure. The
+// watcher reads that close from its socket itself, so a reset that follows
+// it (a write meeting the closed socket) does not turn the stop into a
+// failure. For every queue mastered there, the oldest live synchronised
+// slave becomes master and the epoch rises; with no synchronised slave,
+// ha-promote-on-failure (or -on-shutdown) decides (default always: promote
+// the oldest slave, and messages only the old
 // master held are lost, as the seed says). The new master requeues every
 // message clients had not acked, even if the ack was in flight; consumers
 // move to it transparently with their consumer tags, except those declared
@@ -186,12 +191,28 @@
 //     proposes the same decision (the oldest live synchronised slave) as
 //     a conditional write; the log takes the first, the others find the
 //     queue promoted. A proposal the log cannot take (no leader during an
-//     election) is made again a second later.
+//     election) is made again a second later. A node is judged failed by
+//     serf: when serf declares a proxy failed, every survivor counts the
+//     backend beside it down at once (engine.MemberFailed), so they all
+//     act on the same signal within about a second; each proxy's own
+//     probe still catches a broker that dies under a live proxy.
 //
 // Writes from any proxy go through the leader of the log (cluster.Put).
-// Runtime policies (ctl set_policy) are not in the log yet: a proxy sends
-// its runtime policies to the others, which take the latest change (last
-// writer wins by the changing proxy's clock).
+// Runtime policies (ctl set_policy and friends) are entries of the same
+// log (Store.ChangePolicies, forwarded to the leader like queue writes):
+// every proxy applies them in log order and its PolicyStore shows them;
+// the proxy that made a change shows it when ctl returns, the others
+// moments later. A proxy without a majority refuses a change rather than
+// apply it alone. Policies of the config file stay each proxy's own.
+//
+// # Tombstones
+//
+// Deleting a queue leaves a tombstone in the log (Store.Tombstone: its
+// copies' backends, epoch and when), so that a broker that was down at the
+// time, and kept its copy, has that copy deleted when the engine finds it
+// (Resolve, or the backend's return) instead of adopting it as a new
+// queue. A queue the log never knew is still adopted. Declaring the queue
+// again removes its tombstone; the log keeps the newest MaxTombstones.
 //
 // # Guarantees
 //

@@ -93,7 +93,8 @@
 //
 // # Writes from any node
 //
-// A write (Cluster.Put, Cluster.Delete) commits on the leader. On the
+// A write (Cluster.Put, Cluster.Delete, and runtime policy changes:
+// Cluster.ChangePolicies) commits on the leader. On the
 // leader it is applied locally; on a follower it is forwarded to the
 // leader over the leader's raft port (a connection whose first byte marks
 // it as a forwarded write rather than raft traffic; see forward.go), so a
@@ -106,7 +107,7 @@
 //
 // Some work needs no consensus but must reach one particular proxy: the
 // settles of a slave copy go to the proxy beside it, which alone trims it
-// (SendSettles), and runtime policies to every proxy (Send, Handle). They
+// (SendSettles), or a message of another kind (Send, Handle). They
 // travel on the raft port too, on one long-lived connection per
 // destination marked by its first byte, as batches of JSON; delivery is
 // best effort (a full queue, an unknown or dead destination, or a failed
