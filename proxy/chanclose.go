@@ -143,13 +143,21 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 		}
 		c.abandonReply(ch, g)
 	}
+	// With several links, what this read loop writes on the channel waits
+	// until the client loop is not between a publish's frames (boundary.go).
+	write := func(run func()) { run() }
+	if c.srv.opts.Mirror != nil {
+		write = func(run func()) { c.atBoundary(ch, run) }
+	}
 	if !wasOpen || ch.closing.Load() != chanOpen {
 		// Closes crossed: the proxy or the client closed it meanwhile. The
 		// link gets its close-ok; what the client is owed is settled by
 		// the close under way.
-		if err := l.sock.sendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
-			c.writeFailed(l, err)
-		}
+		write(func() {
+			if err := l.sock.sendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
+				c.writeFailed(l, err)
+			}
+		})
 		return nil
 	}
 	ch.mu.Lock()
@@ -157,9 +165,11 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	ch.closer = l
 	ch.notice = &cl
 	ch.mu.Unlock()
-	c.closeOnLinks(ch, l, "closed by amqp-mirror: "+cl.ReplyText)
-	ch.mu.Lock()
-	c.closeWaitDoneLocked(ch)
+	write(func() {
+		c.closeOnLinks(ch, l, "closed by amqp-mirror: "+cl.ReplyText)
+		ch.mu.Lock()
+		c.closeWaitDoneLocked(ch)
+	})
 	return nil
 }
 

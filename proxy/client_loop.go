@@ -20,8 +20,10 @@ func (c *clientConn) clientLoop() {
 		f, err := c.client.in.ReadFrame()
 		if err == nil {
 			c.sendMu.Lock()
+			c.runBoundaryLocked()
 			err = c.fromClient(f)
-			c.sendMu.Unlock()
+			c.runBoundaryLocked()
+			c.unlockSend()
 		}
 		if err != nil {
 			c.clientFailed(err)

@@ -106,6 +106,9 @@ type clientConn struct {
 	// sendMu is held by the client loop while it handles a frame, and by
 	// the failover of consumers while it writes to links for the client.
 	sendMu sync.Mutex
+	// boundary is the link loops' writes on channels that wait for the
+	// client loop to be between messages (boundary.go).
+	boundary boundaryQueue
 	// linkOpening serialises opening each backend's link (not under mu).
 	linkOpening []sync.Mutex
 

@@ -68,7 +68,9 @@
 // Server.mu, then clientConn.mu, then channelState.outMu, then
 // channelState.mu, then link.mu, then socketWriter.mu. socketWriter.mu is
 // never held during a system call (the writer releases it around each
-// write), and nothing else is taken under it.
+// write), and nothing else is taken under it; nor under boundaryQueue.mu,
+// which guards the link loops' writes that wait for the client loop to be
+// between messages (boundary.go).
 // Per-frame state that both read loops check (close state, channel lookup)
 // is atomic.
 package proxy

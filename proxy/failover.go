@@ -96,7 +96,7 @@ func (c *clientConn) checkMasters() {
 		old.sock.flush()
 	}
 	if locked {
-		c.sendMu.Unlock()
+		c.unlockSend()
 	}
 	for idx, orphans := range byOld {
 		c.log.Warn("queue master changed under live consumers; moving them", "old", c.srv.backends[idx].Name, "consumers", len(orphans))
@@ -171,7 +171,7 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 	// The client loop must not be between a publish's frames on this
 	// channel: a consume there would split its content.
 	c.sendMu.Lock()
-	defer c.sendMu.Unlock()
+	defer c.unlockSend()
 	if o.ch.pub.inContent {
 		return moveWait
 	}

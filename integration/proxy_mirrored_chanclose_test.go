@@ -1,0 +1,156 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// TestProxyMirroredChannelErrorInsidePublish: with mirroring, a publish to
+// an exchange reaches every backend, and each closes the channel when the
+// exchange does not exist. When the first close arrives while the client is
+// between the frames of its next publish, the proxy's channel.close to the
+// other backends must wait for that publish's last frame: a broker takes
+// no other frame on a channel between a publish's method and its content,
+// and closes the whole connection with 505 UNEXPECTED_FRAME (amqp091-go's
+// TestRepeatedChannelExceptionWithPublishAndMaxProcsIssue46 did this through
+// a mirrored proxy). The client hears of the close after that publish, and
+// no link is lost.
+func TestProxyMirroredChannelErrorInsidePublish(t *testing.T) {
+	var warnings warningRecorder
+	text := slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})
+	p := startMirroredProxyWith(t, node(t, "rabbit1"), mirroredOptions{logger: slog.New(warnings.wrap(text))})
+	client := dialRaw(t, strings.TrimSuffix(strings.TrimPrefix(p.url, "amqp://guest:guest@"), "/"))
+	client.open(guest)
+
+	exchange := uniqueName(t, "missing")
+	body := []byte("inside a publish")
+	send := func(what string, write func() error) {
+		t.Helper()
+		client.conn.SetWriteDeadline(time.Now().Add(rawTimeout))
+		if err := write(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if err := client.out.Flush(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	publish := func(withBody bool) {
+		t.Helper()
+		send("publish", func() error {
+			if err := client.out.WriteMethod(1, &frames.BasicPublish{Exchange: exchange, RoutingKey: "key"}); err != nil {
+				return err
+			}
+			header := &frames.ContentHeader{ClassID: frames.ClassBasic, BodySize: uint64(len(body))}
+			if err := client.out.WriteContentHeader(1, header); err != nil {
+				return err
+			}
+			if withBody {
+				return client.out.WriteFrame(frames.FrameBody, 1, body)
+			}
+			return nil
+		})
+	}
+	publish(true)  // every backend closes channel 1 for it
+	publish(false) // its method and header; its body comes later
+
+	// The backends close the channel within milliseconds of message 1. The
+	// client must hear nothing while it is inside message 2: the proxy's
+	// close to the other backends, and so the client's notice, wait for its
+	// body.
+	if f, m, err := client.next(time.Second); !isTimeout(err) {
+		t.Fatalf("inside message 2's content: got %s %v (err %v), want nothing until its body is sent",
+			frames.FrameTypeName(f.Type), m, err)
+	}
+	send("message 2's body", func() error { return client.out.WriteFrame(frames.FrameBody, 1, body) })
+	closed, err := expect[*frames.ChannelClose](client)
+	if err != nil {
+		t.Fatalf("after message 2: %v", err)
+	}
+	if closed.ReplyCode != frames.NotFound || !strings.Contains(closed.ReplyText, exchange) {
+		t.Errorf("channel.close: got %d %q, want 404 for exchange %s", closed.ReplyCode, closed.ReplyText, exchange)
+	}
+	send("channel.close-ok", func() error { return client.out.WriteMethod(1, &frames.ChannelCloseOk{}) })
+	send("channel.open", func() error { return client.out.WriteMethod(1, &frames.ChannelOpen{}) })
+	if _, err := expect[*frames.ChannelOpenOk](client); err != nil {
+		t.Fatalf("reopening channel 1: %v", err)
+	}
+	// An exchange declare reaches every backend and answers when all did.
+	send("exchange.declare", func() error {
+		return client.out.WriteMethod(1, &frames.ExchangeDeclare{Exchange: exchange, Type: "direct", AutoDelete: true})
+	})
+	if _, err := expect[*frames.ExchangeDeclareOk](client); err != nil {
+		t.Fatalf("exchange.declare on the reopened channel: %v", err)
+	}
+	if lost := warnings.containing("backend link lost"); len(lost) > 0 {
+		t.Errorf("links lost: got %q, want none", lost)
+	}
+}
+
+func isTimeout(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
+}
+
+// warningRecorder keeps the messages of the WARN and ERROR records that pass
+// through the handlers it wraps, with their attributes.
+type warningRecorder struct {
+	mu       sync.Mutex
+	messages []string
+}
+
+func (w *warningRecorder) wrap(h slog.Handler) slog.Handler {
+	return recordingHandler{Handler: h, to: w}
+}
+
+// containing returns the recorded messages that contain s.
+func (w *warningRecorder) containing(s string) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, m := range w.messages {
+		if strings.Contains(m, s) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+type recordingHandler struct {
+	slog.Handler
+	to    *warningRecorder
+	attrs []slog.Attr
+}
+
+func (h recordingHandler) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		var b strings.Builder
+		b.WriteString(r.Message)
+		for _, a := range h.attrs {
+			b.WriteString(" " + a.String())
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			b.WriteString(" " + a.String())
+			return true
+		})
+		h.to.mu.Lock()
+		h.to.messages = append(h.to.messages, b.String())
+		h.to.mu.Unlock()
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h recordingHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return recordingHandler{Handler: h.Handler.WithAttrs(attrs), to: h.to, attrs: append(h.attrs[:len(h.attrs):len(h.attrs)], attrs...)}
+}
+
+func (h recordingHandler) WithGroup(name string) slog.Handler {
+	return recordingHandler{Handler: h.Handler.WithGroup(name), to: h.to, attrs: h.attrs}
+}
