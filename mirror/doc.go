@@ -126,16 +126,16 @@
 // # Failover
 //
 // A backend is down at once when its connections are reset or refused, and
-// after failover_grace when it merely stops answering. A backend that closes
-// the watcher's connection with 320 CONNECTION_FORCED was stopped cleanly:
-// ha-promote-on-shutdown decides instead of ha-promote-on-failure. The
-// watcher reads that close from its socket itself, so a reset that follows
-// it (a write meeting the closed socket) does not turn the stop into a
-// failure. For every queue mastered there, the oldest live synchronised
+// after failover_grace when it merely stops answering. One that closes the
+// watcher's connection with 320 CONNECTION_FORCED was stopped cleanly; the
+// watcher reads that close from its socket itself, so that a reset right
+// after it (a write meeting the closed socket) does not turn the stop into
+// a failure. For every queue mastered there, the oldest live synchronised
 // slave becomes master and the epoch rises; with no synchronised slave,
-// ha-promote-on-failure (or -on-shutdown) decides (default always: promote
-// the oldest slave, and messages only the old
-// master held are lost, as the seed says). The new master requeues every
+// ha-promote-on-failure decides (default always: promote the oldest slave,
+// and messages only the old master held are lost, as the seed says), or
+// after a clean stop ha-promote-on-shutdown (default when-synced: the queue
+// waits for its master). The new master requeues every
 // message clients had not acked, even if the ack was in flight; consumers
 // move to it transparently with their consumer tags, except those declared
 // with x-cancel-on-ha-failover, which receive basic.cancel. Publishes in

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"sync"
 	"time"
 
@@ -214,7 +215,7 @@ func (w *Watcher) watch(b Backend) {
 	log := w.log.With("backend", b.Name)
 	retry := w.opts.Retry / 10
 	for {
-		conn, ch, err := w.connect(b)
+		conn, observed, ch, err := w.connect(b)
 		if err != nil {
 			if w.transition(b.Name, Down, causeOf(err), err, nil) {
 				logUnreachable(log, err)
@@ -230,7 +231,7 @@ func (w *Watcher) watch(b Backend) {
 		retry = w.opts.Retry / 10
 		w.transition(b.Name, Up, CauseNone, nil, conn)
 		log.Info("backend up", "generation", w.generation(b.Name))
-		cause, err := w.probe(conn, ch)
+		cause, err := w.probe(conn, observed, ch)
 		// A frozen broker never answers the close handshake: do not wait.
 		conn.CloseDeadline(time.Now())
 		if cause == CauseNone { // the watcher is closing
@@ -243,10 +244,10 @@ func (w *Watcher) watch(b Backend) {
 
 // connect opens the connection and the channel the probes use, both within
 // the grace period: a frozen broker must not hold the watcher.
-func (w *Watcher) connect(b Backend) (*amqp.Connection, *amqp.Channel, error) {
-	conn, err := w.dial(b)
+func (w *Watcher) connect(b Backend) (*amqp.Connection, *observedConn, *amqp.Channel, error) {
+	conn, observed, err := w.dial(b)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	opened := make(chan error, 1)
 	var ch *amqp.Channel
@@ -264,40 +265,84 @@ func (w *Watcher) connect(b Backend) (*amqp.Connection, *amqp.Channel, error) {
 	}
 	if err != nil {
 		conn.CloseDeadline(time.Now()) // also ends the goroutine's wait
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return conn, ch, nil
+	return conn, observed, ch, nil
 }
 
-func (w *Watcher) dial(b Backend) (*amqp.Connection, error) {
+// dial opens the watcher's connection to b. The socket under amqp091-go is
+// an observedConn, so that the broker's connection.close is seen even when a
+// reset races it (closeframe.go). For an amqps:// URL the TLS client is set
+// up here, beneath the observer, and amqp091-go is handed the URL as plain
+// amqp:// (with its port): above TLS the frames are clear.
+func (w *Watcher) dial(b Backend) (*amqp.Connection, *observedConn, error) {
 	// The handshake is bounded, since a frozen broker accepts TCP
 	// connections (the kernel does) but never answers. The bound is not the
 	// grace: a dial runs only while the backend is already down (or not yet
 	// known), and RabbitMQ answers a wrong password by closing the socket
 	// after three seconds, which must read as a refusal, not as a freeze.
 	handshake := max(w.opts.Grace, 5*time.Second)
+	dialURL, tlsConfig, err := plainURL(b)
+	if err != nil {
+		return nil, nil, err
+	}
 	dialer := &net.Dialer{Timeout: handshake}
-	return amqp.DialConfig(b.URL, amqp.Config{
-		TLSClientConfig: b.TLS,
-		Heartbeat:       10 * time.Second,
-		Locale:          "en_US",
+	var observed *observedConn
+	conn, err := amqp.DialConfig(dialURL, amqp.Config{
+		Heartbeat: 10 * time.Second,
+		Locale:    "en_US",
 		Dial: func(network, addr string) (net.Conn, error) {
-			conn, err := dialer.Dial(network, addr)
+			raw, err := dialer.Dial(network, addr)
 			if err != nil {
 				return nil, err
 			}
 			// amqp091-go clears the deadline once the connection is open.
-			conn.SetDeadline(time.Now().Add(handshake))
-			return conn, nil
+			raw.SetDeadline(time.Now().Add(handshake))
+			if tlsConfig != nil {
+				client := tls.Client(raw, tlsConfig)
+				if err := client.Handshake(); err != nil {
+					raw.Close()
+					return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+				}
+				raw = client
+			}
+			observed = observe(raw)
+			return observed, nil
 		},
 		Properties: amqp.Table{"connection_name": "amqp-mirror backend watcher"},
 	})
+	return conn, observed, err
+}
+
+// plainURL returns the URL amqp091-go is to dial for b, and for amqps:// the
+// TLS configuration the watcher's own dial sets up: b.TLS, or the system's
+// roots and the URL's host name, as amqp091-go would take.
+func plainURL(b Backend) (string, *tls.Config, error) {
+	u, err := url.Parse(b.URL)
+	if err != nil {
+		return "", nil, fmt.Errorf("backend %s: parsing its url: %w", b.Name, err)
+	}
+	if u.Scheme != "amqps" {
+		return b.URL, nil, nil
+	}
+	config := &tls.Config{MinVersion: tls.VersionTLS12}
+	if b.TLS != nil {
+		config = b.TLS.Clone()
+	}
+	if config.ServerName == "" {
+		config.ServerName = u.Hostname()
+	}
+	if u.Port() == "" {
+		u.Host = net.JoinHostPort(u.Hostname(), "5671")
+	}
+	u.Scheme = "amqp"
+	return u.String(), config, nil
 }
 
 // probe asks the broker a cheap question every ProbeInterval until the
 // connection fails or the broker stops answering within Grace. It returns
 // CauseNone only when the watcher is closing.
-func (w *Watcher) probe(conn *amqp.Connection, ch *amqp.Channel) (Cause, error) {
+func (w *Watcher) probe(conn *amqp.Connection, observed *observedConn, ch *amqp.Channel) (Cause, error) {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	answers := make(chan error, 1)
 	ask := func() {
@@ -312,7 +357,7 @@ func (w *Watcher) probe(conn *amqp.Connection, ch *amqp.Channel) (Cause, error) 
 		case <-w.done:
 			return CauseNone, nil
 		case amqpErr := <-closed:
-			return closeCause(amqpErr)
+			return endCause(observed, notified(amqpErr))
 		case <-tick.C:
 		}
 		go ask()
@@ -323,11 +368,11 @@ func (w *Watcher) probe(conn *amqp.Connection, ch *amqp.Channel) (Cause, error) 
 			return CauseNone, nil
 		case amqpErr := <-closed:
 			deadline.Stop()
-			return closeCause(amqpErr)
+			return endCause(observed, notified(amqpErr))
 		case err := <-answers:
 			deadline.Stop()
 			if err != nil {
-				return causeOf(err), fmt.Errorf("probe: %w", err)
+				return endCause(observed, fmt.Errorf("probe: %w", err))
 			}
 		case <-deadline.C:
 			return CauseUnresponsive, fmt.Errorf("no answer to a probe within %s", w.opts.Grace)
@@ -378,17 +423,48 @@ func logUnreachable(log *slog.Logger, err error) {
 	log.Warn("backend unreachable; retrying", "err", err)
 }
 
-func closeCause(e *amqp.Error) (Cause, error) {
-	if e == nil { // closed without an error: by us, which only happens at Close
+// endCause classifies the end of a connection that was up, from what the
+// broker sent first: its connection.close 320 CONNECTION_FORCED is a clean
+// stop however amqp091-go then learnt of the end (a write that met the reset
+// after it, say), and any other connection.close is a loss. Without one, the
+// error amqp091-go reported decides (causeOf).
+func endCause(observed *observedConn, err error) (Cause, error) {
+	var amqpErr *amqp.Error
+	if m := observed.BrokerClose(); m != nil {
+		if errors.As(err, &amqpErr) && amqpErr.Server && amqpErr.Code == int(m.ReplyCode) {
+			return causeOf(err), err // amqp091-go read it too
+		}
+		brokerErr := &amqp.Error{Code: int(m.ReplyCode), Reason: m.ReplyText, Server: true}
+		if err != nil {
+			// Both: the broker's close says why, the failure says how the
+			// client library heard of it.
+			return causeOf(brokerErr), fmt.Errorf("%w (then: %v)", brokerErr, err)
+		}
+		return causeOf(brokerErr), brokerErr
+	}
+	if err == nil { // closed without an error: by us, which only happens at Close
 		return CauseLost, errors.New("connection closed")
 	}
-	if e.Server && e.Code == amqp.ConnectionForced {
-		return CauseShutdown, e
-	}
-	return CauseLost, e
+	return causeOf(err), err
 }
 
+// notified turns NotifyClose's error into an error, nil (a close of ours)
+// staying nil rather than becoming a non-nil error holding a nil pointer.
+func notified(e *amqp.Error) error {
+	if e == nil {
+		return nil
+	}
+	return e
+}
+
+// causeOf classifies a failure: a timeout is a broker that does not answer,
+// the broker's 320 CONNECTION_FORCED (also in a handshake, to a broker that
+// is stopping) a clean stop, anything else a loss.
 func causeOf(err error) Cause {
+	var amqpErr *amqp.Error
+	if errors.As(err, &amqpErr) && amqpErr.Server && amqpErr.Code == amqp.ConnectionForced {
+		return CauseShutdown
+	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
 		return CauseUnresponsive

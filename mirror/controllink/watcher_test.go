@@ -3,15 +3,21 @@ package controllink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
 )
 
 const testGrace = time.Second
+
+const writePace = 200 * time.Microsecond
 
 // nextEvent returns the watcher's next event, failing the test after timeout.
 func nextEvent(t *testing.T, w *Watcher, timeout time.Duration) Event {
@@ -58,17 +64,18 @@ func TestWatcherSeesBackendFailures(t *testing.T) {
 	tests := []struct {
 		name string
 		// fail makes the broker fail and returns when it did.
-		fail      func(t *testing.T) time.Time
+		fail      func(t *testing.T, w *Watcher) time.Time
 		wantCause Cause
 		// within bounds the time from the failure to the Down event.
 		within time.Duration
 		// atLeast: an unresponsive broker must be given its grace.
 		atLeast time.Duration
+		// recover undoes fail; the broker need not answer yet.
 		recover func(t *testing.T)
 	}{
 		{
 			name: "kill -9 is seen at once",
-			fail: func(t *testing.T) time.Time {
+			fail: func(t *testing.T, _ *Watcher) time.Time {
 				at := time.Now()
 				if err := broker.Kill(); err != nil {
 					t.Fatal(err)
@@ -84,22 +91,30 @@ func TestWatcherSeesBackendFailures(t *testing.T) {
 		},
 		{
 			name: "a clean stop is a shutdown",
-			fail: func(t *testing.T) time.Time {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				at := time.Now()
-				if err := broker.Stop(ctx); err != nil {
-					t.Fatal(err)
-				}
-				return at
+			fail: func(t *testing.T, _ *Watcher) time.Time {
+				return stopBroker(t)
 			},
 			wantCause: CauseShutdown,
 			within:    30 * time.Second, // the broker takes its time to stop; the event precedes the exit
 			recover:   restartBroker,
 		},
 		{
+			// RabbitMQ sends connection.close 320 and closes the socket at
+			// once; a write that follows meets a reset, which amqp091-go
+			// may act on before it reads the 320. The trimmers' acks and
+			// the probes write on the watcher's connection all the time.
+			name: "a clean stop while the connection is written to is a shutdown",
+			fail: func(t *testing.T, w *Watcher) time.Time {
+				writeUntilClosed(t, w)
+				return stopBroker(t)
+			},
+			wantCause: CauseShutdown,
+			within:    30 * time.Second,
+			recover:   restartBroker,
+		},
+		{
 			name: "a frozen broker is down after the grace",
-			fail: func(t *testing.T) time.Time {
+			fail: func(t *testing.T, _ *Watcher) time.Time {
 				if err := syscall.Kill(broker.PID(), syscall.SIGSTOP); err != nil {
 					t.Fatal(err)
 				}
@@ -123,10 +138,17 @@ func TestWatcherSeesBackendFailures(t *testing.T) {
 				t.Fatalf("Conn = %v, %d while up with generation %d", conn, generation, up.Generation)
 			}
 
-			failedAt := tt.fail(t)
+			failedAt := tt.fail(t, w)
+			// However this subtest ends, the next one finds the broker
+			// serving again.
+			recoverOnce := sync.OnceFunc(func() { tt.recover(t) })
+			t.Cleanup(func() {
+				recoverOnce()
+				awaitBrokerServing(t)
+			})
 			down := expectEvent(t, w, tt.within+5*time.Second, Down, tt.wantCause)
 			took := down.At.Sub(failedAt)
-			t.Logf("%s seen after %s", tt.wantCause, took.Round(time.Millisecond))
+			t.Logf("%s seen after %s (%v)", tt.wantCause, took.Round(time.Millisecond), down.Err)
 			if took > tt.within || took < tt.atLeast {
 				t.Errorf("down after %s, want between %s and %s", took, tt.atLeast, tt.within)
 			}
@@ -134,7 +156,7 @@ func TestWatcherSeesBackendFailures(t *testing.T) {
 				t.Errorf("Conn still hands out a connection to a backend that is down")
 			}
 
-			tt.recover(t)
+			recoverOnce()
 			back := expectEvent(t, w, 2*time.Minute, Up, CauseNone)
 			if back.Generation <= up.Generation {
 				t.Errorf("generation after reconnecting = %d, want above %d", back.Generation, up.Generation)
@@ -144,6 +166,74 @@ func TestWatcherSeesBackendFailures(t *testing.T) {
 			}
 		})
 	}
+}
+
+func stopBroker(t *testing.T) time.Time {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	at := time.Now()
+	if err := broker.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
+// writeUntilClosed publishes on the watcher's connection, without confirms
+// (writes only, to a queue that does not exist), until the connection ends.
+// A write every writePace is often enough to meet the broker's reset now
+// and then, and slow enough that RabbitMQ does not throttle the connection
+// (its probes would wait behind the throttle).
+func writeUntilClosed(t *testing.T, w *Watcher) {
+	t.Helper()
+	conn, _ := w.Conn("rabbit1")
+	if conn == nil {
+		t.Fatal("no connection from the watcher while the backend is up")
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("opening a channel on the watcher's connection: %v", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pace := time.NewTicker(writePace)
+		defer pace.Stop()
+		for range pace.C {
+			if ch.Publish("", "nowhere", false, false, amqp.Publishing{Body: []byte("write")}) != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { <-done })
+}
+
+// awaitBrokerServing waits until the broker answers a fresh connection's
+// question promptly: a broker back from a freeze or a restart may accept
+// connections a while before it keeps up, and a probe that waits behind
+// that would turn the next subtest's kill into a freeze.
+func awaitBrokerServing(t *testing.T) {
+	t.Helper()
+	const prompt = testGrace / 4
+	testutil.Eventually(t, 2*time.Minute, func() error {
+		conn, err := amqp.DialConfig(broker.URL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+		if err != nil {
+			return err
+		}
+		defer conn.CloseDeadline(time.Now().Add(time.Second))
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		if err := ch.ExchangeDeclarePassive("amq.direct", "direct", true, false, false, false, nil); err != nil {
+			return err
+		}
+		if took := time.Since(start); took > prompt {
+			return fmt.Errorf("the broker answered after %s, want within %s", took, prompt)
+		}
+		return nil
+	})
 }
 
 func TestWatcherStartsWithABackendDown(t *testing.T) {

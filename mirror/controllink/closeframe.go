@@ -1,0 +1,221 @@
+package controllink
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// Why the watcher reads its own socket
+//
+// RabbitMQ stopped cleanly sends connection.close 320 CONNECTION_FORCED on
+// every connection and closes the socket at once. Anything the client writes
+// after that (the watcher's probe, a heartbeat, a trimmer's ack) meets a
+// closed socket, and the broker's kernel answers with a reset. The 320 is
+// then already in the client's receive buffer (Linux keeps received data
+// readable after a reset), but amqp091-go learns of the end from whichever
+// of its goroutines gets there first: when the write fails before its
+// reader has read the 320, it shuts the connection down as a frame error and
+// closes the socket, and the 320 is never read. A clean stop then looked
+// like a crash, and failover applied ha-promote-on-failure instead of
+// ha-promote-on-shutdown.
+//
+// So the watcher's connection is an observedConn: every byte amqp091-go
+// reads passes a scanner that follows the frames and keeps the broker's
+// connection.close, and a failed write first reads whatever the socket still
+// holds (handing it on to amqp091-go's reader), so that by the time
+// amqp091-go reports any end, the 320 has been seen if the broker sent it.
+// A broker killed with -9 sends no connection.close, and a socket that has
+// been reset or closed answers a read at once, so the kill costs no wait.
+
+// readAheadWindow bounds the read after a failed write. The socket has been
+// reset or closed by then, so the read returns at once; the bound is for a
+// socket that failed some other way and would block.
+const readAheadWindow = 20 * time.Millisecond
+
+// observedConn is a broker connection whose incoming frames are watched for
+// the broker's connection.close. It sits above TLS, where frames are clear.
+type observedConn struct {
+	net.Conn
+
+	// mu serialises reads, so that the scanner sees the stream in order,
+	// and guards scanner, ahead and aheadErr. A read holds it while it
+	// blocks; readAhead moves the read deadline before it takes mu, so
+	// that it waits for at most readAheadWindow.
+	mu       sync.Mutex
+	scanner  closeScanner
+	ahead    []byte // read ahead, already scanned, not yet handed to Read
+	aheadErr error  // how reading ahead ended, handed to Read after ahead
+
+	// readingAhead is set once a write failed; it tells Read that a
+	// deadline error may be readAhead's, not the caller's.
+	readingAhead atomic.Bool
+	// closeFrame is the broker's connection.close, once seen.
+	closeFrame atomic.Pointer[frames.ConnectionClose]
+}
+
+func observe(conn net.Conn) *observedConn { return &observedConn{Conn: conn} }
+
+// BrokerClose returns the connection.close the broker sent, or nil.
+func (c *observedConn) BrokerClose() *frames.ConnectionClose { return c.closeFrame.Load() }
+
+func (c *observedConn) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.ahead) == 0 && c.aheadErr == nil {
+		n, err := c.Conn.Read(p)
+		c.scan(p[:n])
+		if err == nil || n > 0 || !c.readingAhead.Load() {
+			return n, err
+		}
+		// readAhead's deadline may have cut this read short: read ahead
+		// here, so that amqp091-go's reader hears of no error before the
+		// socket's last bytes are scanned.
+		c.drain()
+		if len(c.ahead) == 0 && c.aheadErr == nil {
+			return 0, err
+		}
+	}
+	if len(c.ahead) > 0 {
+		n := copy(p, c.ahead)
+		c.ahead = c.ahead[n:]
+		return n, nil
+	}
+	return 0, c.aheadErr
+}
+
+func (c *observedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	var ne net.Error
+	if err != nil && !(errors.As(err, &ne) && ne.Timeout()) {
+		// A write that timed out ran into a deadline of ours (a close),
+		// not into a broker's end: nothing to wait for.
+		c.readAhead()
+	}
+	return n, err
+}
+
+// readAhead reads what the socket still holds after a failed write, before
+// the writer (and through it amqp091-go) learns of the failure.
+func (c *observedConn) readAhead() {
+	c.readingAhead.Store(true)
+	// A read blocked on a socket that has not failed gives way now; one on
+	// a failed socket has returned already.
+	c.Conn.SetReadDeadline(time.Now())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.drain()
+}
+
+// drain reads the socket until it fails, the broker's connection.close has
+// been seen, or readAheadWindow has passed, keeping what it read for Read;
+// c.mu is held.
+func (c *observedConn) drain() {
+	if c.aheadErr != nil { // drained already
+		return
+	}
+	end := time.Now().Add(readAheadWindow)
+	buf := make([]byte, 4096)
+	for c.BrokerClose() == nil {
+		// Set on every turn: amqp091-go's heartbeater moves the deadline
+		// after every frame its reader handles.
+		c.Conn.SetReadDeadline(end)
+		n, err := c.Conn.Read(buf)
+		c.scan(buf[:n])
+		c.ahead = append(c.ahead, buf[:n]...)
+		if err != nil {
+			c.aheadErr = err
+			return
+		}
+	}
+}
+
+// scan feeds bytes read from the broker to the scanner; c.mu is held.
+func (c *observedConn) scan(b []byte) {
+	if c.closeFrame.Load() != nil {
+		return
+	}
+	if m := c.scanner.feed(b); m != nil {
+		c.closeFrame.Store(m)
+	}
+}
+
+// maxClosePayload is the largest connection.close method payload: class and
+// method ids, reply code, reply text (a shortstr), failing class and method.
+const maxClosePayload = 2 + 2 + 2 + 1 + 255 + 2 + 2
+
+// closeScanner follows the frames of the stream a broker sends (layout at
+// frames.Reader.ReadFrame) without holding them: it skips every payload
+// except that of a small method frame on channel 0, which it decodes if it
+// is connection.close. It does not judge the stream; amqp091-go does.
+type closeScanner struct {
+	header     [7]byte
+	headerLen  int    // bytes of header read so far
+	remaining  uint32 // bytes of the current frame's payload and frame-end still to come
+	size       uint32 // the current frame's payload size
+	keep       bool   // the current frame may be connection.close: its payload is kept
+	payload    []byte // the kept payload and frame-end, as far as read
+	outOfOrder bool   // a frame did not end with the frame-end octet: boundaries are lost
+}
+
+// feed follows b, the next bytes of the stream, and returns the broker's
+// connection.close if b completes it.
+func (s *closeScanner) feed(b []byte) *frames.ConnectionClose {
+	for len(b) > 0 && !s.outOfOrder {
+		if s.headerLen < len(s.header) {
+			n := copy(s.header[s.headerLen:], b)
+			s.headerLen += n
+			b = b[n:]
+			if s.headerLen < len(s.header) {
+				return nil
+			}
+			s.size = binary.BigEndian.Uint32(s.header[3:])
+			s.remaining = s.size + 1 // the payload and the frame-end octet
+			s.keep = s.header[0] == frames.FrameMethod && binary.BigEndian.Uint16(s.header[1:]) == 0 &&
+				s.size <= maxClosePayload
+			s.payload = s.payload[:0]
+			if s.size == ^uint32(0) { // remaining wrapped: not a frame anyone sends
+				s.outOfOrder = true
+				return nil
+			}
+		}
+		n := min(uint32(len(b)), s.remaining)
+		chunk := b[:n]
+		b = b[n:]
+		s.remaining -= n
+		if s.keep {
+			s.payload = append(s.payload, chunk...)
+		}
+		if s.remaining > 0 {
+			return nil
+		}
+		s.headerLen = 0
+		if chunk[len(chunk)-1] != frames.FrameEnd {
+			s.outOfOrder = true
+			return nil
+		}
+		if s.keep {
+			if m := decodeClose(s.payload[:s.size]); m != nil {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+// decodeClose returns the method payload's connection.close, or nil if it is
+// another method.
+func decodeClose(payload []byte) *frames.ConnectionClose {
+	var m frames.ConnectionClose
+	wantClass, wantMethod := m.ID()
+	classID, methodID, args, err := frames.ParseMethodID(payload)
+	if err != nil || classID != wantClass || methodID != wantMethod || m.Decode(args) != nil {
+		return nil
+	}
+	return &m
+}
