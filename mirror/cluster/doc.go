@@ -26,7 +26,10 @@
 // mirror.ErrConflict instead of overwriting a newer one. Reads are local
 // and may lag the leader. A node that rejoins, after a crash or a
 // partition, receives what it missed from the leader (log entries or a
-// snapshot), never from gossip.
+// snapshot), never from gossip; after a restart its Store().WaitLeader
+// returns only once it has applied the log as far as the leader had when
+// asked (catchup.go), so its proxy does not serve from the metadata it had
+// before.
 //
 // # Voters follow membership
 //
