@@ -195,3 +195,58 @@ func hasPolicies(s *config.PolicyStore, want ...string) error {
 	}
 	return nil
 }
+
+// verdictRecorder records what watchMembers hands the engine.
+type verdictRecorder struct{ verdicts chan string }
+
+func (r verdictRecorder) MemberFailed(backend string) { r.verdicts <- "failed " + backend }
+func (r verdictRecorder) MemberAlive(backend string)  { r.verdicts <- "alive " + backend }
+
+// A proxy killed without leaving is reported failed, by its backend's
+// name, within about a second of serf noticing; the proxy itself and the
+// live ones are never reported.
+func TestWatchMembersReportsAFailedProxy(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
+		goleak.IgnoreTopFunction("github.com/hashicorp/memberlist.(*Memberlist).probeNode"))
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var clusters []*cluster.Cluster
+	var join []string
+	for _, name := range []string{"rabbit1", "rabbit2", "rabbit3"} {
+		c, err := cluster.Start(cluster.Config{
+			NodeName: name, Bind: "127.0.0.1:0", RaftBind: "127.0.0.1:0", Join: join,
+			DataDir: t.TempDir(), BootstrapExpect: 3, Backend: name, Logger: logger,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Shutdown()
+		clusters = append(clusters, c)
+		join = []string{c.LocalMember().Gossip}
+	}
+	testutil.Eventually(t, 15*time.Second, func() error {
+		if n := len(clusters[0].Members()); n != 3 {
+			return fmt.Errorf("rabbit1 sees %d members, want 3", n)
+		}
+		return nil
+	})
+	recorder := verdictRecorder{verdicts: make(chan string, 16)}
+	stop := watchMembers(clusters[0], recorder, "rabbit1")
+	defer stop()
+
+	killed := time.Now()
+	clusters[2].Shutdown()
+	select {
+	case got := <-recorder.verdicts:
+		if got != "failed rabbit3" {
+			t.Errorf("first verdict %q, want %q", got, "failed rabbit3")
+		}
+		t.Logf("rabbit3 reported failed %v after its proxy stopped", time.Since(killed))
+	case <-time.After(10 * time.Second):
+		t.Fatal("no verdict within 10s of a proxy stopping")
+	}
+	select {
+	case got := <-recorder.verdicts:
+		t.Errorf("unexpected verdict %q", got)
+	case <-time.After(500 * time.Millisecond):
+	}
+}
