@@ -8,6 +8,7 @@
 //	go tool pprof -top /tmp/proxy.full.1.pprof
 //	go run ./integration/bench -targets=direct,proxy,baseline -baseline-cmd='/tmp/old-bench -role=proxy -backend={backend}'
 //	go run ./integration/bench -scenario=mirrored -rounds=3
+//	go run ./integration/bench -scenario=mirrored -rounds=3 -mirrored-targets=direct,amqp-mirror,amqp-mirror-baseline -amqp-mirror-baseline-bin=/tmp/old-amqp-mirror -amqp-mirror-perf=/tmp/m.data
 //	go run ./integration/bench -scenario=failover -failover-kills=5
 //
 // The last form compares two builds of the proxy in one run: build the bench of the older
@@ -65,6 +66,11 @@
 //     column. Then the rate of queue.declare, directly and through amqp-mirror, for
 //     -declare-duration each: an RPC client's server-named exclusive auto-delete queue,
 //     declared and deleted per call, and a declare of a named durable queue that exists.
+//     Row amqp-mirror-baseline (not in the default) runs the -amqp-mirror-baseline-bin
+//     build like amqp-mirror, alternating with it on the same nodes: on a shared machine
+//     a change is only comparable with its predecessor in one run. -amqp-mirror-perf
+//     records each amqp-mirror server with perf record -g (serve has no pprof endpoint;
+//     perf also shows the kernel's share, system calls and scheduling).
 //     About a minute to start and 20 s per run: three to four minutes with -rounds=1
 //     (direct, amqp-mirror, native-ha, quorum, direct), six to seven with -rounds=3, so it
 //     is not in the default list.
@@ -151,7 +157,11 @@ type config struct {
 	// mirroredTargets are the mirrored scenario's rows, in the order of each round.
 	mirroredTargets []string
 	mirrorBin       string
-	declareDuration time.Duration
+	// mirrorBaselineBin is the amqp-mirror-baseline row's binary; mirrorPerf, when
+	// set, asks for a perf profile of each amqp-mirror run.
+	mirrorBaselineBin string
+	mirrorPerf        string
+	declareDuration   time.Duration
 
 	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
 	failoverTargets []string
@@ -205,8 +215,10 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&idleCounts, "idle-conns", "1000,3000", "idle: comma-separated rising `counts` of idle amqp091-go connections to hold open through the proxy")
 	fs.DurationVar(&cfg.idleLinger, "idle-linger", 30*time.Second, "idle: how long to watch the proxy's RSS after the connections closed")
 
-	fs.StringVar(&mirrored, "mirrored-targets", strings.Join(mirroredTargets, ","), "mirrored: comma-separated `list` of rows, in the order of each round: direct (one plain node), amqp-mirror (amqp-mirror serve in front of three plain nodes, ha-mode all), native-ha (RabbitMQ's classic mirroring, ha-mode all, on a three-node cluster), quorum (quorum queues on that cluster)")
+	fs.StringVar(&mirrored, "mirrored-targets", strings.Join(mirroredTargets, ","), "mirrored: comma-separated `list` of rows, in the order of each round: direct (one plain node), amqp-mirror (amqp-mirror serve in front of three plain nodes, ha-mode all), native-ha (RabbitMQ's classic mirroring, ha-mode all, on a three-node cluster), quorum (quorum queues on that cluster), amqp-mirror-baseline (not in the default: -amqp-mirror-baseline-bin's build, like amqp-mirror)")
 	fs.StringVar(&cfg.mirrorBin, "amqp-mirror-bin", "", "mirrored: the amqp-mirror `binary` to run; default: go build of this module into a temporary directory")
+	fs.StringVar(&cfg.mirrorBaselineBin, "amqp-mirror-baseline-bin", "", "mirrored: the amqp-mirror `binary` of row amqp-mirror-baseline (add it to -mirrored-targets), e.g. an older commit's build, measured on the same nodes in the same rounds")
+	fs.StringVar(&cfg.mirrorPerf, "amqp-mirror-perf", "", "mirrored: record each amqp-mirror run's server with `perf record -g` into `file` with the row and server number inserted (/tmp/m.data gives /tmp/m.amqp-mirror.2.data); read with perf report")
 	fs.DurationVar(&cfg.declareDuration, "declare-duration", 5*time.Second, "mirrored: how long each queue.declare rate is measured")
 
 	fs.StringVar(&failover, "failover-targets", targetMirror+","+targetNativeHA, "failover: comma-separated `list` of rows: amqp-mirror (serve in front of three plain nodes, clients without reconnect logic), native-ha (RabbitMQ's classic mirroring on a three-node cluster, clients that reconnect)")
@@ -284,9 +296,12 @@ func (cfg config) validate() error {
 		errs = append(errs, errors.New("-targets: direct is needed, every ratio is against it"))
 	}
 	for _, t := range cfg.mirroredTargets {
-		if !slices.Contains(mirroredTargets, t) {
-			errs = append(errs, fmt.Errorf("-mirrored-targets: unknown target %q, want %s", t, strings.Join(mirroredTargets, ", ")))
+		if !slices.Contains(mirroredRows, t) {
+			errs = append(errs, fmt.Errorf("-mirrored-targets: unknown target %q, want %s", t, strings.Join(mirroredRows, ", ")))
 		}
+	}
+	if slices.Contains(cfg.mirroredTargets, targetMirrorBaseline) != (cfg.mirrorBaselineBin != "") {
+		errs = append(errs, errors.New("-mirrored-targets amqp-mirror-baseline and -amqp-mirror-baseline-bin go together"))
 	}
 	if !slices.Contains(cfg.mirroredTargets, targetDirect) {
 		errs = append(errs, errors.New("-mirrored-targets: direct is needed, every ratio is against it"))

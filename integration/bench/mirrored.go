@@ -28,6 +28,10 @@ const (
 	targetDirect = "direct"
 	// targetMirror is `amqp-mirror serve` in front of three plain nodes, ha-mode all.
 	targetMirror = "amqp-mirror"
+	// targetMirrorBaseline is targetMirror with another build (-amqp-mirror-baseline-bin):
+	// an older commit's, so that a change is measured against it in one run, on the same
+	// nodes, alternating. It is not in the default rows.
+	targetMirrorBaseline = "amqp-mirror-baseline"
 	// targetNativeHA is RabbitMQ's own classic mirroring on a three-node cluster.
 	targetNativeHA = "native-ha"
 	// targetQuorum is quorum queues on the same cluster.
@@ -35,6 +39,9 @@ const (
 )
 
 var mirroredTargets = []string{targetDirect, targetMirror, targetNativeHA, targetQuorum}
+
+// mirroredRows are the rows the table can have, in its order.
+var mirroredRows = []string{targetDirect, targetMirror, targetMirrorBaseline, targetNativeHA, targetQuorum}
 
 // mirroredNodes is how many nodes each side has: the plain nodes amqp-mirror fronts, and
 // the RabbitMQ cluster.
@@ -215,14 +222,23 @@ func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult
 		result, err := runSpec(ctx, spec, plain1.URL(), watched{brokers: []int{plain1.PID()}})
 		result.Copies = 1
 		return result, err
-	case targetMirror:
+	case targetMirror, targetMirrorBaseline:
+		binary := m.binary
+		if target == targetMirrorBaseline {
+			binary = cfg.mirrorBaselineBin
+		}
 		// Queues an earlier run left on a node (a delete that did not reach every copy)
 		// would be work for the brokers that the row does not ask for.
 		if err := m.warnLeftovers(ctx); err != nil {
 			return runResult{}, err
 		}
-		server, err := m.startServer(ctx)
+		server, err := m.startServerOf(ctx, binary)
 		if err != nil {
+			return runResult{}, err
+		}
+		profiler, err := startPerf(cfg.mirrorPerf, target, m.servers, server.pid())
+		if err != nil {
+			server.stop()
 			return runResult{}, err
 		}
 		// The copies of every queue are counted on the nodes themselves, not asked of the
@@ -233,6 +249,7 @@ func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult
 			return err
 		}
 		result, err := runSpec(ctx, spec, proxyURL(plain1.URL(), server.addr), watched{brokers: pids(m.plain), proxy: server.pid()})
+		profiler.stop()
 		if stopErr := server.stop(); err == nil {
 			err = stopErr
 		}
@@ -403,6 +420,11 @@ exit "$status"
 // policy, as a deployment would, and waits until it accepts connections. Each server has
 // its own state directory: every run starts from the same state.
 func (m *mirroredBench) startServer(ctx context.Context) (*proxyProcess, error) {
+	return m.startServerOf(ctx, m.binary)
+}
+
+// startServerOf is startServer with another amqp-mirror binary.
+func (m *mirroredBench) startServerOf(ctx context.Context, binary string) (*proxyProcess, error) {
 	m.servers++
 	dir := filepath.Join(m.dir, fmt.Sprintf("server%d", m.servers))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -425,7 +447,7 @@ func (m *mirroredBench) startServer(ctx context.Context) (*proxyProcess, error) 
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command("sh", "-c", serverWrapper, "amqp-mirror-bench-wrapper", m.binary, "serve", "--config", path)
+	cmd := exec.Command("sh", "-c", serverWrapper, "amqp-mirror-bench-wrapper", binary, "serve", "--config", path)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	// Its own process group, so that a stop that times out can kill the server with
 	// its wrapper, and Ctrl-C reaches the bench alone, which stops the server itself.

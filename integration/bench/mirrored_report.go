@@ -9,10 +9,12 @@ import (
 
 // mirroredLabels say what each row of the mirrored table measures.
 var mirroredLabels = map[string]string{
-	targetDirect:   "one node directly",
-	targetMirror:   "amqp-mirror, 3 plain nodes, ha-mode all",
-	targetNativeHA: "RabbitMQ classic mirroring, 3-node cluster, ha-mode all",
-	targetQuorum:   "quorum queues, 3-node cluster",
+	targetDirect: "one node directly",
+	targetMirror: "amqp-mirror, 3 plain nodes, ha-mode all",
+	// The build given by -amqp-mirror-baseline-bin, on the same nodes.
+	targetMirrorBaseline: "amqp-mirror baseline build, same nodes",
+	targetNativeHA:       "RabbitMQ classic mirroring, 3-node cluster, ha-mode all",
+	targetQuorum:         "quorum queues, 3-node cluster",
 }
 
 // printMirrored prints the mirrored scenario's runs, the median of each target with its
@@ -42,7 +44,7 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 	fmt.Fprintln(out)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "median of runs\tcopies\tconsumed/s\t(runs)\tratio\tconfirm p50/p99 ms\tdelivery p50/p99 ms\tcpu brokers\tproxy\tproxy CPU/msg\tbrokers+proxy CPU/msg")
-	for _, target := range mirroredTargets {
+	for _, target := range mirroredRows {
 		rs := runsOf(runs, target)
 		if len(rs) == 0 {
 			continue
@@ -56,7 +58,7 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 		}
 		perMessage := "-"
 		proxy := "-"
-		if target == targetMirror {
+		if target == targetMirror || target == targetMirrorBaseline {
 			proxy = fmt.Sprintf("%.2f", m.CPU.Proxy)
 			if m.ConsumeRate > 0 {
 				perMessage = fmt.Sprintf("%.1f µs", m.CPU.Proxy/m.ConsumeRate*1e6)

@@ -122,3 +122,26 @@ func lineOf(text, prefix string) string {
 	}
 	return ""
 }
+
+// TestBaselineRowFlags: the baseline row and its binary come together, so that a
+// comparison never runs one build twice under two names.
+func TestBaselineRowFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr bool
+	}{
+		{name: "neither", args: []string{"-scenario=mirrored"}},
+		{name: "both", args: []string{"-scenario=mirrored", "-mirrored-targets=direct,amqp-mirror,amqp-mirror-baseline", "-amqp-mirror-baseline-bin=/tmp/old"}},
+		{name: "row without binary", args: []string{"-scenario=mirrored", "-mirrored-targets=direct,amqp-mirror-baseline"}, wantErr: true},
+		{name: "binary without row", args: []string{"-scenario=mirrored", "-amqp-mirror-baseline-bin=/tmp/old"}, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseFlags(tt.args)
+			if got := err != nil; got != tt.wantErr {
+				t.Errorf("parseFlags(%q): error %v, want an error: %v", tt.args, err, tt.wantErr)
+			}
+		})
+	}
+}
