@@ -505,3 +505,119 @@ func TestSidecarRuntimePoliciesInTheLog(t *testing.T) {
 		t.Errorf("proxy 1 lists after a refused set_policy (exit code %d):\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestSidecarDeletedWhileNodeDown: a queue mirrored on all three nodes is deleted through
+// proxy 1 while node 3 (its proxy and its broker) is down. rabbit3 kept its copy; when
+// node 3 comes back, that copy is deleted (the log's tombstone of the queue), not adopted
+// as a new queue, and no proxy lists the queue. A queue declared on rabbit3 directly, which
+// the log never knew, is still adopted when a client names it.
+func TestSidecarDeletedWhileNodeDown(t *testing.T) {
+	const deleted, direct = "tomb_deleted", "tomb_direct"
+	t.Cleanup(func() { removeLeftovers(t, deleted, direct) })
+	proxies := startSidecars(t)
+	names := mirrorBackends()
+	setPolicy(t, proxies[0], "ha-tomb", "^tomb_", `{"ha-mode":"all"}`)
+	awaitCondition(t, 60*time.Second, func() error {
+		if err := declareThrough(proxies[0], deleted); err != nil {
+			return err
+		}
+		row, err := queueStatus(t, proxies[0], deleted)
+		if err != nil {
+			return err
+		}
+		if copies := slices.Sorted(slices.Values(row.copies())); !slices.Equal(copies, names) {
+			return fmt.Errorf("proxy 1 lists %v, want copies on %v", row, names)
+		}
+		return nil
+	})
+
+	node3 := node(t, "rabbit3")
+	t.Cleanup(func() {
+		if !node3.Running() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if err := node3.Restart(ctx); err != nil {
+				t.Errorf("restarting rabbit3 for the other tests: %v", err)
+			}
+		}
+	})
+	proxies[2].stop(t, syscall.SIGTERM)
+	stopCtx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := node3.Stop(stopCtx); err != nil {
+		t.Fatalf("stopping rabbit3: %v", err)
+	}
+	awaitCondition(t, 30*time.Second, func() error { return deleteThrough(proxies[0], deleted) })
+	awaitCondition(t, 30*time.Second, func() error {
+		rows, err := listQueues(t, proxies[0])
+		if err != nil {
+			return err
+		}
+		if row, ok := rows[deleted]; ok {
+			return fmt.Errorf("proxy 1 still lists %v after the delete", row)
+		}
+		return nil
+	})
+
+	if err := node3.Restart(stopCtx); err != nil {
+		t.Fatalf("restarting rabbit3: %v", err)
+	}
+	if exists, err := queueExists(node3, deleted); err != nil || !exists {
+		t.Fatalf("rabbit3 after its restart: %s exists %v (err %v); the test needs its stale copy", deleted, exists, err)
+	}
+	proxies[2] = startServeProcess(t, proxies[2].binary, proxies[2].configPath)
+	awaitCondition(t, 60*time.Second, func() error {
+		exists, err := queueExists(node3, deleted)
+		if err != nil {
+			return err
+		}
+		if exists {
+			return fmt.Errorf("rabbit3 still has its copy of %s, deleted while it was down", deleted)
+		}
+		return nil
+	})
+	for i, p := range []*cliProxy{proxies[0], proxies[1]} {
+		rows, err := listQueues(t, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if row, ok := rows[deleted]; ok {
+			t.Errorf("proxy %d lists %v, a deleted queue", i+1, row)
+		}
+	}
+
+	// Never known to the log: adopted as before, once a client names it.
+	conn, err := amqp.Dial(node3.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := func() error {
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		_, err = ch.QueueDeclare(direct, true, false, false, false, nil)
+		return err
+	}(); err != nil {
+		t.Fatalf("declaring %s on rabbit3 directly: %v", direct, err)
+	}
+	awaitCondition(t, 30*time.Second, func() error {
+		if err := declareThrough(proxies[0], direct); err != nil {
+			return err
+		}
+		row, err := queueStatus(t, proxies[0], direct)
+		if err != nil {
+			return err
+		}
+		if row.Master != "rabbit3" {
+			return fmt.Errorf("proxy 1 lists %v, want %s adopted with rabbit3 as master", row, direct)
+		}
+		return nil
+	})
+	for _, q := range []string{direct} {
+		if err := deleteThrough(proxies[0], q); err != nil {
+			t.Errorf("deleting %s: %v", q, err)
+		}
+	}
+}

@@ -75,6 +75,9 @@ type Store struct {
 	timeout   time.Duration
 	// leaderIndex is StoreConfig.LeaderIndex.
 	leaderIndex func(ctx context.Context) (uint64, error)
+	// openedAt is the index this proxy's state had applied when the store
+	// opened (store_policies.go).
+	openedAt uint64
 
 	closeOnce sync.Once
 	closeErr  error
@@ -156,6 +159,9 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 		timeout:   10 * time.Second,
 
 		leaderIndex: cfg.LeaderIndex,
+		// NewRaft restored the latest snapshot before it returned; the
+		// entries after it come from the leader.
+		openedAt: fsm.appliedIndex(),
 	}, nil
 }
 

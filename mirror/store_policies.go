@@ -206,6 +206,13 @@ func (s *Store) Tombstone(id QueueID) (Tombstone, bool) { return s.fsm.tombstone
 // Tombstones returns every tombstone, sorted by vhost and name.
 func (s *Store) Tombstones() []Tombstone { return s.fsm.listTombstones() }
 
+// OpenedAt is the index of the last log entry this proxy's state held when
+// the store opened (that of its latest snapshot): the entries after it it
+// learns from the leader. Tombstones newer than it include every delete
+// made while this proxy was down, whose copies its node's broker may still
+// hold.
+func (s *Store) OpenedAt() uint64 { return s.openedAt }
+
 // Policies returns the runtime policies as this proxy's copy of the log
 // holds them.
 func (s *Store) Policies() RuntimePolicies { return s.fsm.runtimePolicies() }

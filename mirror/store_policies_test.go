@@ -191,8 +191,14 @@ func TestPoliciesAndTombstonesSurviveRestart(t *testing.T) {
 			if got := s.Policies(); names(got.Policies) != "ha-all" || got.Index != set.Index {
 				t.Errorf("policies after the restart = %q at %d, want ha-all at %d", names(got.Policies), got.Index, set.Index)
 			}
-			if _, ok := s.Tombstone(written.ID); !ok {
+			ts, ok := s.Tombstone(written.ID)
+			if !ok {
 				t.Error("the tombstone is gone after the restart")
+			}
+			// OpenedAt is what the state held before the log was replayed:
+			// the snapshot's index, or nothing without one.
+			if got, want := s.OpenedAt() >= ts.Index, snapshot; got != want {
+				t.Errorf("OpenedAt() = %d with the tombstone at %d: covered %v, want %v", s.OpenedAt(), ts.Index, got, want)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
@@ -233,6 +234,34 @@ func (e *Engine) checkOwnCopies() {
 	}
 	if len(queues) > 0 {
 		e.log.Info("this node's unsynchronised slaves rejoin, purged", "queues", len(queues))
+	}
+	e.buryMissedDeletes()
+}
+
+// buryMissedDeletes deletes the copies this node's broker kept of queues
+// deleted while this proxy was down: the tombstones newer than what its
+// log held at start that name this node. A copy it cannot delete now (the
+// broker is not up yet) goes when a client names the queue (Resolve).
+func (e *Engine) buryMissedDeletes() {
+	if !e.up(e.opts.Node) {
+		return
+	}
+	buried := 0
+	for _, ts := range e.opts.Store.Tombstones() {
+		if ts.Index <= e.opts.Store.OpenedAt() || !slices.Contains(ts.Backends, e.opts.Node) {
+			continue
+		}
+		if _, recorded := e.opts.Store.Get(ts.ID); recorded {
+			continue // declared again since
+		}
+		if _, err := e.buryCopies(ts.ID, []string{e.opts.Node}); err != nil {
+			e.log.Warn("cannot delete this node's copy of a queue deleted while it was down", "queue", ts.ID.Name, "vhost", ts.ID.VHost, "err", err)
+			continue
+		}
+		buried++
+	}
+	if buried > 0 {
+		e.log.Info("copies of queues deleted while this proxy was down are deleted", "queues", buried)
 	}
 }
 

@@ -66,7 +66,8 @@ func TestMemberFailedCountsBackendDown(t *testing.T) {
 
 // TestDeletedQueueCopyIsNotAdopted: a copy that a broker kept of a queue
 // deleted while it was down (the log keeps the queue's tombstone) is
-// deleted when a client names the queue, not adopted as a new queue; the
+// deleted when a client names the queue, not adopted as a new queue (an
+// empty copy is left alone: it may be one being declared again); the
 // queue declared again loses its tombstone. A queue the log never knew is
 // still adopted (TestAdoption).
 func TestDeletedQueueCopyIsNotAdopted(t *testing.T) {
@@ -90,12 +91,18 @@ func TestDeletedQueueCopyIsNotAdopted(t *testing.T) {
 		t.Fatal("no tombstone after the delete")
 	}
 
+	// An empty copy too (it may be one a client is declaring again).
+	declareOn(t, "rabbit2", id.Name, true)
+
 	got, ok, err := h.engine.Resolve(ctx, id)
 	if err != nil || ok {
 		t.Fatalf("Resolve of a deleted queue = %+v, %v, %v; want not found", got, ok, err)
 	}
 	if n := readyOn(t, "rabbit3", id.Name); n != -1 {
 		t.Errorf("rabbit3 still has the deleted queue's copy (%d ready), want it deleted", n)
+	}
+	if n := readyOn(t, "rabbit2", id.Name); n != 0 {
+		t.Errorf("rabbit2's empty copy: %d ready (-1: gone), want it left as it was", n)
 	}
 	if _, ok := h.store.Get(id); ok {
 		t.Error("the deleted queue is recorded again")

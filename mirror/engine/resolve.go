@@ -25,9 +25,9 @@ type found struct {
 // every live backend (a passive declare on the proxy's own connection);
 // found on one, the queue is adopted with that backend as master; found on
 // several, the one with most messages (the first configured on a tie)
-// becomes master and the others unsynchronised slaves. Copies of a queue
-// deleted through the proxies (the log keeps its tombstone) are deleted
-// instead, and the queue is not found. The engine then
+// becomes master and the others unsynchronised slaves. A queue deleted
+// through the proxies (the log keeps its tombstone) is not found, and its
+// copies that hold messages are deleted. The engine then
 // mirrors it per its policy like any queue. An exclusive queue of some
 // connection (405) is returned with its backend as master but not
 // recorded: exclusive queues are never mirrored. No backend having the
@@ -78,11 +78,17 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 		e.cacheNegative(id)
 		return mirror.QueueMeta{}, false, nil
 	}
-	holders := make([]string, 0, len(copies))
+	// A deleted queue's copies that hold messages are stale: deleted. An
+	// empty one is left (not adopted either): it may be a copy a client is
+	// declaring again through a proxy right now, whose record, which lifts
+	// the tombstone, is not written yet.
+	var stale []string
 	for _, c := range copies {
-		holders = append(holders, c.backend)
+		if c.messages > 0 {
+			stale = append(stale, c.backend)
+		}
 	}
-	if buried, err := e.buryCopies(id, holders); buried {
+	if buried, err := e.buryCopies(id, stale); buried {
 		if err != nil {
 			return mirror.QueueMeta{}, false, fmt.Errorf("resolving %s: %w", id, err)
 		}
