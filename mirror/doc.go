@@ -209,10 +209,13 @@
 //
 // Deleting a queue leaves a tombstone in the log (Store.Tombstone: its
 // copies' backends, epoch and when), so that a broker that was down at the
-// time, and kept its copy, has that copy deleted when the engine finds it
-// (Resolve, or the backend's return) instead of adopting it as a new
-// queue. A queue the log never knew is still adopted. Declaring the queue
-// again removes its tombstone; the log keeps the newest MaxTombstones.
+// time, and kept its copy, has that copy deleted instead of adopted as a
+// new queue: by the proxy beside it when that proxy starts again (the
+// tombstones newer than its log at start) or sees its broker return, and
+// by Resolve when a client names the queue and the copy holds messages (an
+// empty one may be a declare in progress). A queue the log never knew is
+// still adopted. Declaring the queue again removes its tombstone; the log
+// keeps the newest MaxTombstones.
 //
 // # Guarantees
 //
