@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -201,5 +202,63 @@ func TestLeftoverMarkerIsRemoved(t *testing.T) {
 	tr.Close()
 	if left := remaining(t, conn, queue); len(left) != 5 || left[999999] {
 		t.Errorf("queue holds %v after the trimmer, want messages 0-4 only", left)
+	}
+}
+
+// TestTrimmerSpreadsDeliveriesOverChannels: a trimmer takes at most
+// ChannelDeliveries deliveries on one channel and then consumes on a fresh
+// one, so that a block it holds for long (a new slave's copied backlog)
+// never sits in front of many deliveries acked early on the same channel
+// (RabbitMQ walks the unacknowledged deliveries ahead of each ack). Acks
+// reach the right channel: what is settled leaves the queue, what is held
+// stays, and closing gives the held messages back.
+func TestTrimmerSpreadsDeliveriesOverChannels(t *testing.T) {
+	const total, block = 1000, 300 // the first block messages are held
+	tests := []struct {
+		name        string
+		perChannel  int
+		settleFirst bool // half the later ones are settled before they arrive
+	}{
+		{name: "a channel per 64 deliveries", perChannel: 64},
+		{name: "a channel per delivery", perChannel: 1},
+		{name: "settled before arriving", perChannel: 64, settleFirst: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn := dial(t)
+			queue := declare(t, conn)
+			later := make([]mirror.MessageID, 0, total-block)
+			for n := block; n < total; n++ {
+				later = append(later, messageID(n))
+			}
+			rand.Shuffle(len(later), func(i, j int) { later[i], later[j] = later[j], later[i] })
+			tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{ChannelDeliveries: tt.perChannel, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			if tt.settleFirst {
+				tr.Settle(later[:len(later)/2]...)
+				later = later[len(later)/2:]
+			}
+			publish(t, conn, queue, total)
+			tr.Settle(later...)
+			testutil.Eventually(t, 20*time.Second, func() error {
+				if held, waiting := tr.Stats(); held != block || waiting != 0 {
+					return fmt.Errorf("trimmer holds %d (want %d), %d settled identities not seen yet (want 0)", held, block, waiting)
+				}
+				return nil
+			})
+			tr.Close()
+			left := remaining(t, conn, queue)
+			if len(left) != block {
+				t.Errorf("%d messages left on the slave, want the %d held", len(left), block)
+			}
+			for n := range left {
+				if n >= block {
+					t.Errorf("message %d was settled but is still on the slave", n)
+				}
+			}
+		})
 	}
 }

@@ -71,7 +71,19 @@ type TrimmerOptions struct {
 	// slave broker to expire (and dead-letter) it as the master did: a
 	// broker never expires a message it has delivered unacknowledged.
 	MessageTTL time.Duration
-	Logger     *slog.Logger
+	// ChannelDeliveries is how many deliveries one channel takes before the
+	// trimmer consumes on a fresh one (default 1024); the older channel
+	// keeps what it holds until that is acked, then closes. RabbitMQ 3.x
+	// pays for an ack in proportion to the unacknowledged deliveries ahead
+	// of it on its channel (rabbit_channel's collect_acks and the queue's
+	// subtract_acks walk them), so a channel holding a long-lived block of
+	// messages in front of ones settled early (a new slave's copied backlog
+	// ahead of the messages clients consume meanwhile) makes every such ack
+	// a walk over the block: with 100 000 held, a slave's queue process
+	// spent its time in those walks and confirmed publishes at a trickle.
+	// Bounding each channel's deliveries bounds the walk.
+	ChannelDeliveries int
+	Logger            *slog.Logger
 }
 
 func (o TrimmerOptions) withDefaults() TrimmerOptions {
@@ -92,6 +104,9 @@ func (o TrimmerOptions) withDefaults() TrimmerOptions {
 	}
 	if o.ConsumerTag == "" {
 		o.ConsumerTag = "amqp-mirror-trimmer"
+	}
+	if o.ChannelDeliveries <= 0 {
+		o.ChannelDeliveries = 1024
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -161,8 +176,16 @@ type Trimmer struct {
 	copies chan *copyJob
 	job    *copyJob
 	// closes reports why the current channel closed (owned by the run
-	// goroutine, like the channel).
+	// goroutine, like the channels).
 	closes chan *amqp.Error
+	// channels are the open channels by sequence number: the newest one
+	// consumes (current), older ones only hold their deliveries until
+	// those are acked (see ChannelDeliveries); delivered is how many the
+	// current one has taken. Owned by the run goroutine. Deliveries are
+	// known by references that name their channel (refOf).
+	channels  map[uint64]*amqp.Channel
+	current   uint64
+	delivered int
 	// purges takes Purge's requests; purge is the one being carried out.
 	purges chan *purgeJob
 	purge  *purgeJob
@@ -213,6 +236,7 @@ func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Tr
 		settled:   make(map[mirror.MessageID]settlement),
 		byContent: make(map[mirror.MessageID][]uint64),
 		deadlines: make(map[mirror.MessageID]time.Time),
+		channels:  make(map[uint64]*amqp.Channel),
 		wake:      make(chan struct{}, 1),
 		copies:    make(chan *copyJob),
 		purges:    make(chan *purgeJob),
@@ -324,13 +348,102 @@ func (t *Trimmer) consume() (*amqp.Channel, <-chan amqp.Delivery, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("trimmer for queue %q: opening a channel: %w", t.queue, err)
 	}
-	t.closes = ch.NotifyClose(make(chan *amqp.Error, 1))
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	// The prefetch bounds what one channel takes, however fast the broker
+	// pushes (see ChannelDeliveries); the last channel the trimmer may open
+	// takes everything.
+	prefetch := t.opts.ChannelDeliveries
+	if len(t.channels)+1 >= maxTrimmerChannels {
+		prefetch = 0
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		ch.Close()
+		return nil, nil, fmt.Errorf("trimmer for queue %q: basic.qos: %w", t.queue, err)
+	}
 	deliveries, err := ch.Consume(t.queue, t.opts.ConsumerTag, false, false, false, false, nil)
 	if err != nil {
 		ch.Close()
 		return nil, nil, fmt.Errorf("trimmer for queue %q: consuming: %w", t.queue, err)
 	}
+	t.closes = closes
+	t.current++
+	t.channels[t.current] = ch
+	t.delivered = 0
 	return ch, deliveries, nil
+}
+
+// Delivery references: the trimmer keys each delivery by its channel's
+// sequence number and its delivery tag in one number, so that its maps and
+// the sorted outstanding list need no second field, and sorting by
+// reference sorts by channel, then tag. A channel takes far fewer than
+// 2^40 deliveries (ChannelDeliveries), and a trimmer opens far fewer than
+// 2^24 channels in its life.
+const tagBits = 40
+
+// maxTrimmerChannels bounds the channels a trimmer keeps open, well below
+// RabbitMQ's default channel_max (2047): a slave holding more than
+// ChannelDeliveries times this many messages holds the rest on its last
+// channel.
+const maxTrimmerChannels = 1000
+
+func refOf(channel, tag uint64) uint64 { return channel<<tagBits | tag }
+
+func channelOf(ref uint64) uint64 { return ref >> tagBits }
+
+func tagOf(ref uint64) uint64 { return ref & (1<<tagBits - 1) }
+
+// rotate moves consuming to a fresh channel once the current one has taken
+// ChannelDeliveries deliveries: the consumer is cancelled (what the broker
+// sent before its cancel-ok is taken first, in order), and the old channel
+// stays open holding its deliveries until they are all acked (closeEmpty).
+func (t *Trimmer) rotate(ch *amqp.Channel, deliveries <-chan amqp.Delivery) (*amqp.Channel, <-chan amqp.Delivery, error) {
+	if err := ch.Cancel(t.opts.ConsumerTag, false); err != nil {
+		return ch, deliveries, fmt.Errorf("cancelling the consumer of a full channel: %w", err)
+	}
+	for d := range deliveries {
+		t.take(d)
+	}
+	return t.consume()
+}
+
+// closeEmpty closes the older channels that hold nothing any more.
+func (t *Trimmer) closeEmpty() {
+	for seq, ch := range t.channels {
+		if seq == t.current {
+			continue
+		}
+		t.mu.Lock()
+		i, _ := slices.BinarySearchFunc(t.outstanding, refOf(seq, 0), func(o outstandingTag, ref uint64) int {
+			return compareTags(o.tag, ref)
+		})
+		empty := i == len(t.outstanding) || channelOf(t.outstanding[i].tag) != seq
+		t.mu.Unlock()
+		if empty {
+			ch.Close()
+			delete(t.channels, seq)
+		}
+	}
+}
+
+// olderLost reports whether the broker closed one of the older channels:
+// the deliveries it held went back to the queue and come again on the
+// current one, where they would look like duplicates of what the trimmer
+// still believes it holds.
+func (t *Trimmer) olderLost() bool {
+	for seq, ch := range t.channels {
+		if seq != t.current && ch.IsClosed() {
+			return true
+		}
+	}
+	return false
+}
+
+// closeChannels closes every channel, which gives back everything held.
+func (t *Trimmer) closeChannels() {
+	for seq, ch := range t.channels {
+		ch.Close() // an error means it is closed already
+		delete(t.channels, seq)
+	}
 }
 
 // run owns the channel: it records deliveries, flushes acks, and replaces
@@ -339,7 +452,7 @@ func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 	defer t.wg.Done()
 	for {
 		reason := t.serve(ch, deliveries)
-		ch.Close() // requeues what is held; an error means it is closed already
+		t.closeChannels() // requeues what is held
 		t.forgetChannel()
 		switch reason {
 		case stopClosed:
@@ -481,6 +594,10 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 				t.log.Warn("trimmer's channel was closed by the broker; consuming again", "err", t.closeReason())
 				return stopChannelLost
 			}
+			if t.olderLost() {
+				t.log.Warn("the broker closed one of the trimmer's older channels; consuming again")
+				return stopChannelLost
+			}
 			t.take(d)
 			// Take the rest of the burst before deciding on a flush.
 			for more := true; more; {
@@ -498,6 +615,13 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 				t.log.Warn("trimmer lost its channel", "err", err)
 				return stopChannelLost
 			}
+			if t.delivered >= t.opts.ChannelDeliveries && len(t.channels) < maxTrimmerChannels {
+				var err error
+				if ch, deliveries, err = t.rotate(ch, deliveries); err != nil {
+					t.log.Warn("trimmer lost its channel", "err", err)
+					return stopChannelLost
+				}
+			}
 		}
 	}
 }
@@ -506,12 +630,14 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 // is gone, acked at once when it already is, and during a copy also sent to
 // the copy's destination.
 func (t *Trimmer) take(d amqp.Delivery) {
+	t.delivered++
+	tag := refOf(t.current, d.DeliveryTag)
 	value, _ := d.Headers[mirror.IdentityHeader].(string)
 	id, identified := mirror.ParseMessageID(value)
 	if _, marker := d.Headers[SyncMarkerHeader]; marker {
 		// A marker is never a message: remove it, also one left behind
 		// by a copy that ended before it arrived.
-		t.settleDelivery(d.DeliveryTag, id)
+		t.settleDelivery(tag, id)
 		if t.job != nil && identified && id == t.job.marker {
 			// Everything that was in the queue when the copy began has
 			// been seen: the marker went in behind it.
@@ -523,9 +649,9 @@ func (t *Trimmer) take(d amqp.Delivery) {
 	if byContent {
 		id = mirror.ContentID(d.Body)
 	}
-	kept := t.hold(d.DeliveryTag, id, byContent)
+	kept := t.hold(tag, id, byContent)
 	if kept {
-		t.scheduleExpiry(d.DeliveryTag, id, byContent, d.Expiration, time.Now())
+		t.scheduleExpiry(tag, id, byContent, d.Expiration, time.Now())
 	}
 	if t.job != nil && kept {
 		if err := t.job.send(d); err != nil {
@@ -769,22 +895,49 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 			t.outstanding[i].acked = true
 		}
 	}
-	// The multiple ack names the last delivery of the acked front that was
-	// not acked on its own before: it covers the rest of the front, and
-	// those acked before are simply gone at the broker.
-	front := 0
-	var upTo uint64 // the multiple ack's tag, 0 for none
-	for front < len(t.outstanding) && t.outstanding[front].acked {
-		if !t.outstanding[front].sent {
-			upTo = t.outstanding[front].tag
+	// Per channel, the multiple ack names the last delivery of the acked
+	// front that was not acked on its own before: it covers the rest of the
+	// front, and those acked before are simply gone at the broker. The
+	// outstanding deliveries are sorted by reference, so each channel's
+	// are one run of them, oldest first.
+	var multiples []uint64 // one reference per channel at most
+	kept := 0
+	for i := 0; i < len(t.outstanding); {
+		seq := channelOf(t.outstanding[i].tag)
+		end, _ := slices.BinarySearchFunc(t.outstanding[i:], refOf(seq+1, 0), func(o outstandingTag, ref uint64) int {
+			return compareTags(o.tag, ref)
+		})
+		end += i
+		front := i
+		var upTo uint64
+		for front < end && t.outstanding[front].acked {
+			if !t.outstanding[front].sent {
+				upTo = t.outstanding[front].tag
+			}
+			front++
 		}
-		front++
+		if upTo != 0 {
+			multiples = append(multiples, upTo)
+		}
+		if kept != front {
+			copy(t.outstanding[kept:], t.outstanding[front:end])
+		}
+		kept += end - front
+		i = end
 	}
-	t.outstanding = slices.Delete(t.outstanding, 0, front)
+	t.outstanding = t.outstanding[:kept]
+	covered := func(ref uint64) bool {
+		for _, upTo := range multiples {
+			if channelOf(upTo) == channelOf(ref) {
+				return ref <= upTo
+			}
+		}
+		return false
+	}
 	// The others are acked on their own; they stay outstanding (behind a
 	// delivery not acked yet) and must not be named by a later multiple ack.
 	for _, a := range acks {
-		if a.tag <= upTo {
+		if covered(a.tag) {
 			continue
 		}
 		i, found := slices.BinarySearchFunc(t.outstanding, a.tag, func(o outstandingTag, tag uint64) int {
@@ -798,27 +951,39 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 
 	// The nacks go first: the multiple ack may cover their tags, and would
 	// ack them if they were still unacknowledged.
-	for _, tag := range nacks {
-		if err := ch.Nack(tag, false, true); err != nil {
+	for _, ref := range nacks {
+		if err := t.channelFor(ch, ref).Nack(tagOf(ref), false, true); err != nil {
 			// The channel is gone, and with it every delivery it held
 			// went back to the queue: just what the nack was for.
-			return t.requeueAcks(acks, fmt.Errorf("nack %d: %w", tag, err))
+			return t.requeueAcks(acks, fmt.Errorf("nack %d: %w", tagOf(ref), err))
 		}
 	}
-	if upTo > 0 {
-		if err := ch.Ack(upTo, true); err != nil {
-			return t.requeueAcks(acks, fmt.Errorf("ack up to %d: %w", upTo, err))
+	for _, upTo := range multiples {
+		if err := t.channelFor(ch, upTo).Ack(tagOf(upTo), true); err != nil {
+			return t.requeueAcks(acks, fmt.Errorf("ack up to %d: %w", tagOf(upTo), err))
 		}
 	}
 	for _, a := range acks {
-		if a.tag <= upTo {
+		if covered(a.tag) {
 			continue
 		}
-		if err := ch.Ack(a.tag, false); err != nil {
-			return t.requeueAcks(acks, fmt.Errorf("ack %d: %w", a.tag, err))
+		if err := t.channelFor(ch, a.tag).Ack(tagOf(a.tag), false); err != nil {
+			return t.requeueAcks(acks, fmt.Errorf("ack %d: %w", tagOf(a.tag), err))
 		}
 	}
+	t.closeEmpty()
 	return nil
+}
+
+// channelFor is the channel a delivery reference belongs to: current when
+// it is the consuming one's (or, for a reference of a channel closed
+// meanwhile, the current one, whose ack then fails as a channel error
+// would, and the trimmer starts over).
+func (t *Trimmer) channelFor(current *amqp.Channel, ref uint64) *amqp.Channel {
+	if ch, ok := t.channels[channelOf(ref)]; ok {
+		return ch
+	}
+	return current
 }
 
 // requeueAcks puts the identities of acks that may not have reached the
