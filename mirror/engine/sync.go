@@ -359,9 +359,10 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 		}
 		return false
 	}
-	progress := func(copied int, started time.Time) {
+	progress := func(copied int, started time.Time, waits copyWaits) {
 		e.log.Info("sync in progress", "queue", m.ID.Name, "vhost", m.ID.VHost, "slaves", targets,
-			"copied", copied, "elapsed", time.Since(started).Round(time.Millisecond))
+			"copied", copied, "elapsed", time.Since(started).Round(time.Millisecond),
+			"waited_for_deliveries", waits.deliveries.Round(time.Millisecond), "waited_for_confirms", waits.confirms.Round(time.Millisecond))
 	}
 	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, joined, progress)
 }
@@ -409,8 +410,10 @@ func (e *Engine) dialSync(backend string) (*amqp.Connection, error) {
 // Clients consuming meanwhile take some of the backlog themselves, so
 // without the second rule the copy would wait for newer messages to make
 // up the count.
-func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, joined func(amqp.Delivery) bool, progress func(copied int, started time.Time)) (int, error) {
+func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, joined func(amqp.Delivery) bool, progress func(copied int, started time.Time, waits copyWaits)) (int, error) {
 	started := time.Now()
+	var waits copyWaits
+	lastProgress := started
 	sch, err := src.Channel()
 	if err != nil {
 		return 0, fmt.Errorf("opening a channel on the master: %w", err)
@@ -464,6 +467,7 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 		return copied, nil
 	}
 	for copied < q.Messages {
+		waitStart := time.Now()
 		select {
 		case <-ctx.Done():
 			return copied, ctx.Err()
@@ -485,18 +489,22 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 			if !ok {
 				return copied, errors.New("the master closed the sync's channel")
 			}
+			waits.deliveries += time.Since(waitStart)
 			if joined(d) {
 				return finish()
 			}
 			msg := publishing(d)
+			publishStart := time.Now()
 			for _, o := range outs {
 				if err := o.publish(ctx, queue, msg); err != nil {
 					return copied, err
 				}
 			}
+			waits.confirms += time.Since(publishStart)
 			copied++
-			if copied%progressEvery == 0 {
-				progress(copied, started) // how fast a long sync goes, in the log
+			if time.Since(lastProgress) >= progressEvery {
+				lastProgress = time.Now()
+				progress(copied, started, waits) // how fast a long sync goes, and what it waits for
 			}
 			if draining {
 				idle.Reset(settle)
@@ -508,8 +516,12 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 	return finish()
 }
 
-// progressEvery is how many copied messages a sync logs its progress after.
-const progressEvery = 16384
+// progressEvery is how often a sync logs its progress.
+const progressEvery = 5 * time.Second
+
+// copyWaits is how long a copy has waited, in all, for deliveries from its
+// source and for its publishes and confirms to the destinations.
+type copyWaits struct{ deliveries, confirms time.Duration }
 
 // confirmWindow publishes copies to one slave with confirms, keeping up
 // to two batches unconfirmed: it waits for the older batch while the next
