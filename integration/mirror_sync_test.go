@@ -88,12 +88,7 @@ func TestMirrorSlaveSynchronisation(t *testing.T) {
 	})
 
 	t.Run("manual", func(t *testing.T) {
-		// With no clients beside it. A sync under full load through the
-		// proxy does not work yet: the copy from the master stalls waiting
-		// for the slaves' confirms while clients publish and consume (a
-		// 20 000-message sync copied about 10 000 in three minutes, and the
-		// clients' last publishes waited for the master's confirm), which
-		// is why this test syncs an idle queue; see the note.
+		// With no clients beside it; TestMirrorSyncUnderLoad syncs under load.
 		const backlog = 20_000
 		queue := queueName(t)
 		declareMirrored(t, p, conn, queue, false, nil)
