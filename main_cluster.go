@@ -20,6 +20,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -216,33 +217,43 @@ type policyLog struct {
 	store    *mirror.Store
 	policies *config.PolicyStore
 	log      *slog.Logger
+
+	// importMu serialises the import with changes made through this
+	// proxy, so that none of them can reach the log before it.
+	importMu sync.Mutex
+	// pending are state_dir's runtime policies while they are still to be
+	// imported; nil once the log has runtime policies.
+	pending *mirror.RuntimePolicies
 }
 
 var _ config.PolicyLog = (*policyLog)(nil)
 
 // startPolicyLog moves the runtime policies of policies into the log
 // (store, written through writer). When the log has never recorded any,
-// those policies loaded from state_dir are imported once, retried until
-// the log has a leader; whichever proxy's import commits first wins and
-// the others' are refused. stop ends the goroutine.
+// those policies loaded from state_dir are imported once: at once when
+// the log has a leader (always for a proxy alone), else in the background
+// until it has, and in any case before a change made through this proxy.
+// Whichever proxy's import or change reaches the log first wins; a later
+// import is refused. stop ends the goroutine.
 func startPolicyLog(writer policyWriter, store *mirror.Store, policies *config.PolicyStore, logger *slog.Logger) (stop func()) {
 	l := &policyLog{writer: writer, store: store, policies: policies, log: logger.With("component", "runtime-policies")}
-	filePolicies, fileOperator := policies.Runtime()
+	if filePolicies, fileOperator := policies.Runtime(); len(filePolicies)+len(fileOperator) > 0 {
+		l.pending = &mirror.RuntimePolicies{Policies: filePolicies, OperatorPolicies: fileOperator}
+	}
 	policies.UseLog(l)
 	changes, unsubscribe := store.Changes()
 	l.sync()
+	first, cancelFirst := context.WithTimeout(context.Background(), time.Second)
+	l.importPending(first)
+	cancelFirst()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer unsubscribe()
-		pending := len(filePolicies)+len(fileOperator) > 0
 		retry := time.NewTicker(time.Second)
 		defer retry.Stop()
 		for {
-			if pending {
-				pending = !l.importFile(ctx, filePolicies, fileOperator)
-			}
 			select {
 			case <-ctx.Done():
 				return
@@ -252,6 +263,9 @@ func startPolicyLog(writer policyWriter, store *mirror.Store, policies *config.P
 				}
 				l.sync()
 			case <-retry.C:
+				attempt, cancelAttempt := context.WithTimeout(ctx, policyLogTimeout)
+				l.importPending(attempt)
+				cancelAttempt()
 			}
 		}
 	}()
@@ -261,27 +275,30 @@ func startPolicyLog(writer policyWriter, store *mirror.Store, policies *config.P
 	}
 }
 
-// importFile writes the runtime policies loaded from state_dir to the log
-// if it has none yet. It reports whether nothing is left to do.
-func (l *policyLog) importFile(ctx context.Context, policies, operatorPolicies []config.Policy) bool {
-	if l.store.Policies().Index != 0 {
-		return true
+// importPending writes the runtime policies loaded from state_dir to the
+// log if it has none yet, and then renames the file. An error leaves them
+// pending.
+func (l *policyLog) importPending(ctx context.Context) error {
+	l.importMu.Lock()
+	defer l.importMu.Unlock()
+	if l.pending == nil {
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, policyLogTimeout)
-	defer cancel()
-	res, err := l.writer.ChangePolicies(ctx, mirror.PolicyChange{
-		Op:     mirror.PolicyImport,
-		Import: &mirror.RuntimePolicies{Policies: policies, OperatorPolicies: operatorPolicies},
-	})
-	if err != nil {
-		l.log.Debug("cannot import state_dir's runtime policies into the log yet; retrying", "err", err)
-		return false
+	imported := false
+	if l.store.Policies().Index == 0 {
+		res, err := l.writer.ChangePolicies(ctx, mirror.PolicyChange{Op: mirror.PolicyImport, Import: l.pending})
+		if err != nil {
+			l.log.Debug("cannot import state_dir's runtime policies into the log yet; retrying", "err", err)
+			return fmt.Errorf("importing state_dir's runtime policies into the log: %w", err)
+		}
+		imported = res.Changed
 	}
-	if res.Changed {
-		l.log.Info("runtime policies imported from state_dir into the metadata log", "policies", len(policies), "operator_policies", len(operatorPolicies))
+	if imported {
+		l.log.Info("runtime policies imported from state_dir into the metadata log", "policies", len(l.pending.Policies), "operator_policies", len(l.pending.OperatorPolicies))
 	} else {
 		l.log.Info("the metadata log already has runtime policies; state_dir's are not imported")
 	}
+	l.pending = nil
 	l.sync()
 	// Renamed, so that a restart cannot show the file's policies, stale
 	// by then, while the log is read.
@@ -290,7 +307,7 @@ func (l *policyLog) importFile(ctx context.Context, policies, operatorPolicies [
 	} else if retired != "" {
 		l.log.Info("runtime policies file renamed; the metadata log holds them now", "file", retired)
 	}
-	return true
+	return nil
 }
 
 // sync hands the log's runtime policies to the PolicyStore. A log that has
@@ -332,6 +349,22 @@ func (l *policyLog) changeRetrying(ctx context.Context, c mirror.PolicyChange) e
 	}
 }
 
+// importPendingRetrying imports state_dir's policies before a change
+// made here, trying again while the log has no leader until ctx ends.
+func (l *policyLog) importPendingRetrying(ctx context.Context) error {
+	for {
+		err := l.importPending(ctx)
+		if err == nil || !errors.Is(err, mirror.ErrNotLeader) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(policyRetry):
+		}
+	}
+}
+
 // SetPolicy records a runtime policy in the log.
 func (l *policyLog) SetPolicy(p config.Policy, operator bool) error {
 	return l.change(mirror.PolicyChange{Op: mirror.PolicySet, Policy: &p, Operator: operator})
@@ -345,7 +378,11 @@ func (l *policyLog) ClearPolicy(vhost, name string, operator bool) error {
 func (l *policyLog) change(c mirror.PolicyChange) error {
 	ctx, cancel := context.WithTimeout(context.Background(), policyLogTimeout)
 	defer cancel()
-	if err := l.changeRetrying(ctx, c); err != nil {
+	err := l.importPendingRetrying(ctx)
+	if err == nil {
+		err = l.changeRetrying(ctx, c)
+	}
+	if err != nil {
 		switch {
 		case errors.Is(err, mirror.ErrNotLeader):
 			return fmt.Errorf("%w: runtime policies live in the proxies' replicated log, and this proxy cannot reach a majority of the proxies; nothing was changed (%v)", config.ErrNoMajority, err)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,9 +96,12 @@ func TestRuntimePoliciesReachEveryProxy(t *testing.T) {
 	for i, s := range stores {
 		testutil.Eventually(t, 15*time.Second, func() error { return hasPolicies(s, fmt.Sprintf("file-%d", i+1), "old-1") })
 	}
-	if _, err := os.Stat(filepath.Join(stateDirs[0], config.PoliciesFile)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the imported policies file is still there (stat: %v), want it renamed", err)
-	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if _, err := os.Stat(filepath.Join(stateDirs[0], config.PoliciesFile)); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("the imported policies file is still there (stat: %v), want it renamed", err)
+		}
+		return nil
+	})
 
 	if _, err := stores[0].SetPolicy(testPolicy(t, "ha-all", "^queue_")); err != nil {
 		t.Fatal(err)
@@ -141,7 +145,7 @@ func TestRuntimePoliciesSurviveRestartAlone(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	stateDir := writeRuntimeFile(t, testPolicy(t, "old", "^old_"))
 	raftDir := t.TempDir()
-	start := func() (*config.PolicyStore, func()) {
+	start := func() (*config.PolicyStore, *mirror.Store, func()) {
 		t.Helper()
 		store, err := mirror.OpenStore(mirror.StoreConfig{Dir: raftDir, NodeID: "proxy", Logger: logger, ElectionTimeout: 100 * time.Millisecond})
 		if err != nil {
@@ -150,25 +154,38 @@ func TestRuntimePoliciesSurviveRestartAlone(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := store.WaitLeader(ctx); err != nil {
+			store.Close()
 			t.Fatal(err)
 		}
 		policies, err := config.OpenPolicyStore(stateDir, nil, nil)
 		if err != nil {
+			store.Close()
 			t.Fatal(err)
 		}
 		stop := startPolicyLog(store, store, policies, logger)
-		return policies, func() { stop(); store.Close() }
+		return policies, store, func() { stop(); store.Close() }
+	}
+	logNames := func(s *mirror.Store) string {
+		var out []string
+		for _, p := range s.Policies().Policies {
+			out = append(out, p.Name)
+		}
+		return fmt.Sprint(out)
 	}
 
-	policies, stop := start()
-	testutil.Eventually(t, 10*time.Second, func() error { return hasPolicies(policies, "old") })
-	if _, err := policies.SetPolicy(testPolicy(t, "ha-all", "^queue_")); err != nil {
-		t.Fatal(err)
+	// A proxy alone has a leader at once: the import is done when
+	// startPolicyLog returns, before any change can overtake it.
+	policies, store, stop := start()
+	if got := logNames(store); got != "[old]" {
+		stop()
+		t.Fatalf("the log after the first start holds %s, want state_dir's [old]", got)
 	}
-	if err := policies.ClearPolicy("/", "old"); err != nil {
-		t.Fatal(err)
-	}
+	_, setErr := policies.SetPolicy(testPolicy(t, "ha-all", "^queue_"))
+	clearErr := policies.ClearPolicy("/", "old")
 	stop()
+	if setErr != nil || clearErr != nil {
+		t.Fatalf("set: %v, clear: %v", setErr, clearErr)
+	}
 
 	// A file written again by hand is not imported: the log has policies.
 	writeAgain, err := config.OpenPolicyStore(stateDir, nil, nil)
@@ -178,9 +195,14 @@ func TestRuntimePoliciesSurviveRestartAlone(t *testing.T) {
 	if _, err := writeAgain.SetPolicy(testPolicy(t, "stale", "^stale_")); err != nil {
 		t.Fatal(err)
 	}
-	policies, stop = start()
+	policies, store, stop = start()
 	defer stop()
-	testutil.Eventually(t, 10*time.Second, func() error { return hasPolicies(policies, "ha-all") })
+	if got := logNames(store); got != "[ha-all]" {
+		t.Errorf("the log after the restart holds %s, want [ha-all]", got)
+	}
+	if err := hasPolicies(policies, "ha-all"); err != nil {
+		t.Error(err)
+	}
 }
 
 // hasPolicies checks the names of the store's user policies, in the store's order
@@ -199,8 +221,16 @@ func hasPolicies(s *config.PolicyStore, want ...string) error {
 // verdictRecorder records what watchMembers hands the engine.
 type verdictRecorder struct{ verdicts chan string }
 
-func (r verdictRecorder) MemberFailed(backend string) { r.verdicts <- "failed " + backend }
-func (r verdictRecorder) MemberAlive(backend string)  { r.verdicts <- "alive " + backend }
+func (r verdictRecorder) MemberFailed(backend string) { r.record("failed " + backend) }
+func (r verdictRecorder) MemberAlive(backend string)  { r.record("alive " + backend) }
+
+// record never blocks: watchMembers must stop when the test ends.
+func (r verdictRecorder) record(v string) {
+	select {
+	case r.verdicts <- v:
+	default:
+	}
+}
 
 // A proxy killed without leaving is reported failed, by its backend's
 // name, within about a second of serf noticing; the proxy itself and the
@@ -235,18 +265,23 @@ func TestWatchMembersReportsAFailedProxy(t *testing.T) {
 
 	killed := time.Now()
 	clusters[2].Shutdown()
-	select {
-	case got := <-recorder.verdicts:
-		if got != "failed rabbit3" {
-			t.Errorf("first verdict %q, want %q", got, "failed rabbit3")
+	// On a loaded host serf may also suspect a live proxy for a moment
+	// (failed, then alive again); that is logged, not an error.
+	deadline := time.After(10 * time.Second)
+	for reported := false; !reported; {
+		select {
+		case got := <-recorder.verdicts:
+			switch {
+			case got == "failed rabbit3":
+				reported = true
+				t.Logf("rabbit3 reported failed %v after its proxy stopped", time.Since(killed))
+			case strings.HasSuffix(got, " rabbit1"):
+				t.Fatalf("the proxy's own node reported: %q", got)
+			default:
+				t.Logf("verdict on a live proxy under load: %q", got)
+			}
+		case <-deadline:
+			t.Fatal("rabbit3 not reported failed within 10s of its proxy stopping")
 		}
-		t.Logf("rabbit3 reported failed %v after its proxy stopped", time.Since(killed))
-	case <-time.After(10 * time.Second):
-		t.Fatal("no verdict within 10s of a proxy stopping")
-	}
-	select {
-	case got := <-recorder.verdicts:
-		t.Errorf("unexpected verdict %q", got)
-	case <-time.After(500 * time.Millisecond):
 	}
 }
