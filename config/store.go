@@ -214,6 +214,14 @@ func (s *PolicyStore) RetireFile() (string, error) {
 // proxy's version cannot take is left out and reported); the others are
 // taken all the same.
 func (s *PolicyStore) SetRuntime(index uint64, policies, operatorPolicies []Policy) error {
+	// Most calls bring nothing new (the log changed for a queue): skip
+	// the validation, which compiles every pattern.
+	s.mu.Lock()
+	stale := index <= s.logIndex
+	s.mu.Unlock()
+	if stale {
+		return nil
+	}
 	var errs []error
 	check := func(list []Policy, operator bool, source string) []Policy {
 		out := make([]Policy, 0, len(list))
