@@ -45,8 +45,9 @@ type observedConn struct {
 
 	// mu serialises reads, so that the scanner sees the stream in order,
 	// and guards scanner, ahead and aheadErr. A read holds it while it
-	// blocks; readAhead moves the read deadline before it takes mu, so
-	// that it waits for at most readAheadWindow.
+	// blocks; readAhead moves the read deadline to now before it takes mu,
+	// so that a read blocked on a socket that is still open gives way (one
+	// on a failed socket has returned already).
 	mu       sync.Mutex
 	scanner  closeScanner
 	ahead    []byte // read ahead, already scanned, not yet handed to Read
@@ -104,9 +105,7 @@ func (c *observedConn) Write(p []byte) (int, error) {
 // the writer (and through it amqp091-go) learns of the failure.
 func (c *observedConn) readAhead() {
 	c.readingAhead.Store(true)
-	// A read blocked on a socket that has not failed gives way now; one on
-	// a failed socket has returned already.
-	c.Conn.SetReadDeadline(time.Now())
+	c.Conn.SetReadDeadline(time.Now()) // see mu
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.drain()
