@@ -161,7 +161,10 @@ type config struct {
 	// set, asks for a perf profile of each amqp-mirror run.
 	mirrorBaselineBin string
 	mirrorPerf        string
-	declareDuration   time.Duration
+	// mirroredRate paces the mirrored scenario's publishers (messages per second, all
+	// together); 0 publishes as fast as confirms allow.
+	mirroredRate    float64
+	declareDuration time.Duration
 
 	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
 	failoverTargets []string
@@ -219,6 +222,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.mirrorBin, "amqp-mirror-bin", "", "mirrored: the amqp-mirror `binary` to run; default: go build of this module into a temporary directory")
 	fs.StringVar(&cfg.mirrorBaselineBin, "amqp-mirror-baseline-bin", "", "mirrored: the amqp-mirror `binary` of row amqp-mirror-baseline (add it to -mirrored-targets), e.g. an older commit's build, measured on the same nodes in the same rounds")
 	fs.StringVar(&cfg.mirrorPerf, "amqp-mirror-perf", "", "mirrored: record each amqp-mirror run's server with `perf record -g` into `file` with the row and server number inserted (/tmp/m.data gives /tmp/m.amqp-mirror.2.data); read with perf report")
+	fs.Float64Var(&cfg.mirroredRate, "mirrored-rate", 0, "mirrored: publish at most `N` messages per second, all publishers together (0: as fast as confirms allow). At a rate every row sustains, the CPU per message compares rows doing the same work, which a shared machine's throughput does not")
 	fs.DurationVar(&cfg.declareDuration, "declare-duration", 5*time.Second, "mirrored: how long each queue.declare rate is measured")
 
 	fs.StringVar(&failover, "failover-targets", targetMirror+","+targetNativeHA, "failover: comma-separated `list` of rows: amqp-mirror (serve in front of three plain nodes, clients without reconnect logic), native-ha (RabbitMQ's classic mirroring on a three-node cluster, clients that reconnect)")
@@ -313,6 +317,9 @@ func (cfg config) validate() error {
 	}
 	if cfg.failoverKills <= 0 {
 		errs = append(errs, fmt.Errorf("-failover-kills must be positive, got %d", cfg.failoverKills))
+	}
+	if cfg.mirroredRate < 0 {
+		errs = append(errs, fmt.Errorf("-mirrored-rate must not be negative, got %v", cfg.mirroredRate))
 	}
 	if cfg.declareDuration <= 0 {
 		errs = append(errs, fmt.Errorf("-declare-duration must be positive, got %v", cfg.declareDuration))

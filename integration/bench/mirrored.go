@@ -211,7 +211,7 @@ func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult
 	cfg := m.cfg
 	spec := loadSpec{
 		scenario: "mirrored", publishers: cfg.publishers, consumers: cfg.consumers,
-		window: cfg.confirmWindow, prefetch: cfg.prefetch, multiAck: cfg.multiAck,
+		window: cfg.confirmWindow, rate: cfg.mirroredRate / float64(cfg.publishers), prefetch: cfg.prefetch, multiAck: cfg.multiAck,
 		size: cfg.size, persistent: true, warmup: cfg.warmup, duration: cfg.duration,
 		queuePrefix: queuePrefix(target),
 	}

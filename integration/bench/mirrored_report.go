@@ -25,6 +25,9 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 	}
 	fmt.Fprintf(out, "\nmirrored: amqp091-go, %d publishers (confirm window %d), %d consumers (prefetch %d, %s), %d B persistent, durable queues, %v after %v warm-up\n",
 		cfg.publishers, cfg.confirmWindow, cfg.consumers, cfg.prefetch, ackMode(cfg.multiAck), cfg.size, cfg.duration, cfg.warmup)
+	if cfg.mirroredRate > 0 {
+		fmt.Fprintf(out, "publishers paced at %.0f msg/s together (-mirrored-rate)\n", cfg.mirroredRate)
+	}
 	fmt.Fprintf(out, "copies: brokers holding each queue, counted on the brokers; cpu in cores (brokers: every node the row uses; other: the rest of the machine, idle nodes included)\n\n")
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "target\trun\tcopies\tconsumed/s\tpublished/s\tconfirm p50\tp99\tdelivery p50\tp99\tcpu brokers\tproxy\tbench\tother\t")
