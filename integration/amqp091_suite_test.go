@@ -45,20 +45,21 @@ import (
 // disturbing anyone; rabbit1 is the mirrored proxy's home too, where that test's queue is
 // placed.
 //
-// Two tests take most of the time and are kept: TestChannelCounterShouldNotPanicIssue136
-// (~25s directly, 35-65s through the -race proxy on a loaded two-core machine) opens and
-// closes 80,000 channels from 8 goroutines, wrapping channel ids past channel_max dozens of
-// times, which is the proxy's channel-table reuse under concurrency (and, mirrored, its
-// channels on three links); and TestConnectionRecoverySkipAndContinueNoInfiniteLoop (~16s)
-// waits three recovery periods to prove a loop does not recur. Each run takes about two
-// minutes.
+// Two tests take most of the time: TestChannelCounterShouldNotPanicIssue136 (~25s directly,
+// 35-65s through the -race proxy on a loaded two-core machine) opens and closes 80,000
+// channels from 8 goroutines, wrapping channel ids past channel_max dozens of times, which is
+// the proxy's channel-table reuse under concurrency; the mirrored run leaves it out
+// (amqp091NotMirrored says why). TestConnectionRecoverySkipAndContinueNoInfiniteLoop (~16s)
+// waits three recovery periods to prove a loop does not recur. Measured on the shared
+// two-core machine (load average 14-37): the direct run 60-155s, the proxied run 80-190s, the
+// mirrored run 42s without TestChannelCounterShouldNotPanicIssue136 (99-154s with it).
 func TestAmqp091SuiteThroughProxy(t *testing.T) {
 	direct := node(t, "rabbit1")
 	suite := buildAmqp091Suite(t)
 	suite.rabbitmqctl = rabbitmqctlFor(t, direct)
 	t.Logf("amqp091-go %s: %d tests selected, %d not run", suite.version, len(suite.tests), len(amqp091NotRun))
 
-	directRun := suite.run(t, "direct", direct.URL())
+	directRun := suite.run(t, "direct", direct.URL(), nil)
 	if len(directRun.results) == 0 {
 		t.Fatalf("the direct run reported no test at all; it ended with:\n%s", directRun.ending())
 	}
@@ -68,15 +69,26 @@ func TestAmqp091SuiteThroughProxy(t *testing.T) {
 		return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 
+	var proxiedRun amqp091Run
 	t.Run("proxied", func(t *testing.T) {
 		url, server := startProxy(t, direct, func(options *proxy.Options) { options.Logger = warnings(t) })
-		run := suite.run(t, "proxied", url)
-		compareAmqp091Runs(t, directRun, run, server)
+		proxiedRun = suite.run(t, "proxied", url, nil)
+		compareAmqp091Runs(t, directRun, proxiedRun, server, nil)
 	})
 	t.Run("mirrored", func(t *testing.T) {
+		for _, name := range sortedKeys(amqp091NotMirrored) {
+			if !slices.Contains(suite.tests, name) {
+				t.Errorf("%s is in amqp091NotMirrored but not among the selected tests of amqp091-go %s; take it off the list", name, suite.version)
+			} else if status := proxiedRun.results[name]; status != "PASS" {
+				t.Errorf("%s is left to the proxied run (amqp091NotMirrored), which got %s, want PASS", name, orMissing(status))
+			}
+		}
+		for _, name := range sortedKeys(amqp091NotMirrored) {
+			t.Logf("%s is left to the proxied run: %s", name, amqp091NotMirrored[name])
+		}
 		p := startMirroredProxyWith(t, direct, mirroredOptions{logger: warnings(t)})
-		run := suite.run(t, "mirrored", p.url)
-		compareAmqp091Runs(t, directRun, run, p.srv)
+		run := suite.run(t, "mirrored", p.url, amqp091NotMirrored)
+		compareAmqp091Runs(t, directRun, run, p.srv, amqp091NotMirrored)
 	})
 }
 
@@ -108,12 +120,16 @@ func (s amqp091Suite) checkLists(t *testing.T, directRun amqp091Run) {
 }
 
 // compareAmqp091Runs fails the test for every test that passed directly and not through the
-// proxy, and checks that every connection the suite opened through the proxy ended there.
-func compareAmqp091Runs(t *testing.T, directRun, proxiedRun amqp091Run, server *proxy.Server) {
+// proxy (but for those the run left out, with the reason), and checks that every connection
+// the suite opened through the proxy ended there.
+func compareAmqp091Runs(t *testing.T, directRun, proxiedRun amqp091Run, server *proxy.Server, leftOut map[string]string) {
 	t.Helper()
 	regressed := false
 	for _, name := range directRun.names() {
 		directStatus, proxiedStatus := directRun.results[name], proxiedRun.results[name]
+		if _, out := leftOut[topLevel(name)]; out {
+			continue
+		}
 		switch {
 		case directStatus == "FAIL":
 			t.Logf("%s fails directly, as listed (%s); through the proxy: %s", name, amqp091FailsDirectly[topLevel(name)], orMissing(proxiedStatus))
@@ -183,6 +199,14 @@ var amqp091NotRun = map[string]string{
 	"TestConnectionRecoveryTopologyAllEnabled":                         needsManagementAPI,
 	"TestConnectionRecoveryTopologyDisabled":                           needsManagementAPI,
 	"TestConnectionRecoveryTopologyOnlyTransient":                      needsManagementAPI,
+}
+
+// amqp091NotMirrored lists, with the reason, the selected tests that the mirrored run leaves
+// to the proxied run. Each must pass there.
+var amqp091NotMirrored = map[string]string{
+	"TestChannelCounterShouldNotPanicIssue136": "it opens and closes channels and does nothing else; with mirroring a " +
+		"channel opens on the other backends only when a method needs it there, so this would run the proxied run's code " +
+		"on the home link alone, for 35-65 of the mirrored run's ~100 seconds",
 }
 
 // amqp091RunTimeout bounds one run of the suite; it takes about a minute.
@@ -323,14 +347,18 @@ type amqp091Run struct {
 
 var resultLine = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): (\S+) \(([0-9.]+s)\)`)
 
-// run runs the selected tests against url and keeps what they print in <label>.log under the
-// test's artifact directory (kept with go test -artifacts).
-func (s amqp091Suite) run(t *testing.T, label, url string) amqp091Run {
+// run runs the selected tests but those in leftOut against url and keeps what they print in
+// <label>.log under the test's artifact directory (kept with go test -artifacts).
+func (s amqp091Suite) run(t *testing.T, label, url string, leftOut map[string]string) amqp091Run {
 	t.Helper()
+	tests := slices.DeleteFunc(slices.Clone(s.tests), func(name string) bool {
+		_, out := leftOut[name]
+		return out
+	})
 	ctx := testContext(t, amqp091RunTimeout+30*time.Second)
 	command := exec.CommandContext(ctx, s.binary,
 		"-test.v", "-test.count=1", "-test.timeout="+amqp091RunTimeout.String(),
-		"-test.run=^("+strings.Join(s.tests, "|")+")$")
+		"-test.run=^("+strings.Join(tests, "|")+")$")
 	command.Dir = s.dir
 	command.Env = append(slices.DeleteFunc(os.Environ(), func(v string) bool {
 		return strings.HasPrefix(v, "AMQP_URL=") || strings.HasPrefix(v, "RABBITMQ_RABBITMQCTL_PATH=")
