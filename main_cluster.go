@@ -82,12 +82,14 @@ const minorityCheck = 250 * time.Millisecond
 // cluster's members alive (serf: a failed member still counts as a member),
 // and resumes it when a majority is back, as RabbitMQ's pause_minority
 // pauses a node. Two sides of a partition can then never both serve a
-// mirrored queue: at most one side has a majority. It returns when ctx
+// mirrored queue: at most one side has a majority. A member serf declared
+// failed whose raft port still completes a TCP handshake (answering) counts
+// as alive here: it is starved, not gone or cut off. It returns when ctx
 // ends.
 func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server, logger *slog.Logger) {
 	ticker := time.NewTicker(minorityCheck)
 	defer ticker.Stop()
-	paused := false
+	paused, spared := false, false
 	for {
 		select {
 		case <-ctx.Done():
@@ -95,14 +97,31 @@ func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server,
 		case <-ticker.C:
 		}
 		alive, total := 0, 0
+		var failed []cluster.Member
 		for _, m := range c.Members() {
 			switch m.Status {
 			case cluster.StatusAlive:
 				alive++
 				total++
-			case cluster.StatusFailed, cluster.StatusLeaving:
+			case cluster.StatusFailed:
+				failed = append(failed, m)
+				total++
+			case cluster.StatusLeaving:
 				total++
 			}
+		}
+		if 2*alive <= total {
+			// With a node down, one false verdict on a live peer (a host so
+			// loaded that the peer missed serf's probes for a moment) would
+			// otherwise pause this proxy and disconnect its clients.
+			before := alive
+			alive += answering(failed)
+			if !spared && !paused && 2*before <= total && 2*alive > total {
+				logger.Warn("sidecar cluster: serf declares proxies failed that still answer on their raft port; not pausing", "alive", before, "answering", alive-before, "members", total)
+			}
+			spared = 2*alive > total
+		} else {
+			spared = false
 		}
 		minority := total > 0 && 2*alive <= total
 		switch {
@@ -116,6 +135,33 @@ func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server,
 			paused = false
 		}
 	}
+}
+
+// answerTimeout bounds answering's handshake with one member.
+const answerTimeout = 200 * time.Millisecond
+
+// answering counts the members whose raft port completes a TCP handshake
+// within answerTimeout, all asked at once. The kernel answers for the
+// proxy, so a proxy that is alive but starved of CPU answers, one that is
+// gone refuses, and one cut off by a partition does not answer at all.
+func answering(members []cluster.Member) int {
+	answers := make(chan bool, len(members))
+	for _, m := range members {
+		go func() {
+			conn, err := net.DialTimeout("tcp", m.Raft, answerTimeout)
+			if err == nil {
+				conn.Close()
+			}
+			answers <- err == nil
+		}()
+	}
+	count := 0
+	for range members {
+		if <-answers {
+			count++
+		}
+	}
+	return count
 }
 
 // memberCheck is how often a sidecar proxy hands serf's verdicts on the
