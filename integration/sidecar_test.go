@@ -621,3 +621,78 @@ func TestSidecarDeletedWhileNodeDown(t *testing.T) {
 		}
 	}
 }
+
+// TestSidecarFrozenNodeJudgedBySerf: node 2 freezes whole (its proxy and its broker stopped
+// with SIGSTOP, as a host that hangs: no reset, no answer). The survivors' own probes would
+// count rabbit2 down only after failover_grace (10 s in these tests); serf declares its proxy
+// failed within about a second, every survivor counts the node failed on that signal, and
+// the queue mastered on rabbit2 is promoted long before the grace is up. When the node
+// thaws, its copy rejoins as a slave.
+func TestSidecarFrozenNodeJudgedBySerf(t *testing.T) {
+	const queue = "serf_frozen"
+	t.Cleanup(func() { removeLeftovers(t, queue) })
+	proxies := startSidecars(t)
+	names := mirrorBackends()
+	setPolicy(t, proxies[0], "ha-serf", "^serf_", `{"ha-mode":"all"}`)
+	awaitCondition(t, 60*time.Second, func() error {
+		if err := declareThrough(proxies[1], queue); err != nil {
+			return err
+		}
+		row, err := queueStatus(t, proxies[0], queue)
+		if err != nil {
+			return err
+		}
+		if row.Master != "rabbit2" || len(row.SynchronisedSlaves) != 2 {
+			return fmt.Errorf("proxy 1 lists %v, want it mastered on rabbit2 with two synchronised slaves", row)
+		}
+		return nil
+	})
+
+	node2 := node(t, "rabbit2")
+	proxy2 := proxies[1].command.Process.Pid
+	thaw := func() {
+		syscall.Kill(proxy2, syscall.SIGCONT)
+		if pid := node2.PID(); pid != 0 {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(thaw)
+	frozen := time.Now()
+	signalNode(t, node2, syscall.SIGSTOP)
+	if err := syscall.Kill(proxy2, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP to the proxy beside rabbit2: %v", err)
+	}
+	var promoted time.Duration
+	awaitCondition(t, 30*time.Second, func() error {
+		row, err := queueStatus(t, proxies[0], queue)
+		if err != nil {
+			return err
+		}
+		if row.Master == "rabbit2" {
+			return fmt.Errorf("proxy 1 lists %v, still mastered on the frozen rabbit2", row)
+		}
+		promoted = time.Since(frozen)
+		return nil
+	})
+	t.Logf("%s promoted away from the frozen node %v after the freeze (failover_grace 10s)", queue, promoted)
+	// Serf's detection is about a second; the rest is the listing's own round trips on a
+	// loaded host. The probes alone would take the whole grace.
+	if promoted >= 8*time.Second {
+		t.Errorf("promotion took %v, want it well within failover_grace (10s): serf's verdict was not used", promoted)
+	}
+
+	thaw()
+	awaitCondition(t, 90*time.Second, func() error {
+		row, err := queueStatus(t, proxies[0], queue)
+		if err != nil {
+			return err
+		}
+		if copies := slices.Sorted(slices.Values(row.copies())); !slices.Equal(copies, names) || len(row.SynchronisedSlaves) != 2 {
+			return fmt.Errorf("proxy 1 lists %v; want copies on all three nodes again, both slaves synchronised", row)
+		}
+		return nil
+	})
+	if err := deleteThrough(proxies[0], queue); err != nil {
+		t.Errorf("deleting %s: %v", queue, err)
+	}
+}

@@ -34,13 +34,21 @@ func (e *Engine) up(backend string) bool {
 // gets serf's verdict within about a second, so they all act on the same
 // signal; their promotions are conditional writes to the log, which takes
 // exactly one. The probe still runs: a broker that dies under a live proxy
-// is seen by it alone. The backend counts as down until MemberAlive.
+// is seen by it alone. The backend counts as down until MemberAlive, and
+// the watcher's connection to it is closed, as a reset closes it.
 func (e *Engine) MemberFailed(backend string) {
 	if !e.failedMembers.set(backend, true) {
 		return
 	}
 	e.log.Warn("the proxy beside a backend failed; counting the backend down", "backend", backend)
 	e.addEvent(controllink.Event{Backend: backend, State: controllink.Down, Cause: controllink.CauseLost, At: time.Now(), Err: errMemberFailed})
+	// As a reset would: the watcher's connection goes, so that nothing
+	// waits on a broker that may never answer (a frozen host) until
+	// failover_grace, neither the engine's own operations nor ctl
+	// list_queues. The watcher reconnects at once if the broker answers.
+	if conn, _ := e.opts.Watcher.Conn(backend); conn != nil {
+		conn.CloseDeadline(time.Now())
+	}
 }
 
 // MemberAlive tells the engine that serf sees the proxy beside backend
