@@ -156,6 +156,38 @@ func (f *faultyLink) cut() {
 
 func (f *faultyLink) addr() string { return f.ln.Addr().String() }
 
+// dialOwnConfirms connects a client for these tests, with no copy of
+// queue left by an earlier run; the queue is deleted through the proxy when
+// the test ends. Its heartbeat (which the proxy's links take) is long: a
+// faultyLink holds the broker's frames for as long as the brokers take to
+// count their messages.
+func dialOwnConfirms(t *testing.T, url, queue string) *amqp.Connection {
+	t.Helper()
+	for _, n := range cluster.Nodes() {
+		c := dial(t, n)
+		if err := deleteQueue(c, queue); err != nil {
+			t.Fatalf("deleting %s's leftover %q: %v", n.Name, queue, err)
+		}
+		c.Close()
+	}
+	conn, err := amqp.DialConfig(url, amqp.Config{Heartbeat: time.Minute})
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		// A new connection: the test's may have a link broken a moment ago,
+		// which the delete would not reach.
+		c := dialURL(t, url)
+		if err := deleteQueue(c, queue); err != nil {
+			t.Errorf("deleting %q through the proxy: %v", queue, err)
+		}
+		c.Close()
+		removeLeftovers(t, queue)
+	})
+	return conn
+}
+
 // TestOwnConfirmsNameASlaveThatMissedPublishes: a client publishing without
 // confirms to a mirrored queue; the link to one slave stops answering and
 // breaks with publishes it never confirmed, while its broker stays up. The
@@ -178,8 +210,7 @@ func TestOwnConfirmsNameASlaveThatMissedPublishes(t *testing.T) {
 		o.Mirror = placement
 	})
 	const queue = "own-confirms-missed"
-	removeLeftovers(t, queue)
-	conn := dialURL(t, url)
+	conn := dialOwnConfirms(t, url, queue)
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -250,8 +281,7 @@ func TestOwnConfirmsNameASlaveThatMissedPublishes(t *testing.T) {
 func TestOwnConfirmsAndTheClientsModes(t *testing.T) {
 	url, _ := startFanoutProxy(t)
 	const queue = "own-confirms-modes"
-	removeLeftovers(t, queue)
-	conn := dialURL(t, url)
+	conn := dialOwnConfirms(t, url, queue)
 	ctx := testContext(t, 30*time.Second)
 	ch, err := conn.Channel()
 	if err != nil {
@@ -358,8 +388,7 @@ func TestASlaveThatMissedPublishesSynchronisesAgain(t *testing.T) {
 		linkAddrs: map[string]string{slave.Name: faulty.addr()},
 	})
 	const queue = "own-confirms-resync"
-	removeLeftovers(t, queue)
-	conn := dialURL(t, p.url)
+	conn := dialOwnConfirms(t, p.url, queue)
 	ch, err := conn.Channel()
 	if err != nil {
 		t.Fatal(err)
@@ -379,11 +408,11 @@ func TestASlaveThatMissedPublishesSynchronisesAgain(t *testing.T) {
 	}
 	publish(0, 100)
 	faulty.hold()
+	before, _ := p.eng.Lookup(id)
 	publish(100, 200)
 	// Held by its trimmer, so counted by the broker itself (ready and
 	// unacknowledged).
-	awaitHeld(t, 10*time.Second, map[string]map[string]int{queue: onEvery(200, home.Name, nodes[1].Name, slave.Name)})
-	before, _ := p.eng.Lookup(id)
+	awaitHeld(t, time.Minute, map[string]map[string]int{queue: onEvery(200, home.Name, nodes[1].Name, slave.Name)})
 	faulty.cut()
 	// The slave rejoined: youngest, and (automatic sync) synchronised again.
 	testutil.Eventually(t, 30*time.Second, func() error {
@@ -401,5 +430,5 @@ func TestASlaveThatMissedPublishesSynchronisesAgain(t *testing.T) {
 		return nil
 	})
 	publish(200, 210)
-	awaitHeld(t, 20*time.Second, map[string]map[string]int{queue: onEvery(210, home.Name, nodes[1].Name, slave.Name)})
+	awaitHeld(t, time.Minute, map[string]map[string]int{queue: onEvery(210, home.Name, nodes[1].Name, slave.Name)})
 }
