@@ -169,6 +169,14 @@ func answering(members []cluster.Member) int {
 // (mirror/cluster's doc), this adds at most a tenth of that.
 const memberCheck = 100 * time.Millisecond
 
+// memberFailedFor is how long serf must hold a proxy failed before its
+// node counts as failed. On an overloaded host serf declares live proxies
+// failed now and then and they refute it within a few hundred
+// milliseconds (seen: 0.1-0.3 s under a load of 40 on two cores); acting
+// on those would move masters away from healthy nodes. A real failure
+// stays, and is acted on about half a second after serf's verdict.
+const memberFailedFor = 500 * time.Millisecond
+
 // memberVerdicts is what watchMembers needs of the engine.
 type memberVerdicts interface {
 	MemberFailed(backend string)
@@ -176,11 +184,11 @@ type memberVerdicts interface {
 }
 
 // watchMembers hands serf's verdicts on the other proxies to the engine
-// until stop is called: a proxy serf declares failed means its node (proxy
-// and broker) failed, so its backend counts as down at once on every
-// survivor (engine.MemberFailed), and as the watcher sees it again once
-// serf sees the proxy alive. A member that left gracefully or was
-// forgotten leaves the verdict to the watcher.
+// until stop is called: a proxy serf holds failed for memberFailedFor
+// means its node (proxy and broker) failed, so its backend counts as down
+// on every survivor (engine.MemberFailed), and as the watcher sees it
+// again once serf sees the proxy alive. A member that left gracefully or
+// was forgotten leaves the verdict to the watcher.
 func watchMembers(c *cluster.Cluster, verdicts memberVerdicts, self string) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -188,27 +196,34 @@ func watchMembers(c *cluster.Cluster, verdicts memberVerdicts, self string) (sto
 		defer close(done)
 		ticker := time.NewTicker(memberCheck)
 		defer ticker.Stop()
-		failed := map[string]bool{}
+		failedSince := map[string]time.Time{} // serf holds them failed, since
+		reported := map[string]bool{}         // told the engine they failed
 		for {
-			seen := map[string]bool{}
+			now := time.Now()
+			failedNow := map[string]bool{}
 			for _, m := range c.Members() {
-				if m.Name == self || m.Backend == "" {
-					continue
+				if m.Name != self && m.Backend != "" && m.Status == cluster.StatusFailed {
+					failedNow[m.Backend] = true
+					if _, ok := failedSince[m.Backend]; !ok {
+						failedSince[m.Backend] = now
+					}
 				}
-				seen[m.Backend] = true
-				isFailed := m.Status == cluster.StatusFailed
-				switch {
-				case isFailed && !failed[m.Backend]:
-					verdicts.MemberFailed(m.Backend)
-				case !isFailed && failed[m.Backend]:
-					verdicts.MemberAlive(m.Backend)
-				}
-				failed[m.Backend] = isFailed
 			}
-			for backend := range failed {
-				if !seen[backend] {
+			for backend := range failedSince {
+				if !failedNow[backend] { // alive again, left, or forgotten
+					delete(failedSince, backend)
+				}
+			}
+			for backend, since := range failedSince {
+				if !reported[backend] && now.Sub(since) >= memberFailedFor {
+					verdicts.MemberFailed(backend)
+					reported[backend] = true
+				}
+			}
+			for backend := range reported {
+				if _, failed := failedSince[backend]; !failed {
 					verdicts.MemberAlive(backend)
-					delete(failed, backend)
+					delete(reported, backend)
 				}
 			}
 			select {
