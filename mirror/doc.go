@@ -202,10 +202,12 @@
 //     a conditional write; the log takes the first, the others find the
 //     queue promoted. A proposal the log cannot take (no leader during an
 //     election) is made again a second later. A node is judged failed by
-//     serf: when serf declares a proxy failed, every survivor counts the
-//     backend beside it down at once (engine.MemberFailed), so they all
-//     act on the same signal within about a second; each proxy's own
-//     probe still catches a broker that dies under a live proxy.
+//     serf: when serf has held a proxy failed for half a second (shorter
+//     suspicions are an overloaded host's), every survivor counts the
+//     backend beside it down at once, as a reset (engine.MemberFailed),
+//     so they all act on the same signal within one to two seconds; each
+//     proxy's own probe still catches a broker that dies under a live
+//     proxy.
 //
 // Writes from any proxy go through the leader of the log (cluster.Put).
 // Runtime policies (ctl set_policy and friends) are entries of the same
