@@ -71,9 +71,10 @@ type TrimmerOptions struct {
 	// slave broker to expire (and dead-letter) it as the master did: a
 	// broker never expires a message it has delivered unacknowledged.
 	MessageTTL time.Duration
-	// ChannelDeliveries is how many deliveries one channel takes before the
-	// trimmer consumes on a fresh one (default 1024); the older channel
-	// keeps what it holds until that is acked, then closes. RabbitMQ 3.x
+	// ChannelDeliveries is how many unacknowledged deliveries one channel
+	// holds (its prefetch) before the trimmer consumes on a fresh one
+	// (default 1024); the older channel keeps what it holds until that is
+	// acked, then closes. RabbitMQ 3.x
 	// pays for an ack in proportion to the unacknowledged deliveries ahead
 	// of it on its channel (rabbit_channel's collect_acks and the queue's
 	// subtract_acks walk them), so a channel holding a long-lived block of
@@ -180,12 +181,10 @@ type Trimmer struct {
 	closes chan *amqp.Error
 	// channels are the open channels by sequence number: the newest one
 	// consumes (current), older ones only hold their deliveries until
-	// those are acked (see ChannelDeliveries); delivered is how many the
-	// current one has taken. Owned by the run goroutine. Deliveries are
-	// known by references that name their channel (refOf).
-	channels  map[uint64]*amqp.Channel
-	current   uint64
-	delivered int
+	// those are acked (see ChannelDeliveries). Owned by the run goroutine.
+	// Deliveries are known by references that name their channel (refOf).
+	channels map[uint64]*amqp.Channel
+	current  uint64
 	// purges takes Purge's requests; purge is the one being carried out.
 	purges chan *purgeJob
 	purge  *purgeJob
@@ -368,7 +367,6 @@ func (t *Trimmer) consume() (*amqp.Channel, <-chan amqp.Delivery, error) {
 	t.closes = closes
 	t.current++
 	t.channels[t.current] = ch
-	t.delivered = 0
 	return ch, deliveries, nil
 }
 
@@ -392,8 +390,8 @@ func channelOf(ref uint64) uint64 { return ref >> tagBits }
 
 func tagOf(ref uint64) uint64 { return ref & (1<<tagBits - 1) }
 
-// rotate moves consuming to a fresh channel once the current one has taken
-// ChannelDeliveries deliveries: the consumer is cancelled (what the broker
+// rotate moves consuming to a fresh channel once the current one holds
+// ChannelDeliveries deliveries unacknowledged: the consumer is cancelled (what the broker
 // sent before its cancel-ok is taken first, in order), and the old channel
 // stays open holding its deliveries until they are all acked (closeEmpty).
 func (t *Trimmer) rotate(ch *amqp.Channel, deliveries <-chan amqp.Delivery) (*amqp.Channel, <-chan amqp.Delivery, error) {
@@ -404,6 +402,19 @@ func (t *Trimmer) rotate(ch *amqp.Channel, deliveries <-chan amqp.Delivery) (*am
 		t.take(d)
 	}
 	return t.consume()
+}
+
+// unackedOnCurrent is how many deliveries of the consuming channel are not
+// known to be acked: once they fill its prefetch it takes nothing more, and
+// the trimmer moves on (rotate). A trimmer that acks as fast as it receives
+// never fills it, and keeps its channel.
+func (t *Trimmer) unackedOnCurrent() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(t.outstanding, refOf(t.current, 0), func(o outstandingTag, ref uint64) int {
+		return compareTags(o.tag, ref)
+	})
+	return len(t.outstanding) - i
 }
 
 // closeEmpty closes the older channels that hold nothing any more.
@@ -615,7 +626,7 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 				t.log.Warn("trimmer lost its channel", "err", err)
 				return stopChannelLost
 			}
-			if t.delivered >= t.opts.ChannelDeliveries && len(t.channels) < maxTrimmerChannels {
+			if t.unackedOnCurrent() >= t.opts.ChannelDeliveries && len(t.channels) < maxTrimmerChannels {
 				var err error
 				if ch, deliveries, err = t.rotate(ch, deliveries); err != nil {
 					t.log.Warn("trimmer lost its channel", "err", err)
@@ -630,7 +641,6 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 // is gone, acked at once when it already is, and during a copy also sent to
 // the copy's destination.
 func (t *Trimmer) take(d amqp.Delivery) {
-	t.delivered++
 	tag := refOf(t.current, d.DeliveryTag)
 	value, _ := d.Headers[mirror.IdentityHeader].(string)
 	id, identified := mirror.ParseMessageID(value)
