@@ -161,7 +161,11 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 		c.cancelConsumer(o) // the queue is gone
 		return moveDone
 	}
-	if meta.Master == lost {
+	// While the lost master is down the consumer waits for a new one; a
+	// master that is no longer counted down (serf wrongly judged its proxy
+	// failed, or its broker came back with nobody promoted) takes it back,
+	// on a new link.
+	if meta.Master == lost && c.srv.opts.Mirror.BackendDown(lost) {
 		return moveWait
 	}
 	if o.cons.cancelOnFailover {
