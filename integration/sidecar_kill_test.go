@@ -27,9 +27,9 @@ import (
 // with automatic sync; through every proxy a publisher with confirms and a consumer with
 // manual acks on all three queues. Each round kills the next node in turn, its proxy and
 // its broker at once, while the load runs; the survivors must promote a new master for
-// each queue the victim mastered, then the proxy (same config, same state_dir) and the
-// broker are started again and the test waits until the victim's copies are synchronised
-// slaves again. It checks:
+// each queue the victim mastered, then the broker and the proxy (same config, same
+// state_dir) are started again and the test waits until the victim's copies are
+// synchronised slaves again. It checks:
 //   - clients of the surviving proxies never see a connection or channel close, nor a
 //     consumer cancelled, and every publish of theirs ends confirmed or nacked;
 //   - the killed proxy's clients are disconnected, and reconnect to another proxy (this
@@ -243,18 +243,18 @@ func (s *killSidecars) kill(t *testing.T, i int) time.Time {
 	return at
 }
 
-// restart starts node i's proxy again, with the same config and state_dir, and its broker
-// meanwhile (the broker takes seconds to boot; the proxy counts it down until then), and
-// waits until both are ready. It returns how long the broker took.
+// restart starts node i's broker again, then its proxy with the same config and
+// state_dir, and waits until the proxy is ready. It returns how long the broker took to
+// boot, which is most of a round.
 func (s *killSidecars) restart(t *testing.T, i int) time.Duration {
 	t.Helper()
+	began := time.Now()
+	restartNode(t, s.brokers[i])
+	booted := time.Since(began)
 	p := startServeProcess(t, s.binary, s.proxy(i).configPath)
 	s.mu.Lock()
 	s.proxies[i] = p
 	s.mu.Unlock()
-	began := time.Now()
-	restartNode(t, s.brokers[i])
-	booted := time.Since(began)
 	s.awaitReady(t, i)
 	return booted
 }
