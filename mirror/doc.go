@@ -113,10 +113,10 @@
 // The same disorder makes the new slave's trimmer ack out of order: the
 // newer messages clients consume during the copy are acked behind the
 // copied block it holds. RabbitMQ 3.x walks a channel's unacknowledged
-// deliveries up to each acked one, so a trimmer takes at most
-// ChannelDeliveries deliveries on one channel (its prefetch) and then
-// consumes on a fresh one, keeping the older channel open until what it
-// holds there is acked; with one channel, the acks of a sync of 100 000
+// deliveries up to each acked one, so a trimmer holds at most
+// ChannelDeliveries unacknowledged deliveries on one channel (its
+// prefetch), consumes on a fresh one when they fill it, and keeps the
+// older channel open until what it holds there is acked; with one channel, the acks of a sync of 100 000
 // under load each walked the copied block, and the slave's broker confirmed
 // the copy at a trickle.
 //
