@@ -374,21 +374,23 @@ func TestTrimmerPurge(t *testing.T) {
 	})
 }
 
-// countingConn counts the writes on a connection: amqp091-go writes each
-// frame it sends with one, so for a trimmer's connection that holds its
-// deliveries they are its acks.
-type countingConn struct {
+// ackCounter counts the basic.ack frames written on a connection.
+// amqp091-go writes each frame it sends with a Write of its own.
+type ackCounter struct {
 	net.Conn
-	writes *atomic.Int64
+	acks *atomic.Int64
 }
 
-func (c countingConn) Write(p []byte) (int, error) {
-	c.writes.Add(1)
+func (c ackCounter) Write(p []byte) (int, error) {
+	// A method frame: type 1, channel, size, then class 60 method 80.
+	if len(p) >= 11 && p[0] == 1 && binary.BigEndian.Uint16(p[7:]) == 60 && binary.BigEndian.Uint16(p[9:]) == 80 {
+		c.acks.Add(1)
+	}
 	return c.Conn.Write(p)
 }
 
-// dialCounting dials the broker with every write counted in writes.
-func dialCounting(t *testing.T, writes *atomic.Int64) *amqp.Connection {
+// dialCountingAcks dials the broker with every basic.ack counted in acks.
+func dialCountingAcks(t *testing.T, acks *atomic.Int64) *amqp.Connection {
 	t.Helper()
 	conn, err := amqp.DialConfig(broker.URL(), amqp.Config{
 		Dial: func(network, addr string) (net.Conn, error) {
@@ -396,7 +398,7 @@ func dialCounting(t *testing.T, writes *atomic.Int64) *amqp.Connection {
 			if err != nil {
 				return nil, err
 			}
-			return countingConn{Conn: c, writes: writes}, nil
+			return ackCounter{Conn: c, acks: acks}, nil
 		},
 	})
 	if err != nil {
@@ -408,30 +410,35 @@ func dialCounting(t *testing.T, writes *atomic.Int64) *amqp.Connection {
 
 // TestTrimmerBatchesAcks: settlements that come one by one, as client acks
 // do, reach the slave's broker as a few multiple acks, not one ack each.
+// (The package's broker has a 2 s consumer_timeout: the delays stay well
+// inside it.)
 func TestTrimmerBatchesAcks(t *testing.T) {
 	const total = 1000
 	tests := []struct {
-		name     string
-		opts     TrimmerOptions
-		pause    time.Duration // between settlements of pausedEvery messages
-		maxAcks  int64
-		pausedAt int
+		name    string
+		opts    TrimmerOptions
+		settle  int
+		spread  bool // a 1ms pause after every 20 settlements, as a consumer's acks come
+		minAcks int64
+		maxAcks int64
 	}{
-		// Settled over tens of milliseconds, inside one AckDelay: one ack
-		// (two if the machine is slow enough to straddle the timer).
-		{name: "within one AckDelay", opts: TrimmerOptions{AckDelay: 2 * time.Second}, pause: time.Millisecond, pausedAt: 20, maxAcks: 2},
-		// An AckDelay that never passes within the test: only full
-		// batches can have gone out.
-		{name: "full batches go at once", opts: TrimmerOptions{AckDelay: time.Hour, AckBatch: 100}, maxAcks: total / 100},
+		// Settled over tens of milliseconds, inside one AckDelay: the
+		// first AckBatch (512) at once, the rest when AckDelay has passed
+		// (one more if a slow machine straddles it). One ack each would be
+		// 50 frames: one per pause.
+		{name: "within one AckDelay", opts: TrimmerOptions{AckDelay: 500 * time.Millisecond}, settle: total, spread: true, minAcks: 1, maxAcks: 3},
+		// An AckDelay that never passes within the test: a full batch
+		// goes at once, in one frame.
+		{name: "a full batch goes at once", opts: TrimmerOptions{AckDelay: time.Hour, AckBatch: 100}, settle: 100, minAcks: 1, maxAcks: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			conn := dial(t)
 			queue := declareWithMessages(t, conn, total)
-			var writes atomic.Int64
+			var acks atomic.Int64
 			opts := tt.opts
 			opts.Logger = quietLogger()
-			tr, err := StartTrimmer(dialCounting(t, &writes), queue, opts)
+			tr, err := StartTrimmer(dialCountingAcks(t, &acks), queue, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -442,11 +449,10 @@ func TestTrimmerBatchesAcks(t *testing.T) {
 				}
 				return nil
 			})
-			before := writes.Load()
-			for n := range total {
+			for n := range tt.settle {
 				tr.Settle(messageID(n))
-				if tt.pause > 0 && n%tt.pausedAt == tt.pausedAt-1 {
-					time.Sleep(tt.pause) // settlements spread over time, as a consumer's acks are
+				if tt.spread && n%20 == 19 {
+					time.Sleep(time.Millisecond) // settlements spread over time: the condition under test
 				}
 			}
 			testutil.Eventually(t, 10*time.Second, func() error {
@@ -455,12 +461,12 @@ func TestTrimmerBatchesAcks(t *testing.T) {
 				}
 				return nil
 			})
-			if got := writes.Load() - before; got < 1 || got > tt.maxAcks {
-				t.Errorf("the trimmer wrote %d frames for %d settlements, want 1 to %d", got, total, tt.maxAcks)
+			if got := acks.Load(); got < tt.minAcks || got > tt.maxAcks {
+				t.Errorf("the trimmer sent %d basic.ack frames for %d settlements, want %d to %d", got, tt.settle, tt.minAcks, tt.maxAcks)
 			}
 			tr.Close()
-			if left := remaining(t, conn, queue); len(left) != 0 {
-				t.Errorf("%d settled messages left on the slave, want none", len(left))
+			if left := remaining(t, conn, queue); len(left) != total-tt.settle {
+				t.Errorf("%d messages left on the slave, want %d", len(left), total-tt.settle)
 			}
 		})
 	}
