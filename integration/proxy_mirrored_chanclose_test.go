@@ -154,3 +154,63 @@ func (h recordingHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 func (h recordingHandler) WithGroup(name string) slog.Handler {
 	return recordingHandler{Handler: h.Handler.WithGroup(name), to: h.to, attrs: h.attrs}
 }
+
+// TestProxyMirroredChannelErrorOnEveryBackendOnce: a publish to a missing
+// exchange reaches every backend, and all three close the channel at about
+// the same time; the client must get one channel.close, as from one broker,
+// and after its close-ok the connection goes on. Link loops that handled
+// their closes at the same moment once each took the channel's close for
+// the client: the client got two or three, and its second close-ok reached
+// a broker that had freed the channel (504, the connection closed), as
+// amqp091-go's TestRepeatedChannelExceptionWithPublishAndMaxProcsIssue46
+// showed through a mirrored proxy. Repeated, since it is a race.
+func TestProxyMirroredChannelErrorOnEveryBackendOnce(t *testing.T) {
+	p := startMirroredProxyWith(t, node(t, "rabbit1"), mirroredOptions{
+		logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	client := dialRaw(t, strings.TrimSuffix(strings.TrimPrefix(p.url, "amqp://guest:guest@"), "/"))
+	client.open(guest) // channel 1
+	exchange := uniqueName(t, "missing")
+	body := []byte("to no exchange")
+	send := func(what string, write func() error) {
+		t.Helper()
+		client.conn.SetWriteDeadline(time.Now().Add(rawTimeout))
+		if err := write(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if err := client.out.Flush(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	const channels = 200
+	for id := uint16(1); id <= channels; id++ {
+		if id > 1 {
+			send("channel.open", func() error { return client.out.WriteMethod(id, &frames.ChannelOpen{}) })
+			if _, err := expect[*frames.ChannelOpenOk](client); err != nil {
+				t.Fatalf("channel %d: channel.open: %v", id, err)
+			}
+		}
+		send("publish", func() error {
+			if err := client.out.WriteMethod(id, &frames.BasicPublish{Exchange: exchange}); err != nil {
+				return err
+			}
+			if err := client.out.WriteContentHeader(id, &frames.ContentHeader{ClassID: frames.ClassBasic, BodySize: uint64(len(body))}); err != nil {
+				return err
+			}
+			return client.out.WriteFrame(frames.FrameBody, id, body)
+		})
+		closed, err := expect[*frames.ChannelClose](client)
+		if err != nil {
+			t.Fatalf("channel %d: %v", id, err)
+		}
+		if closed.ReplyCode != frames.NotFound {
+			t.Fatalf("channel %d: channel.close %d %q, want 404", id, closed.ReplyCode, closed.ReplyText)
+		}
+		send("channel.close-ok", func() error { return client.out.WriteMethod(id, &frames.ChannelCloseOk{}) })
+	}
+	// A second notice for the last channel would come before this answer.
+	send("channel.open", func() error { return client.out.WriteMethod(channels+1, &frames.ChannelOpen{}) })
+	if _, err := expect[*frames.ChannelOpenOk](client); err != nil {
+		t.Fatalf("after %d channel errors: channel.open: %v", channels, err)
+	}
+}

@@ -38,10 +38,18 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 		if l == skip {
 			continue
 		}
+		// Counted before the close can be answered; taken back if the
+		// channel is not open there (ch.mu comes before l.mu).
+		ch.mu.Lock()
+		ch.closeWait++
+		ch.mu.Unlock()
 		l.mu.Lock()
 		lc := l.chans[ch.id]
 		if lc == nil || !lc.open {
 			l.mu.Unlock()
+			ch.mu.Lock()
+			ch.closeWait--
+			ch.mu.Unlock()
 			continue
 		}
 		lc.open, lc.closing = false, true
@@ -50,11 +58,18 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 			return nil
 		}}
 		lc.replies = append(lc.replies, g)
+		// Queued before l.mu is let go: once the link's read loop sees
+		// lc.closing it answers a close of the broker's own with close-ok at
+		// once (fromLinkOnClosingChannel), and that close-ok must follow this
+		// close on the wire. The broker frees the channel at close-ok and
+		// takes a close after it for a frame on a channel never opened:
+		// 504, which closes the whole connection.
+		err := l.sock.writeMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text})
 		l.mu.Unlock()
-		ch.mu.Lock()
-		ch.closeWait++
-		ch.mu.Unlock()
-		if err := l.sock.sendMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+		if err == nil {
+			err = l.sock.flush()
+		}
+		if err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -149,10 +164,23 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	if c.srv.opts.Mirror != nil {
 		write = func(run func()) { c.atBoundary(ch, run) }
 	}
-	if !wasOpen || ch.closing.Load() != chanOpen {
-		// Closes crossed: the proxy or the client closed it meanwhile. The
-		// link gets its close-ok; what the client is owed is settled by
-		// the close under way.
+	// Several links may close the channel at once (a publish to a missing
+	// exchange reaches every backend): only the first one's close reaches
+	// the client, so the change of state is one compare-and-swap. Two link
+	// loops that both saw the channel open used to both become its closer,
+	// and the client got two notices; its second close-ok reached a broker
+	// that had freed the channel: 504, which closes the connection.
+	ch.mu.Lock()
+	first := wasOpen && ch.closing.CompareAndSwap(chanOpen, chanBackendClosing)
+	if first {
+		ch.closer = l
+		ch.notice = &cl
+	}
+	ch.mu.Unlock()
+	if !first {
+		// Closes crossed: the proxy, the client or another link closed it
+		// meanwhile. The link gets its close-ok; what the client is owed
+		// is settled by the close under way.
 		write(func() {
 			if err := l.sock.sendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
 				c.writeFailed(l, err)
@@ -160,11 +188,6 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 		})
 		return nil
 	}
-	ch.mu.Lock()
-	ch.closing.Store(chanBackendClosing)
-	ch.closer = l
-	ch.notice = &cl
-	ch.mu.Unlock()
 	write(func() {
 		c.closeOnLinks(ch, l, "closed by amqp-mirror: "+cl.ReplyText)
 		ch.mu.Lock()

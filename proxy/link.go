@@ -51,11 +51,15 @@ type link struct {
 type linkChannel struct {
 	// open: channel.open was sent and no close since. The client loop sets
 	// it; the replays (qos, confirm.select, tx.select) follow the open.
-	open      bool
-	confirm   bool // confirm.select sent on this link's channel
-	closing   bool // the proxy sent channel.close; frames until its close-ok are dropped
-	replies   []*rpcGroup
-	assembled message // content being assembled (read loop only)
+	open    bool
+	confirm bool // confirm.select sent on this link's channel
+	closing bool // the proxy sent channel.close; frames until its close-ok are dropped
+	// owesCloseOk: the broker closed the channel too while the proxy's
+	// close was out; the proxy's close-ok to it follows the broker's
+	// answer to ours (fromLinkOnClosingChannel).
+	owesCloseOk bool
+	replies     []*rpcGroup
+	assembled   message // content being assembled (read loop only)
 }
 
 func newLink(idx int, name string, gen uint64, sock *socket) *link {
