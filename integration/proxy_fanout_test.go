@@ -102,6 +102,18 @@ func (m *fixedPlacement) BackendDown(string) bool { return false }
 
 func (m *fixedPlacement) Missed(string, *mirror.QueueID) {}
 
+// Holds: every copy of every queue is the master or a synchronised slave,
+// for ever (nothing here records a loss).
+func (m *fixedPlacement) Holds(_ string, queue *mirror.QueueID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if queue == nil {
+		return len(m.queues) > 0
+	}
+	_, ok := m.queues[*queue]
+	return ok
+}
+
 func (m *fixedPlacement) settledIDs(id mirror.QueueID) []mirror.MessageID {
 	m.mu.Lock()
 	defer m.mu.Unlock()

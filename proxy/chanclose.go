@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"time"
 	"unicode/utf8"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
@@ -298,7 +299,7 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 		cancelled = append(cancelled, tag)
 	}
 	missed := ch.missed[:0]
-	confirms := ch.confirms.backendLost(l.idx, ch.confirmedLost[:0], &missed)
+	confirms := ch.confirms.backendLost(l.idx, time.Now(), ch.confirmedLost[:0], &missed)
 	ch.confirmedLost, ch.missed = confirms, missed
 	ch.mu.Unlock()
 	if !ch.confirming.Load() {

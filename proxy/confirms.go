@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"sort"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -20,6 +21,16 @@ import (
 // channelState): there nothing reaches the client, but a slave's nack, or a
 // slave's link lost before it confirmed, says which copies may lack a
 // publish (missed).
+//
+// A copy of a mirrored queue whose link is lost before it confirmed (or
+// that a publish could not reach at all) is not simply dropped from the
+// quorum: the publish waits until the metadata log no longer counts that
+// backend as the master or a synchronised slave of the queue (its loss was
+// recorded: a promotion, a slave dropped or made unsynchronised), and is
+// nacked if that has not happened within the failover wait. A proxy that
+// cannot reach a majority of the log can therefore never confirm a publish
+// with fewer copies than the log counts, whatever it sees of the backends
+// (see release).
 type publisherConfirms struct {
 	lastClient uint64 // the last publish sequence number, the proxy's own included
 	// clientBase is lastClient when the client sent confirm.select on a
@@ -30,6 +41,31 @@ type publisherConfirms struct {
 	waiting []pendingPublish
 	// backendSeqs maps each backend's sequence numbers back to the client's.
 	backendSeqs map[int]*backendSequence
+	// lost are the quorum copies of mirrored queues lost before they
+	// confirmed, held until release lets them go.
+	lost []lostCopy
+	one  [1]int // publish's quorum
+}
+
+// lostCopy is a quorum copy of a publish that its backend will never
+// confirm: its link was lost, or the publish could not reach it.
+type lostCopy struct {
+	backend   int
+	clientSeq uint64
+	queue     *mirror.QueueID // the mirrored queue, or anyQueue
+	since     time.Time
+}
+
+// copySet is where one publish goes, as publisherConfirms counts it.
+type copySet struct {
+	quorum, extra []int // reached backends whose confirms count, and the others
+	// unreached are quorum backends the publish could not reach: lost at once.
+	unreached []int
+	// queue is the mirrored queue the publish goes to, anyQueue for an
+	// exchange publish with several backends, nil otherwise; master is the
+	// index of the queue's master, -1 for none.
+	queue  *mirror.QueueID
+	master int
 }
 
 type pendingPublish struct {
@@ -47,11 +83,10 @@ type backendSequence struct {
 type backendPublish struct {
 	backendSeq, clientSeq uint64
 	counts                bool // the backend is in the publish's quorum
-	// slaveOf is the queue whose synchronised slave this backend's copy
-	// is, anyQueue for an exchange publish (whichever queues it reached),
-	// nil when a lost copy would matter to no slave (the master's copy, an
-	// unsynchronised slave's).
-	slaveOf *mirror.QueueID
+	slave                 bool // its copy is a synchronised slave's (counts is set too)
+	// queue is the mirrored queue the publish went to, anyQueue for an
+	// exchange publish (whichever queues it reached), nil for one copy.
+	queue *mirror.QueueID
 }
 
 // anyQueue stands for every queue a publish to an exchange may have
@@ -73,43 +108,43 @@ type clientConfirm struct {
 	nack     bool
 }
 
-// publish records a client publish sent to the given backends, all of them
-// in its quorum, and returns its client sequence number.
-func (p *publisherConfirms) publish(backends ...int) uint64 {
-	return p.publishTo(backends, nil, nil, -1)
+// publish records a client publish sent to one backend, and returns its
+// client sequence number. It does not allocate: it is every publish's path
+// with one backend.
+func (p *publisherConfirms) publish(backend int) uint64 {
+	p.one[0] = backend
+	return p.publishTo(copySet{quorum: p.one[:], master: -1}, time.Time{})
 }
 
-// publishTo records a publish sent to the quorum backends and to the extra
-// ones (numbered, not waited for) and returns its sequence number. queue is
-// the mirrored queue it goes to, whose master is backend master; anyQueue
-// (master -1) for an exchange publish; nil when it is not mirrored.
-func (p *publisherConfirms) publishTo(quorum, extra []int, queue *mirror.QueueID, master int) uint64 {
+// publishTo records a publish sent to the copies of cs and returns its
+// sequence number; its unreached copies count as lost at now.
+func (p *publisherConfirms) publishTo(cs copySet, now time.Time) uint64 {
 	p.lastClient++
-	p.waiting = append(p.waiting, pendingPublish{seq: p.lastClient, copies: uint8(len(quorum))})
+	p.waiting = append(p.waiting, pendingPublish{seq: p.lastClient, copies: uint8(len(cs.quorum) + len(cs.unreached))})
 	if p.backendSeqs == nil {
 		p.backendSeqs = make(map[int]*backendSequence, 1)
 	}
-	for _, b := range quorum {
-		slaveOf := queue
-		if b == master {
-			slaveOf = nil
-		}
-		p.number(b, true, slaveOf)
+	for _, b := range cs.quorum {
+		p.number(b, backendPublish{counts: true, slave: cs.queue != nil && b != cs.master, queue: cs.queue})
 	}
-	for _, b := range extra {
-		p.number(b, false, nil)
+	for _, b := range cs.extra {
+		p.number(b, backendPublish{})
+	}
+	for _, b := range cs.unreached {
+		p.lost = append(p.lost, lostCopy{backend: b, clientSeq: p.lastClient, queue: cs.queue, since: now})
 	}
 	return p.lastClient
 }
 
-func (p *publisherConfirms) number(b int, counts bool, slaveOf *mirror.QueueID) {
+func (p *publisherConfirms) number(b int, bp backendPublish) {
 	bs := p.backendSeqs[b]
 	if bs == nil {
 		bs = &backendSequence{}
 		p.backendSeqs[b] = bs
 	}
 	bs.last++
-	bs.pending = append(bs.pending, backendPublish{backendSeq: bs.last, clientSeq: p.lastClient, counts: counts, slaveOf: slaveOf})
+	bp.backendSeq, bp.clientSeq = bs.last, p.lastClient
+	bs.pending = append(bs.pending, bp)
 }
 
 // clientSelected records the client's confirm.select on a channel the
@@ -119,22 +154,24 @@ func (p *publisherConfirms) clientSelected() { p.clientBase = p.lastClient }
 // appendMissed appends to missed the slave copy of bp's publish on backend
 // b, once per queue.
 func appendMissed(missed []missedCopy, b int, bp backendPublish) []missedCopy {
-	if bp.slaveOf == nil {
+	if !bp.slave {
 		return missed
 	}
 	for _, m := range missed {
-		if m.backend == b && m.queue == bp.slaveOf {
+		if m.backend == b && m.queue == bp.queue {
 			return missed
 		}
 	}
-	return append(missed, missedCopy{backend: b, queue: bp.slaveOf})
+	return append(missed, missedCopy{backend: b, queue: bp.queue})
 }
 
-// backendLost stops waiting for a backend whose link was lost: its pending
-// publishes count as neither acked nor nacked, and a publish no quorum
-// backend acked is nacked. A new link to the backend numbers from 1 again.
-// The slave copies those publishes were meant for are appended to missed.
-func (p *publisherConfirms) backendLost(backend int, out []clientConfirm, missed *[]missedCopy) []clientConfirm {
+// backendLost stops waiting for a backend whose link was lost, at now: its
+// pending publishes count as neither acked nor nacked, at once for a
+// publish with one copy, and for a mirrored queue's copies once release
+// lets them go; a publish no quorum backend acked is nacked. A new link to
+// the backend numbers from 1 again. The slave copies those publishes were
+// meant for are appended to missed.
+func (p *publisherConfirms) backendLost(backend int, now time.Time, out []clientConfirm, missed *[]missedCopy) []clientConfirm {
 	bs := p.backendSeqs[backend]
 	if bs == nil {
 		return out
@@ -146,6 +183,10 @@ func (p *publisherConfirms) backendLost(backend int, out []clientConfirm, missed
 			*missed = appendMissed(*missed, backend, bp)
 		}
 		if !bp.counts {
+			continue
+		}
+		if bp.queue != nil {
+			p.lost = append(p.lost, lostCopy{backend: backend, clientSeq: bp.clientSeq, queue: bp.queue, since: now})
 			continue
 		}
 		if i := p.indexOf(bp.clientSeq); i >= 0 {
@@ -218,6 +259,46 @@ func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, na
 	return p.collect(answered, out)
 }
 
+// release lets go of the lost copies that held reports the metadata no
+// longer counts (their loss was recorded), and of those lost before
+// expired, which nack their publishes: the copy may lack a publish the
+// metadata still counts it for. It appends the confirms the client should
+// now receive to out.
+func (p *publisherConfirms) release(held func(backend int, queue *mirror.QueueID) bool, expired time.Time, out []clientConfirm) []clientConfirm {
+	if len(p.lost) == 0 {
+		return out
+	}
+	answered := 0
+	kept := p.lost[:0]
+	for _, lc := range p.lost {
+		stillHeld := held(lc.backend, lc.queue)
+		if stillHeld && lc.since.After(expired) {
+			kept = append(kept, lc)
+			continue
+		}
+		i := p.indexOf(lc.clientSeq)
+		if i < 0 {
+			continue
+		}
+		w := &p.waiting[i]
+		w.copies--
+		w.nacked = w.nacked || stillHeld
+		if w.copies == 0 {
+			w.nacked = w.nacked || w.acks == 0
+			answered++
+		}
+	}
+	clear(p.lost[len(kept):])
+	p.lost = kept
+	if answered == 0 {
+		return out
+	}
+	return p.collect(answered, out)
+}
+
+// holdsLost reports whether lost copies keep publishes waiting.
+func (p *publisherConfirms) holdsLost() bool { return len(p.lost) > 0 }
+
 // collect moves the answered publishes to out and drops them from waiting.
 func (p *publisherConfirms) collect(answered int, out []clientConfirm) []clientConfirm {
 	// The answered publishes at the front with no nack among them become
@@ -280,6 +361,9 @@ func (p *publisherConfirms) owed() map[int]int {
 				out[b]++
 			}
 		}
+	}
+	for _, lc := range p.lost {
+		out[lc.backend]++
 	}
 	return out
 }

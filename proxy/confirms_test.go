@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"reflect"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -75,7 +77,7 @@ func TestPublisherConfirms(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var p publisherConfirms
 			for i, backends := range tt.publishes {
-				if got := p.publish(backends...); got != uint64(i+1) {
+				if got := p.publishTo(copySet{quorum: backends, master: -1}, time.Time{}); got != uint64(i+1) {
 					t.Fatalf("publish %d: got seq %d, want %d", i, got, i+1)
 				}
 			}
@@ -164,12 +166,12 @@ func TestPublisherConfirmsQuorum(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var p publisherConfirms
 			for _, pub := range tt.publishes {
-				p.publishTo(pub[0], pub[1], nil, -1)
+				p.publishTo(copySet{quorum: pub[0], extra: pub[1], master: -1}, time.Time{})
 			}
 			for i, s := range tt.steps {
 				var got []clientConfirm
 				if s.lost {
-					got = p.backendLost(s.backend, nil, nil)
+					got = p.backendLost(s.backend, time.Time{}, nil, nil)
 				} else {
 					got = p.confirm(s.backend, s.seq, s.multiple, s.nack, nil, nil)
 				}
@@ -208,11 +210,11 @@ func TestPublisherConfirmsMissedCopies(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var p publisherConfirms
 			for range 3 {
-				p.publishTo([]int{0, 1}, []int{2}, orders, 0)
+				p.publishTo(copySet{quorum: []int{0, 1}, extra: []int{2}, queue: orders, master: 0}, time.Time{})
 			}
 			var missed []missedCopy
 			if tt.lost {
-				p.backendLost(tt.backend, nil, &missed)
+				p.backendLost(tt.backend, time.Time{}, nil, &missed)
 			} else {
 				p.confirm(tt.backend, 3, true, tt.nack, nil, &missed)
 			}
@@ -223,9 +225,9 @@ func TestPublisherConfirmsMissedCopies(t *testing.T) {
 	}
 	t.Run("an exchange publish's lost link names any queue", func(t *testing.T) {
 		var p publisherConfirms
-		p.publishTo([]int{0, 1}, nil, anyQueue, -1)
+		p.publishTo(copySet{quorum: []int{0, 1}, queue: anyQueue, master: -1}, time.Time{})
 		var missed []missedCopy
-		p.backendLost(0, nil, &missed)
+		p.backendLost(0, time.Time{}, nil, &missed)
 		if want := []missedCopy{{backend: 0, queue: anyQueue}}; !reflect.DeepEqual(missed, want) {
 			t.Errorf("missed: got %+v, want %+v", missed, want)
 		}
@@ -237,11 +239,11 @@ func TestPublisherConfirmsMissedCopies(t *testing.T) {
 // starts at 1 with its confirm.select.
 func TestPublisherConfirmsClientSelectsLater(t *testing.T) {
 	var p publisherConfirms
-	p.publishTo([]int{0, 1}, nil, nil, -1) // the proxy's own: 1
-	p.publishTo([]int{0, 1}, nil, nil, -1) // the proxy's own: 2
+	p.publishTo(copySet{quorum: []int{0, 1}, master: -1}, time.Time{}) // the proxy's own: 1
+	p.publishTo(copySet{quorum: []int{0, 1}, master: -1}, time.Time{}) // the proxy's own: 2
 	p.clientSelected()
-	p.publishTo([]int{0, 1}, nil, nil, -1) // the client's 1
-	p.publishTo([]int{0, 1}, nil, nil, -1) // the client's 2
+	p.publishTo(copySet{quorum: []int{0, 1}, master: -1}, time.Time{}) // the client's 1
+	p.publishTo(copySet{quorum: []int{0, 1}, master: -1}, time.Time{}) // the client's 2
 	steps := []struct {
 		backend  int
 		seq      uint64
@@ -263,5 +265,102 @@ func TestPublisherConfirmsClientSelectsLater(t *testing.T) {
 	}
 	if got := p.unconfirmed(); got != 0 {
 		t.Errorf("unconfirmed: got %d, want 0", got)
+	}
+}
+
+// TestPublisherConfirmsLostCopiesWaitForTheMetadata: a mirrored queue's
+// quorum copy lost before it confirmed (its link lost, or never reached)
+// keeps its publish waiting while the metadata still counts the backend;
+// once it does not, the publish is answered from the other copies; if it
+// still does after the failover wait, the publish is nacked.
+func TestPublisherConfirmsLostCopiesWaitForTheMetadata(t *testing.T) {
+	orders := &mirror.QueueID{VHost: "/", Name: "orders"}
+	start := time.Unix(1000, 0)
+	type step struct {
+		ack, lost int // a backend acks publish 1, or its link is lost (-1: none)
+		// release with the metadata counting these backends, at this offset
+		release bool
+		holds   []int
+		at      time.Duration
+		want    []clientConfirm
+	}
+	const wait = 10 * time.Second
+	tests := []struct {
+		name      string
+		unreached []int
+		steps     []step
+	}{
+		{
+			name: "a slave lost: answered once the metadata dropped it",
+			steps: []step{
+				{ack: 0, lost: -1},
+				{ack: 2, lost: -1},
+				{ack: -1, lost: 1},
+				{ack: -1, lost: -1, release: true, holds: []int{0, 1, 2}, at: time.Second},
+				{ack: -1, lost: -1, release: true, holds: []int{0, 2}, at: 2 * time.Second, want: []clientConfirm{{seq: 1}}},
+			},
+		},
+		{
+			name: "the master lost and never replaced: nacked after the wait",
+			steps: []step{
+				{ack: 1, lost: -1},
+				{ack: 2, lost: -1},
+				{ack: -1, lost: 0},
+				{ack: -1, lost: -1, release: true, holds: []int{0, 1, 2}, at: wait - time.Second},
+				{ack: -1, lost: -1, release: true, holds: []int{0, 1, 2}, at: wait + time.Second, want: []clientConfirm{{seq: 1, nack: true}}},
+			},
+		},
+		{
+			name:      "a slave the publish could not reach counts until dropped",
+			unreached: []int{2},
+			steps: []step{
+				{ack: 0, lost: -1},
+				{ack: 1, lost: -1},
+				{ack: -1, lost: -1, release: true, holds: []int{0, 1, 2}},
+				{ack: -1, lost: -1, release: true, holds: []int{0, 1}, want: []clientConfirm{{seq: 1}}},
+			},
+		},
+		{
+			name: "every copy lost before acking: nacked once dropped",
+			steps: []step{
+				{ack: -1, lost: 0},
+				{ack: -1, lost: 1},
+				{ack: -1, lost: 2},
+				{ack: -1, lost: -1, release: true, holds: nil, want: []clientConfirm{{seq: 1, nack: true}}},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p publisherConfirms
+			quorum := []int{0, 1, 2}
+			if len(tt.unreached) > 0 {
+				quorum = []int{0, 1}
+			}
+			p.publishTo(copySet{quorum: quorum, unreached: tt.unreached, queue: orders, master: 0}, start)
+			for i, s := range tt.steps {
+				var got []clientConfirm
+				switch {
+				case s.ack >= 0:
+					got = p.confirm(s.ack, 1, false, false, nil, nil)
+				case s.lost >= 0:
+					got = p.backendLost(s.lost, start, nil, nil)
+				case s.release:
+					held := func(b int, q *mirror.QueueID) bool {
+						if q != orders {
+							t.Errorf("step %d: held asked about %v, want orders", i, q)
+						}
+						return slices.Contains(s.holds, b)
+					}
+					got = p.release(held, start.Add(s.at-wait), nil)
+				}
+				if !reflect.DeepEqual(got, s.want) {
+					t.Errorf("step %d: got %+v, want %+v", i, got, s.want)
+				}
+			}
+			if got := p.unconfirmed(); got != 0 {
+				t.Errorf("unconfirmed: got %d, want 0", got)
+			}
+		})
 	}
 }

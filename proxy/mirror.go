@@ -53,6 +53,12 @@ type Mirror interface {
 	// link broke before the backend confirmed it. Such a slave is no
 	// longer synchronised. It must not block.
 	Missed(backend string, queue *mirror.QueueID)
+	// Holds reports whether the metadata counts backend as the master or a
+	// synchronised slave of queue (of any queue with slaves, when queue is
+	// nil): a copy there that was lost before it confirmed a publish keeps
+	// the publish waiting until the log records the loss. It is called on
+	// the publish path while a backend cannot be reached, and must not block.
+	Holds(backend string, queue *mirror.QueueID) bool
 	// BackendDown reports whether the engine counts a backend down (its
 	// connections reset, or no answer within failover_grace). The proxy
 	// drops its links to such a backend even when their sockets look

@@ -579,7 +579,7 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 		return err
 	}
 	r := c.publishRoute(ch, p)
-	targets, quorum, extra, identify := r.targets, r.quorum, r.extra, r.identify
+	targets, identify := r.targets, r.identify
 	ch.pub = publishing{targets: targets, identify: identify, inContent: len(targets) > 0}
 	if p.Mandatory && len(targets) > 1 {
 		ch.pub.returns = len(targets)
@@ -593,13 +593,25 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 		// A link lost since the route was decided has settled its confirms
 		// already (under this lock); numbering this publish on it would
 		// wait for a confirm nobody sends.
-		quorum, extra = c.withoutLost(targets, quorum), c.withoutLost(targets, extra)
-		if len(quorum) == 0 && len(extra) > 0 {
-			quorum, extra = extra, nil
+		cs := r.copySet
+		var now time.Time
+		if cs.queue != nil {
+			// A lost quorum copy of a mirrored queue keeps counting until
+			// the metadata records its loss.
+			cs.quorum, cs.unreached = c.withoutLost(targets, cs.quorum, cs.unreached)
+			if len(cs.unreached) > 0 {
+				now = time.Now()
+			}
+		} else {
+			cs.quorum, _ = c.withoutLost(targets, cs.quorum, nil)
 		}
-		ch.confirms.publishTo(quorum, extra, r.queue, r.master)
+		cs.extra, _ = c.withoutLost(targets, cs.extra, nil)
+		if len(cs.quorum) == 0 && len(cs.unreached) == 0 && len(cs.extra) > 0 {
+			cs.quorum, cs.extra = cs.extra, nil
+		}
+		ch.confirms.publishTo(cs, now)
 		var out []clientConfirm
-		if len(quorum) == 0 {
+		if len(cs.quorum) == 0 && len(cs.unreached) == 0 {
 			out = ch.confirms.collect(1, nil)
 		}
 		ch.mu.Unlock()
@@ -657,13 +669,10 @@ type publishRoute struct {
 	links         uint64 // clientConn.linkChanges when decided
 	confirming    bool
 	targets       []*link
-	quorum, extra []int // backend indexes whose confirms count, and the others
 	identify      bool
-	// queue is the mirrored queue the publishes go to (anyQueue for an
-	// exchange, nil for a queue without slaves) and master its master's
-	// backend index: which copies a lost confirm leaves short.
-	queue  *mirror.QueueID
-	master int
+	// copySet says which backends' confirms count (by index), which the
+	// publish could not reach, and for which queue.
+	copySet
 }
 
 // publishRoute decides, or recalls, where a publish goes.
@@ -679,7 +688,8 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 		r.links == c.linkChanges.Load() && (p.Exchange != "" || (found && meta.Version == r.version)) {
 		return r
 	}
-	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: confirming, quorum: r.quorum[:0], extra: r.extra[:0], master: -1}
+	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: confirming,
+		copySet: copySet{quorum: r.quorum[:0], extra: r.extra[:0], unreached: r.unreached[:0], master: -1}}
 	var targets []*link
 	if p.Exchange == "" {
 		if !found {
@@ -692,15 +702,16 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 			if r.identify {
 				r.queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
 			}
+			r.master = c.srv.backendIndex[meta.Master]
 			for _, l := range targets {
-				if l.name == meta.Master {
-					r.master = l.idx
-				}
 				if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
 					r.extra = append(r.extra, l.idx)
 				} else {
 					r.quorum = append(r.quorum, l.idx)
 				}
+			}
+			if r.identify {
+				r.unreached = c.unreachedCopies(meta, targets, r.unreached)
 			}
 		} else {
 			targets = c.homeOnly()
@@ -708,8 +719,13 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 	} else {
 		targets = c.reachAll(ch)
 		r.identify = len(targets) > 1
-		if r.identify {
+		if len(c.srv.backends) > 1 {
 			r.queue = anyQueue
+			for i, name := range c.srv.backendNames {
+				if !slices.ContainsFunc(targets, func(l *link) bool { return l.idx == i }) && c.srv.opts.Mirror.Holds(name, nil) {
+					r.unreached = append(r.unreached, i)
+				}
+			}
 		}
 	}
 	r.targets = append([]*link(nil), targets...) // reach's slice is scratch
@@ -718,7 +734,7 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 			r.quorum = append(r.quorum, l.idx)
 		}
 	}
-	if len(r.quorum) == 0 && len(r.extra) > 0 {
+	if len(r.quorum) == 0 && len(r.unreached) == 0 && len(r.extra) > 0 {
 		r.quorum, r.extra = r.extra, r.quorum
 	}
 	r.links = c.linkChanges.Load()
@@ -768,28 +784,53 @@ func (c *clientConn) reportUnreached(meta mirror.QueueMeta, queue bool, targets 
 }
 
 // withoutLost returns idxs without the backends whose link among targets
-// was lost. The caller holds the channel's mu, under which a lost link
-// settles its confirms; idxs is returned as it is when none was lost.
-func (c *clientConn) withoutLost(targets []*link, idxs []int) []int {
+// was lost, and appends those to lost. The caller holds the channel's mu,
+// under which a lost link settles its confirms; idxs is returned as it is
+// when none was lost.
+func (c *clientConn) withoutLost(targets []*link, idxs, lost []int) ([]int, []int) {
 	var out []int
 	for i, idx := range idxs {
-		lost := false
+		isLost := false
 		for _, l := range targets {
 			if l.idx == idx {
 				l.mu.Lock()
-				lost = l.lost
+				isLost = l.lost
 				l.mu.Unlock()
 				break
 			}
 		}
-		if lost && out == nil {
+		if isLost {
+			lost = append(lost, idx)
+		}
+		if isLost && out == nil {
 			out = append(make([]int, 0, len(idxs)), idxs[:i]...)
-		} else if !lost && out != nil {
+		} else if !isLost && out != nil {
 			out = append(out, idx)
 		}
 	}
 	if out == nil {
-		return idxs
+		return idxs, lost
+	}
+	return out, lost
+}
+
+// unreachedCopies appends to out the indexes of the queue's master and
+// synchronised slaves that targets do not reach.
+func (c *clientConn) unreachedCopies(meta mirror.QueueMeta, targets []*link, out []int) []int {
+	reached := func(name string) bool {
+		return slices.ContainsFunc(targets, func(l *link) bool { return l.name == name })
+	}
+	if !reached(meta.Master) {
+		if i, ok := c.srv.backendIndex[meta.Master]; ok {
+			out = append(out, i)
+		}
+	}
+	for _, s := range meta.Slaves {
+		if s.Synchronised && !reached(s.Backend) {
+			if i, ok := c.srv.backendIndex[s.Backend]; ok {
+				out = append(out, i)
+			}
+		}
 	}
 	return out
 }

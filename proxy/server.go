@@ -187,6 +187,7 @@ func (s *Server) watchMirror() {
 			if c.isOpen() {
 				c.checkLinks()
 				c.checkMasters()
+				c.releaseLostCopies()
 			}
 		}
 	}

@@ -118,3 +118,40 @@ func (e *Engine) resyncSlave(id mirror.QueueID, backend string) {
 	}
 	log.Warn("a slave missed publishes (nacked, or a client's link to it broke before it confirmed): no longer synchronised, it rejoined as the youngest slave")
 }
+
+// Holds reports whether the metadata counts backend as the master or a
+// synchronised slave of queue, or with queue nil of any queue that has
+// slaves (a queue alone on its backend has nothing the metadata could
+// record about its loss). The proxy keeps a publish whose copy there was
+// lost waiting until it does not: confirms never count fewer copies than
+// the log, which a proxy cut off from the majority cannot change.
+func (e *Engine) Holds(backend string, queue *mirror.QueueID) bool {
+	holds := func(m mirror.QueueMeta) bool {
+		if len(m.Slaves) == 0 {
+			return false
+		}
+		if m.Master == backend {
+			return true
+		}
+		i := m.SlaveIndex(backend)
+		return i >= 0 && m.Slaves[i].Synchronised
+	}
+	if queue != nil {
+		m, ok := e.Lookup(*queue)
+		return ok && holds(m)
+	}
+	// The lock-free snapshot, as Lookup reads it: recent writes override
+	// the base.
+	s := e.snapshot.Load()
+	for _, w := range s.recent {
+		if !w.deleted && holds(w.meta) {
+			return true
+		}
+	}
+	for id, m := range s.base {
+		if _, overridden := s.recent[id]; !overridden && holds(m) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,45 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+)
+
+// releaseLostCopies lets go of the lost quorum copies that keep publishes
+// waiting (publisherConfirms.release) on every channel of the connection:
+// those whose loss the metadata has recorded, and those lost longer than
+// FailoverWait ago, whose publishes are nacked. The server's watcher calls
+// it every masterCheckInterval.
+func (c *clientConn) releaseLostCopies() {
+	m := c.srv.opts.Mirror
+	held := func(backend int, queue *mirror.QueueID) bool {
+		if queue == anyQueue {
+			queue = nil
+		}
+		return m.Holds(c.srv.backends[backend].Name, queue)
+	}
+	expired := time.Now().Add(-c.srv.opts.FailoverWait)
+	c.channels.each(func(ch *channelState) {
+		ch.mu.Lock()
+		waiting := ch.confirms.holdsLost()
+		ch.mu.Unlock()
+		if !waiting {
+			return
+		}
+		ch.outMu.Lock()
+		ch.mu.Lock()
+		out := ch.confirms.release(held, expired, ch.confirmedLost[:0])
+		ch.confirmedLost = out
+		ch.mu.Unlock()
+		if ch.confirming.Load() {
+			for _, cc := range out {
+				c.writeConfirm(ch.id, cc)
+			}
+		}
+		ch.outMu.Unlock()
+		if len(out) > 0 {
+			c.client.flush()
+		}
+	})
+}
