@@ -28,7 +28,7 @@ import (
 // publishing is the publish whose content the client is sending.
 type publishing struct {
 	targets  []*link
-	identify bool // add the identity header: the message has several copies
+	identify bool // add the identity header: the message has several copies, or may have later
 	returns  int  // a mandatory publish sent to several backends: how many
 	// inContent is set from the publish method to its last content frame:
 	// nothing else may be written on the channel's links meanwhile.
@@ -697,9 +697,13 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 		}
 		if found {
 			targets = c.reach(ch, meta.Backends()...)
-			r.identify = len(meta.Slaves) > 0
+			// Identified even without slaves: a policy may mirror the queue
+			// later, and its messages are then copied to the new slaves,
+			// whose trimmers tell them apart by this identity; by content
+			// alone, two messages with equal bodies are one.
+			r.identify = true
 			r.version = meta.Version
-			if r.identify {
+			if len(meta.Slaves) > 0 {
 				r.queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
 			}
 			r.master = c.srv.backendIndex[meta.Master]
@@ -710,7 +714,7 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 					r.quorum = append(r.quorum, l.idx)
 				}
 			}
-			if r.identify {
+			if r.queue != nil {
 				r.unreached = c.unreachedCopies(meta, targets, r.unreached)
 			}
 		} else {
