@@ -39,18 +39,10 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 		if l == skip {
 			continue
 		}
-		// Counted before the close can be answered; taken back if the
-		// channel is not open there (ch.mu comes before l.mu).
-		ch.mu.Lock()
-		ch.closeWait++
-		ch.mu.Unlock()
 		l.mu.Lock()
 		lc := l.chans[ch.id]
 		if lc == nil || !lc.open {
 			l.mu.Unlock()
-			ch.mu.Lock()
-			ch.closeWait--
-			ch.mu.Unlock()
 			continue
 		}
 		lc.open, lc.closing = false, true
@@ -59,18 +51,14 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 			return nil
 		}}
 		lc.replies = append(lc.replies, g)
-		// Queued before l.mu is let go: once the link's read loop sees
-		// lc.closing it answers a close of the broker's own with close-ok at
-		// once (fromLinkOnClosingChannel), and that close-ok must follow this
-		// close on the wire. The broker frees the channel at close-ok and
-		// takes a close after it for a frame on a channel never opened:
-		// 504, which closes the whole connection.
-		err := l.sock.writeMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text})
 		l.mu.Unlock()
-		if err == nil {
-			err = l.sock.flush()
-		}
-		if err != nil {
+		ch.mu.Lock()
+		ch.closeWait++
+		ch.mu.Unlock()
+		// A close of the broker's own that crosses this one is answered
+		// only once the broker answered this (fromLinkOnClosingChannel), so
+		// the proxy's close-ok never overtakes this close on the wire.
+		if err := l.sock.sendMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
