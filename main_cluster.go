@@ -130,12 +130,27 @@ func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server,
 			srv.Pause()
 			paused = true
 		case !minority && paused:
-			logger.Info("sidecar cluster: a majority of the proxies is back; serving again", "alive", alive, "members", total)
+			// Not before this proxy's copy of the log has caught up: while it
+			// was cut off the majority may have promoted away from its node,
+			// and serving from the metadata of before would route publishes
+			// and consumers to a master since replaced.
+			wait, cancel := context.WithTimeout(ctx, resumeCatchUp)
+			err := c.Store().WaitLeader(wait)
+			cancel()
+			if err != nil {
+				logger.Warn("sidecar cluster: a majority of the proxies is back, but this proxy's metadata log has not caught up with the leader; staying paused", "alive", alive, "members", total, "err", err)
+				continue
+			}
+			logger.Info("sidecar cluster: a majority of the proxies is back and the metadata log caught up; serving again", "alive", alive, "members", total)
 			srv.Resume()
 			paused = false
 		}
 	}
 }
+
+// resumeCatchUp bounds one wait for the metadata log to catch up before a
+// paused proxy serves again; it tries again at the next check.
+const resumeCatchUp = 5 * time.Second
 
 // answerTimeout bounds answering's handshake with one member.
 const answerTimeout = 200 * time.Millisecond

@@ -47,6 +47,11 @@ type QueueMeta struct {
 	// Bindings are the queue's bindings made through the proxy, applied to
 	// every new slave.
 	Bindings []Binding `json:"bindings,omitempty"`
+	// Adopted is set for a queue found on a backend rather than declared
+	// through a proxy: AMQP cannot read a queue's flags, so Durable and
+	// AutoDelete are guesses (it may be auto-delete, and then a consumer of
+	// the proxy's own that goes away would delete it).
+	Adopted bool `json:"adopted,omitempty"`
 
 	// Version is the metadata log index of the write that produced this
 	// record; conditional writes name the version they read.

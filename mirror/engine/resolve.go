@@ -133,7 +133,7 @@ func adoptedMeta(id mirror.QueueID, copies []found) mirror.QueueMeta {
 			master = i
 		}
 	}
-	m := mirror.QueueMeta{ID: id, Master: copies[master].backend, Durable: true}
+	m := mirror.QueueMeta{ID: id, Master: copies[master].backend, Durable: true, Adopted: true}
 	for i, c := range copies {
 		if i != master {
 			m.Slaves = append(m.Slaves, mirror.Slave{Backend: c.backend})

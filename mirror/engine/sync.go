@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -364,7 +365,11 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 			"copied", copied, "elapsed", time.Since(started).Round(time.Millisecond),
 			"waited_for_deliveries", waits.deliveries.Round(time.Millisecond), "waited_for_confirms", waits.confirms.Round(time.Millisecond))
 	}
-	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, joined, progress)
+	// A consumer's cancel deletes an auto-delete queue that has no other
+	// consumer, and an adopted queue may be one: those are read with
+	// basic.get, which is no consumer (and slower: a round trip each).
+	byGet := m.AutoDelete || m.Adopted
+	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, byGet, joined, progress)
 }
 
 // dialSync opens a connection of the proxy's own to backend for one sync.
@@ -410,7 +415,7 @@ func (e *Engine) dialSync(backend string) (*amqp.Connection, error) {
 // Clients consuming meanwhile take some of the backlog themselves, so
 // without the second rule the copy would wait for newer messages to make
 // up the count.
-func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, joined func(amqp.Delivery) bool, progress func(copied int, started time.Time, waits copyWaits)) (int, error) {
+func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, byGet bool, joined func(amqp.Delivery) bool, progress func(copied int, started time.Time, waits copyWaits)) (int, error) {
 	started := time.Now()
 	var waits copyWaits
 	lastProgress := started
@@ -427,12 +432,18 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 	if q.Messages == 0 {
 		return 0, nil
 	}
-	deliveries, err := sch.Consume(queue, syncConsumerTag, false, false, false, false, nil)
-	if err != nil {
-		return 0, fmt.Errorf("consuming from the master: %w", err)
+	var deliveries <-chan amqp.Delivery
+	stop := func() error { return sch.Cancel(syncConsumerTag, false) }
+	if byGet {
+		deliveries, stop = getLoop(sch, queue)
+	} else {
+		deliveries, err = sch.Consume(queue, syncConsumerTag, false, false, false, false, nil)
+		if err != nil {
+			return 0, fmt.Errorf("consuming from the master: %w", err)
+		}
 	}
 	var lastTag uint64 // the last delivery the copy read
-	defer func() { giveBack(sch, deliveries, queue, lastTag) }()
+	defer func() { giveBack(sch, deliveries, stop, queue, lastTag) }()
 	outs := make([]*confirmWindow, len(dsts))
 	for i, dst := range dsts {
 		ch, err := dst.Channel()
@@ -534,9 +545,9 @@ const giveBackChunk = 2000
 // everything at once: 46 000 messages kept the master's queue busy (and
 // every client waiting) for about 10 s on the loaded test machine. Any
 // failure leaves the rest to the channel's close.
-func giveBack(ch *amqp.Channel, deliveries <-chan amqp.Delivery, queue string, lastTag uint64) {
+func giveBack(ch *amqp.Channel, deliveries <-chan amqp.Delivery, stop func() error, queue string, lastTag uint64) {
 	defer ch.Close()
-	if ch.Cancel(syncConsumerTag, false) != nil {
+	if stop() != nil {
 		return
 	}
 	// What the broker had sent before the cancel is held too.
@@ -555,6 +566,48 @@ func giveBack(ch *amqp.Channel, deliveries <-chan amqp.Delivery, queue string, l
 		}
 	}
 }
+
+// getLoop reads queue on ch with basic.get (no-ack off: what it reads is
+// held on ch like a consumer's deliveries) and passes each message on, for
+// a copy from a master that must have no consumer of the proxy's. An empty
+// queue is asked again every getPoll. stop ends the loop; deliveries is
+// closed once it ended (and at once when a get fails).
+func getLoop(ch *amqp.Channel, queue string) (deliveries <-chan amqp.Delivery, stop func() error) {
+	out := make(chan amqp.Delivery)
+	done := make(chan struct{})
+	go func() {
+		defer close(out)
+		for {
+			d, ok, err := ch.Get(queue, false)
+			if err != nil {
+				return
+			}
+			if !ok {
+				select {
+				case <-done:
+					return
+				case <-time.After(getPoll):
+				}
+				continue
+			}
+			select {
+			case out <- d:
+			case <-done:
+				// Held on ch all the same: the give-back returns it.
+				out <- d
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return out, func() error {
+		once.Do(func() { close(done) })
+		return nil
+	}
+}
+
+// getPoll is how often getLoop asks an empty queue again.
+const getPoll = 20 * time.Millisecond
 
 // progressEvery is how often a sync logs its progress.
 const progressEvery = 5 * time.Second
