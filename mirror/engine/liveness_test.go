@@ -91,6 +91,15 @@ func TestDeletedQueueCopyIsNotAdopted(t *testing.T) {
 		t.Fatal("no tombstone after the delete")
 	}
 
+	// The slave's trimmer, stopped by the delete, gives back what it held:
+	// the copy holds its messages ready, as a broker that was down would.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := readyOn(t, "rabbit3", id.Name); n != 5 {
+			return fmt.Errorf("rabbit3's copy has %d ready, want the 5 its trimmer held given back", n)
+		}
+		return nil
+	})
+
 	// An empty copy too (it may be one a client is declaring again).
 	declareOn(t, "rabbit2", id.Name, true)
 
