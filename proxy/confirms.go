@@ -189,13 +189,8 @@ func (p *publisherConfirms) backendLost(backend int, now time.Time, out []client
 			p.lost = append(p.lost, lostCopy{backend: backend, clientSeq: bp.clientSeq, queue: bp.queue, since: now})
 			continue
 		}
-		if i := p.indexOf(bp.clientSeq); i >= 0 {
-			w := &p.waiting[i]
-			w.copies--
-			if w.copies == 0 {
-				w.nacked = w.nacked || w.acks == 0
-				answered++
-			}
+		if p.dropCopy(bp.clientSeq, false) {
+			answered++
 		}
 	}
 	if answered == 0 {
@@ -276,15 +271,7 @@ func (p *publisherConfirms) release(held func(backend int, queue *mirror.QueueID
 			kept = append(kept, lc)
 			continue
 		}
-		i := p.indexOf(lc.clientSeq)
-		if i < 0 {
-			continue
-		}
-		w := &p.waiting[i]
-		w.copies--
-		w.nacked = w.nacked || stillHeld
-		if w.copies == 0 {
-			w.nacked = w.nacked || w.acks == 0
+		if p.dropCopy(lc.clientSeq, stillHeld) {
 			answered++
 		}
 	}
@@ -294,6 +281,24 @@ func (p *publisherConfirms) release(held func(backend int, queue *mirror.QueueID
 		return out
 	}
 	return p.collect(answered, out)
+}
+
+// dropCopy stops waiting for one quorum copy of publish seq, which never
+// confirms it (nack: the publish is nacked whatever the others say), and
+// reports whether that answered the publish: nacked if no copy acked it.
+func (p *publisherConfirms) dropCopy(seq uint64, nack bool) bool {
+	i := p.indexOf(seq)
+	if i < 0 {
+		return false
+	}
+	w := &p.waiting[i]
+	w.copies--
+	w.nacked = w.nacked || nack
+	if w.copies > 0 {
+		return false
+	}
+	w.nacked = w.nacked || w.acks == 0
+	return true
 }
 
 // holdsLost reports whether lost copies keep publishes waiting.
