@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -573,6 +574,19 @@ func (c *cliStallingConn) release() {
 // cliFreeAddr returns a loopback address nothing listens on right now.
 func cliFreeAddr(t testing.TB) string {
 	t.Helper()
+	// Below Linux's ephemeral range (32768-60999): a port picked there and
+	// closed again can be taken as the local port of any outgoing
+	// connection (the proxies dial brokers and each other) before the proxy
+	// binds it, which failed a start with "address already in use".
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return ln.Addr().String()
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

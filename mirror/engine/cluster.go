@@ -200,7 +200,11 @@ const ownCopiesDelay = 3 * time.Second
 // ownCopiesCheck is the state of checkOwnCopies, owned by the loop.
 type ownCopiesCheck struct {
 	first time.Time // the loop's first tick
-	done  bool
+	// atStart are this node's unsynchronised slaves at the first tick: a
+	// slave added later was purged by whoever added it, and may be syncing
+	// by the time the check runs.
+	atStart map[mirror.QueueID]bool
+	done    bool
 }
 
 // checkOwnCopies makes a cluster proxy that starts treat its own node's
@@ -208,22 +212,32 @@ type ownCopiesCheck struct {
 // happened while this node was down (its broker, or this proxy that trims
 // them), so they rejoin purged (backendBack) as soon as the backend is up.
 // Only the proxy beside a backend lets its copies rejoin, and a proxy
-// that was down saw no loss to remember. It runs once, a few seconds after
-// the start, so that the metadata read is the leader's.
+// that was down saw no loss to remember. It takes the slaves unsynchronised
+// at its first tick with a leader (serve starts the engine once its log
+// caught up) and lets those still unsynchronised rejoin a few seconds
+// later; a slave added since was purged by whoever added it, and may be
+// synchronising by then.
 func (e *Engine) checkOwnCopies() {
 	c := &e.ownCopies
 	if c.done || !e.clustered() || e.opts.Node == "" {
 		return
 	}
 	if c.first.IsZero() {
+		if leader, _ := e.opts.Store.Leader(); leader == "" {
+			return
+		}
 		c.first = time.Now()
+		c.atStart = e.ownUnsynchronised()
 	}
-	if leader, _ := e.opts.Store.Leader(); leader == "" || time.Since(c.first) < ownCopiesDelay {
+	if time.Since(c.first) < ownCopiesDelay {
 		return
 	}
 	c.done = true
 	queues := e.lost[e.opts.Node]
 	for _, m := range e.opts.Store.List() {
+		if !c.atStart[m.ID] {
+			continue
+		}
 		if i := m.SlaveIndex(e.opts.Node); i >= 0 && !m.Slaves[i].Synchronised {
 			if queues == nil {
 				queues = make(map[mirror.QueueID]bool)
@@ -236,6 +250,18 @@ func (e *Engine) checkOwnCopies() {
 		e.log.Info("this node's unsynchronised slaves rejoin, purged", "queues", len(queues))
 	}
 	e.buryMissedDeletes()
+}
+
+// ownUnsynchronised returns the queues with an unsynchronised slave on
+// this node.
+func (e *Engine) ownUnsynchronised() map[mirror.QueueID]bool {
+	out := make(map[mirror.QueueID]bool)
+	for _, m := range e.opts.Store.List() {
+		if i := m.SlaveIndex(e.opts.Node); i >= 0 && !m.Slaves[i].Synchronised {
+			out[m.ID] = true
+		}
+	}
+	return out
 }
 
 // buryMissedDeletes deletes the copies this node's broker kept of queues
