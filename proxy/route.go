@@ -746,8 +746,8 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 	if p.Exchange == "" && found {
 		complete = len(r.targets) == 1+len(meta.Slaves)
 	}
-	if !complete && (found || p.Exchange != "") {
-		c.reportUnreached(meta, found, r.targets)
+	if len(r.unreached) > 0 {
+		c.reportUnreached(r)
 	}
 	if !found && p.Exchange == "" || !complete {
 		// Not kept: the queue may appear any moment, or a copy's backend
@@ -761,29 +761,23 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 	return r
 }
 
-// reportUnreached reports the synchronised slaves of the queue (of every
-// backend, for an exchange publish: queue is false) that a publish cannot
-// reach although their backends are not counted down: a link that broke a
-// moment ago and is not dialled again yet. They miss the publish.
-func (c *clientConn) reportUnreached(meta mirror.QueueMeta, queue bool, targets []*link) {
-	reached := func(name string) bool {
-		return slices.ContainsFunc(targets, func(l *link) bool { return l.name == name })
-	}
+// reportUnreached reports the slave copies a publish cannot reach
+// (r.unreached but the master) although their backends are not counted
+// down: a link that broke a moment ago and is not dialled again yet. They
+// miss the publish.
+func (c *clientConn) reportUnreached(r *publishRoute) {
 	m := c.srv.opts.Mirror
-	if !queue {
-		for _, name := range c.srv.backendNames {
-			if !reached(name) && !m.BackendDown(name) {
-				c.log.Debug("an exchange publish cannot reach a backend", "backend", name)
-				m.Missed(name, nil)
-			}
-		}
-		return
+	queue := r.queue
+	if queue == anyQueue {
+		queue = nil // any queue with a slave there
 	}
-	for _, s := range meta.Slaves {
-		if s.Synchronised && !reached(s.Backend) && !m.BackendDown(s.Backend) {
-			c.log.Debug("a publish cannot reach a synchronised slave", "backend", s.Backend, "queue", meta.ID.Name)
-			m.Missed(s.Backend, &meta.ID)
+	for _, i := range r.unreached {
+		name := c.srv.backends[i].Name
+		if i == r.master || m.BackendDown(name) {
+			continue
 		}
+		c.log.Debug("a publish cannot reach a slave copy", "backend", name, "queue", queueName(queue))
+		m.Missed(name, queue)
 	}
 }
 
