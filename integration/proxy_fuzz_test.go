@@ -213,7 +213,7 @@ func expect[M frames.Method](c *rawClient) (M, error) {
 			c.sendMethod(0, &frames.ConnectionCloseOk{})
 			return zero, &closedError{cl}
 		}
-		return zero, fmt.Errorf("got a %s frame (%v) on channel %d, want %T", frames.FrameTypeName(f.Type), m, f.Channel, zero)
+		return zero, fmt.Errorf("got a %s frame (%T %v) on channel %d, want %T", frames.FrameTypeName(f.Type), m, m, f.Channel, zero)
 	}
 }
 

@@ -214,3 +214,56 @@ func TestProxyMirroredChannelErrorOnEveryBackendOnce(t *testing.T) {
 		t.Fatalf("after %d channel errors: channel.open: %v", channels, err)
 	}
 }
+
+// TestProxyMirroredClientCloseCrossesChannelErrors: the client closes a
+// channel right behind a publish to a missing exchange, so every backend's
+// channel error crosses the client's close. A broker answers a close with
+// close-ok even while closing, so the client must get exactly one close-ok,
+// as from one broker, and nothing more on the channel when it reopens it.
+// The proxy once answered each broker's close at once and passed each
+// broker's later close-ok on to the client: two or three close-oks, the last
+// ones on the reopened channel.
+func TestProxyMirroredClientCloseCrossesChannelErrors(t *testing.T) {
+	p := startMirroredProxyWith(t, node(t, "rabbit1"), mirroredOptions{})
+	client := dialRaw(t, strings.TrimSuffix(strings.TrimPrefix(p.url, "amqp://guest:guest@"), "/"))
+	client.open(guest) // channel 1
+	exchange := uniqueName(t, "missing")
+	body := []byte("to no exchange")
+	send := func(what string, write func() error) {
+		t.Helper()
+		client.conn.SetWriteDeadline(time.Now().Add(rawTimeout))
+		if err := write(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if err := client.out.Flush(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	const id, rounds = 2, 50
+	for round := range rounds {
+		send("channel.open", func() error { return client.out.WriteMethod(id, &frames.ChannelOpen{}) })
+		if _, err := expect[*frames.ChannelOpenOk](client); err != nil {
+			t.Fatalf("round %d: channel.open: %v", round, err)
+		}
+		send("publish and close", func() error {
+			if err := client.out.WriteMethod(id, &frames.BasicPublish{Exchange: exchange}); err != nil {
+				return err
+			}
+			if err := client.out.WriteContentHeader(id, &frames.ContentHeader{ClassID: frames.ClassBasic, BodySize: uint64(len(body))}); err != nil {
+				return err
+			}
+			if err := client.out.WriteFrame(frames.FrameBody, id, body); err != nil {
+				return err
+			}
+			return client.out.WriteMethod(id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: "bye"})
+		})
+		if _, err := expect[*frames.ChannelCloseOk](client); err != nil {
+			t.Fatalf("round %d: channel.close: %v", round, err)
+		}
+	}
+	// A stray close-ok for the last round would come before this answer.
+	send("channel.open", func() error { return client.out.WriteMethod(id+1, &frames.ChannelOpen{}) })
+	if _, err := expect[*frames.ChannelOpenOk](client); err != nil {
+		t.Fatalf("after %d crossed closes: channel.open: %v", rounds, err)
+	}
+}

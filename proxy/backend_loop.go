@@ -109,6 +109,10 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		ch.mu.Lock()
 		ch.tags.dropAll()
 		ch.mu.Unlock()
+	case frames.ChannelCloseOkKey: // the answer to the client's close
+		if err := l.closeOkArrived(ch.id); err != nil {
+			return err
+		}
 	}
 	if isReply(key) {
 		c.replyArrived(ch, l, f)
@@ -125,25 +129,14 @@ func (c *clientConn) fromLinkOnClosingChannel(ch *channelState, l *link, f frame
 	switch {
 	case key == frames.ChannelCloseKey:
 		// The backend closed it too; it still answers ours with close-ok,
-		// and its close is answered after that. A broker frees the channel
-		// at the proxy's close-ok, and the answer to the proxy's close,
-		// which the channel itself sends, could then be lost, leaving the
-		// proxy waiting for it (the client never heard of the close).
+		// and its close is answered after that (closeOkArrived).
 		l.mu.Lock()
 		l.channelLocked(ch.id).owesCloseOk = true
 		l.mu.Unlock()
 		return nil
 	case key == frames.ChannelCloseOkKey:
-		l.mu.Lock()
-		owes := false
-		if lc := l.chans[ch.id]; lc != nil && lc.owesCloseOk {
-			owes, lc.owesCloseOk = true, false
-		}
-		l.mu.Unlock()
-		if owes {
-			if err := l.sock.sendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
-				return err
-			}
+		if err := l.closeOkArrived(ch.id); err != nil {
+			return err
 		}
 		for {
 			g, ok := l.nextReply(ch.id)

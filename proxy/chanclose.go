@@ -109,7 +109,7 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 	for _, l := range c.allLinks() {
 		l.mu.Lock()
 		if lc := l.chans[ch.id]; lc != nil && lc.open {
-			lc.open = false
+			lc.open, lc.clientClosing = false, true
 			targets = append(targets, l)
 		}
 		l.mu.Unlock()
@@ -134,6 +134,27 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	}
 	l.mu.Lock()
 	lc := l.channelLocked(ch.id)
+	if crossed := lc.closing || lc.clientClosing; crossed && !lc.open {
+		// The proxy's or the client's close is out to the link, and the
+		// broker's crossed it. The broker answers that close with
+		// close-ok, and frees the channel at ours, which waits for that
+		// answer (closeOkArrived): answered at once, the broker's close-ok
+		// came after the client had closed the channel, or reopened it,
+		// and reached the client. The broker answers nothing sent before
+		// the close that is not answered yet: only the close's own reply
+		// stays owed (the client sends nothing after its close).
+		lc.owesCloseOk = true
+		var abandoned []*rpcGroup
+		if lc.clientClosing && len(lc.replies) > 1 {
+			abandoned = lc.replies[:len(lc.replies)-1:len(lc.replies)-1]
+			lc.replies = lc.replies[len(lc.replies)-1:]
+		}
+		l.mu.Unlock()
+		for _, g := range abandoned {
+			c.abandonReply(ch, g)
+		}
+		return nil
+	}
 	wasOpen := lc.open
 	lc.open = false
 	abandoned := lc.replies

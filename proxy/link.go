@@ -54,9 +54,12 @@ type linkChannel struct {
 	open    bool
 	confirm bool // confirm.select sent on this link's channel
 	closing bool // the proxy sent channel.close; frames until its close-ok are dropped
-	// owesCloseOk: the broker closed the channel too while the proxy's
-	// close was out; the proxy's close-ok to it follows the broker's
-	// answer to ours (fromLinkOnClosingChannel).
+	// clientClosing: the client's channel.close went to the link and its
+	// close-ok has not come.
+	clientClosing bool
+	// owesCloseOk: the broker closed the channel too while the proxy's or
+	// the client's close was out; the proxy's close-ok to it follows the
+	// broker's answer to that close (closeOkArrived).
 	owesCloseOk bool
 	replies     []*rpcGroup
 	assembled   message // content being assembled (read loop only)
@@ -101,6 +104,25 @@ func (l *link) nextReply(id uint16) (g *rpcGroup, ok bool) {
 		lc.replies = nil
 	}
 	return g, true
+}
+
+// closeOkArrived ends, on the link's side of channel id, a close of the
+// proxy's or the client's, and sends the close-ok the proxy owes for a close
+// of the broker's that crossed it. A broker frees the channel at that
+// close-ok: sent before the broker's answer, it could let the answer be
+// lost, or let it reach the client after the channel was closed there.
+func (l *link) closeOkArrived(id uint16) error {
+	l.mu.Lock()
+	owes := false
+	if lc := l.chans[id]; lc != nil {
+		owes = lc.owesCloseOk
+		lc.owesCloseOk, lc.clientClosing = false, false
+	}
+	l.mu.Unlock()
+	if !owes {
+		return nil
+	}
+	return l.sock.sendMethod(id, &frames.ChannelCloseOk{})
 }
 
 // links is the client connection's links, by backend index.
