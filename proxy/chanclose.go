@@ -146,7 +146,7 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 		lc.owesCloseOk = true
 		var abandoned []*rpcGroup
 		if lc.clientClosing && len(lc.replies) > 1 {
-			abandoned = lc.replies[:len(lc.replies)-1:len(lc.replies)-1]
+			abandoned = lc.replies[: len(lc.replies)-1 : len(lc.replies)-1]
 			lc.replies = lc.replies[len(lc.replies)-1:]
 		}
 		l.mu.Unlock()
