@@ -189,7 +189,7 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 			copied, err := e.copyFromMaster(ctx, m, pending, batch)
 			if err != nil {
 				e.markPartial(id, pending)
-				log.Warn("sync failed", "slaves", pending, "source", m.Master, "copied", copied, "err", err)
+				log.Warn("sync failed", "slaves", pending, "source", m.Master, "copied", copied.copied, "read", copied.read, "err", err)
 				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
 			}
 			for _, t := range pending {
@@ -197,7 +197,7 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 					return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, t, err)
 				}
 			}
-			log.Info("slaves synchronised", "slaves", pending, "source", m.Master, "copied", copied, "took", time.Since(started))
+			log.Info("slaves synchronised", "slaves", pending, "source", m.Master, "copied", copied.copied, "read", copied.read, "took", time.Since(started))
 			return nil
 		}
 		target := pending[0]
@@ -318,58 +318,51 @@ func (e *Engine) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, 
 // confirmed, then gives them back (see the comment at the top of this
 // file). It holds the messages in memory meanwhile: the master's ready
 // count at the start, at most.
-func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets []string, batch int) (int, error) {
+func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets []string, batch int) (copyCount, error) {
 	src, err := e.dialSync(m.Master)
 	if err != nil {
-		return 0, err
+		return copyCount{}, err
 	}
 	defer src.Close()
 	var dsts []*amqp.Connection
 	for _, t := range targets {
 		c, err := e.dialSync(t)
 		if err != nil {
-			return 0, err
+			return copyCount{}, err
 		}
 		defer c.Close()
 		dsts = append(dsts, c)
 	}
 	done, err := e.expectCopies(m.ID, targets)
 	if err != nil {
-		return 0, err
+		return copyCount{}, err
 	}
 	defer done()
-	// Every message published since the targets joined reaches them by
-	// fan-out; the master delivers in order, so the first of those the
-	// copy meets (a target's trimmer holds it already) ends the backlog.
-	var trimmers []*controllink.Trimmer
-	for _, t := range targets {
+	// A message a target's trimmer holds already need not be copied there:
+	// it came by fan-out (or, after a partition, as a publish a proxy had
+	// sent before the cut, which is why it cannot end the copy: see
+	// copyFromMaster).
+	trimmers := make([]*controllink.Trimmer, len(targets))
+	for i, t := range targets {
 		if tr := e.trimmer(m.ID, t); tr != nil {
-			trimmers = append(trimmers, tr.t)
+			trimmers[i] = tr.t
 		}
 	}
-	joined := func(d amqp.Delivery) bool {
+	holds := func(d amqp.Delivery, target int) bool {
 		value, _ := d.Headers[mirror.IdentityHeader].(string)
 		id, ok := mirror.ParseMessageID(value)
-		if !ok {
-			return false
-		}
-		for _, tr := range trimmers {
-			if tr.Holds(id) {
-				return true
-			}
-		}
-		return false
+		return ok && trimmers[target] != nil && trimmers[target].Holds(id)
 	}
-	progress := func(copied int, started time.Time, waits copyWaits) {
+	progress := func(c copyCount, started time.Time, waits copyWaits) {
 		e.log.Info("sync in progress", "queue", m.ID.Name, "vhost", m.ID.VHost, "slaves", targets,
-			"copied", copied, "elapsed", time.Since(started).Round(time.Millisecond),
+			"copied", c.copied, "read", c.read, "elapsed", time.Since(started).Round(time.Millisecond),
 			"waited_for_deliveries", waits.deliveries.Round(time.Millisecond), "waited_for_confirms", waits.confirms.Round(time.Millisecond))
 	}
 	// A consumer's cancel deletes an auto-delete queue that has no other
 	// consumer, and an adopted queue may be one: those are read with
 	// basic.get, which is no consumer (and slower: a round trip each).
 	byGet := m.AutoDelete || m.Adopted
-	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, byGet, joined, progress)
+	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, byGet, holds, progress)
 }
 
 // dialSync opens a connection of the proxy's own to backend for one sync.
@@ -407,30 +400,38 @@ func (e *Engine) dialSync(backend string) (*amqp.Connection, error) {
 }
 
 // copyFromMaster is the copy itself, on the master's connection src to the
-// same queue on each of dsts. It ends when it has seen as many messages as
-// the master held ready at the start, when a delivery is one the targets
-// have already (joined: published after they joined, so everything before
-// it was delivered, to the copy or to a client), or when the master has
-// nothing ready left.
-// Clients consuming meanwhile take some of the backlog themselves, so
-// without the second rule the copy would wait for newer messages to make
-// up the count.
-func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, byGet bool, joined func(amqp.Delivery) bool, progress func(copied int, started time.Time, waits copyWaits)) (int, error) {
+// same queue on each of dsts: every message it reads is copied to the
+// targets that do not hold it already (holds). It ends when it has read as
+// many messages as the master held ready at the start, or when the master
+// has nothing ready left (clients consuming meanwhile took the rest).
+//
+// It reads the master up to that count even when the targets hold what it
+// meets: a message a target holds is no proof that everything before it in
+// the master's queue reached the copy. After a partition heals, TCP
+// delivers to a rejoined copy, purged meanwhile, what a proxy's link had
+// sent it before the cut; those messages sit anywhere in the master's
+// backlog, and a copy that ended at the first of them (it did, taking it
+// for the first message that reached the new slave by fan-out) recorded a
+// slave synchronised that lacked the rest of the backlog (issue 9). What
+// reading on costs: the messages published between the join and the
+// copy's start are held by the copy too, and given back redelivered.
+func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, byGet bool, holds func(d amqp.Delivery, target int) bool, progress func(c copyCount, started time.Time, waits copyWaits)) (copyCount, error) {
 	started := time.Now()
 	var waits copyWaits
+	var count copyCount
 	lastProgress := started
 	sch, err := src.Channel()
 	if err != nil {
-		return 0, fmt.Errorf("opening a channel on the master: %w", err)
+		return count, fmt.Errorf("opening a channel on the master: %w", err)
 	}
 	// Closing the channel gives back everything the copy held.
 	defer sch.Close()
 	q, err := sch.QueueDeclarePassive(queue, false, false, false, false, nil)
 	if err != nil {
-		return 0, fmt.Errorf("counting the master's messages: %w", err)
+		return count, fmt.Errorf("counting the master's messages: %w", err)
 	}
 	if q.Messages == 0 {
-		return 0, nil
+		return count, nil
 	}
 	var deliveries <-chan amqp.Delivery
 	stop := func() error { return sch.Cancel(syncConsumerTag, false) }
@@ -439,7 +440,7 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 	} else {
 		deliveries, err = sch.Consume(queue, syncConsumerTag, false, false, false, false, nil)
 		if err != nil {
-			return 0, fmt.Errorf("consuming from the master: %w", err)
+			return count, fmt.Errorf("consuming from the master: %w", err)
 		}
 	}
 	var lastTag uint64 // the last delivery the copy read
@@ -448,11 +449,11 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 	for i, dst := range dsts {
 		ch, err := dst.Channel()
 		if err != nil {
-			return 0, fmt.Errorf("opening a channel on a slave: %w", err)
+			return count, fmt.Errorf("opening a channel on a slave: %w", err)
 		}
 		defer ch.Close()
 		if err := ch.Confirm(false); err != nil {
-			return 0, fmt.Errorf("confirm mode on a slave: %w", err)
+			return count, fmt.Errorf("confirm mode on a slave: %w", err)
 		}
 		outs[i] = &confirmWindow{ch: ch, batch: batch}
 	}
@@ -470,27 +471,26 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 	idle := time.NewTimer(pause)
 	defer idle.Stop()
 	draining := false // the master had nothing ready left
-	copied := 0
-	finish := func() (int, error) {
+	finish := func() (copyCount, error) {
 		for _, o := range outs {
 			if err := o.drain(ctx, 0); err != nil {
-				return copied, err
+				return count, err
 			}
 		}
-		return copied, nil
+		return count, nil
 	}
-	for copied < q.Messages {
+	for count.read < q.Messages {
 		waitStart := time.Now()
 		select {
 		case <-ctx.Done():
-			return copied, ctx.Err()
+			return count, ctx.Err()
 		case <-idle.C:
 			if draining {
 				return finish()
 			}
 			left, err := sch.QueueDeclarePassive(queue, false, false, false, false, nil)
 			if err != nil {
-				return copied, fmt.Errorf("counting the master's messages: %w", err)
+				return count, fmt.Errorf("counting the master's messages: %w", err)
 			}
 			if left.Messages == 0 {
 				draining = true
@@ -500,25 +500,29 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 			}
 		case d, ok := <-deliveries:
 			if !ok {
-				return copied, errors.New("the master closed the sync's channel")
+				return count, errors.New("the master closed the sync's channel")
 			}
 			lastTag = d.DeliveryTag
 			waits.deliveries += time.Since(waitStart)
-			if joined(d) {
-				return finish()
-			}
-			msg := publishing(d)
+			count.read++
+			msg, copiedOne := publishing(d), false
 			publishStart := time.Now()
-			for _, o := range outs {
-				if err := o.publish(ctx, queue, msg); err != nil {
-					return copied, err
+			for i, o := range outs {
+				if holds(d, i) {
+					continue
 				}
+				if err := o.publish(ctx, queue, msg); err != nil {
+					return count, err
+				}
+				copiedOne = true
 			}
 			waits.confirms += time.Since(publishStart)
-			copied++
+			if copiedOne {
+				count.copied++
+			}
 			if time.Since(lastProgress) >= progressEvery {
 				lastProgress = time.Now()
-				progress(copied, started, waits) // how fast a long sync goes, and what it waits for
+				progress(count, started, waits) // how fast a long sync goes, and what it waits for
 			}
 			if draining {
 				idle.Reset(settle)
@@ -611,6 +615,11 @@ const getPoll = 20 * time.Millisecond
 
 // progressEvery is how often a sync logs its progress.
 const progressEvery = 5 * time.Second
+
+// copyCount is what a copy from the master did: messages read from the
+// master, and those of them copied to at least one target (the others
+// were there already).
+type copyCount struct{ read, copied int }
 
 // copyWaits is how long a copy has waited, in all, for deliveries from its
 // source and for its publishes and confirms to the destinations.
