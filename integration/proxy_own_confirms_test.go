@@ -276,8 +276,8 @@ func TestOwnConfirmsNameASlaveThatMissedPublishes(t *testing.T) {
 // TestOwnConfirmsAndTheClientsModes: a channel in the proxy's own confirm
 // mode that the client later puts in confirm mode numbers from 1 and gets
 // exactly its own confirms; tx.select before the first publish works across
-// copies; tx.select after publishing outside a transaction is refused with
-// a 406 that says why.
+// copies; tx.select after publishing outside a transaction works too, the
+// proxy keeping the transaction (the backends' channels are in confirm mode).
 func TestOwnConfirmsAndTheClientsModes(t *testing.T) {
 	url, _ := startFanoutProxy(t)
 	const queue = "own-confirms-modes"
@@ -354,19 +354,86 @@ func TestOwnConfirmsAndTheClientsModes(t *testing.T) {
 	})
 
 	t.Run("tx.select after publishing", func(t *testing.T) {
+		// The backends' channel is in confirm mode by then; the proxy keeps
+		// the transaction itself, and the client sees what a broker's
+		// transaction shows.
 		late, err := conn.Channel()
 		if err != nil {
 			t.Fatal(err)
 		}
+		depths := func(step string, want int) {
+			t.Helper()
+			for _, n := range cluster.Nodes() {
+				if got := queueDepth(t, n, queue); got != want {
+					t.Fatalf("%s: %s holds %d, want %d", step, n.Name, got, want)
+				}
+			}
+		}
 		if err := late.PublishWithContext(ctx, "", queue, false, false, body("plain")); err != nil {
 			t.Fatal(err)
 		}
-		err = late.Tx()
-		var amqpErr *amqp.Error
-		if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.PreconditionFailed || !strings.Contains(amqpErr.Reason, "select tx before the channel's first publish") {
-			t.Fatalf("tx.select after a publish: got %v, want 406 PRECONDITION_FAILED saying why", err)
+		for _, n := range cluster.Nodes() {
+			testutil.Eventually(t, 10*time.Second, func() error {
+				if got := queueDepth(t, n, queue); got != 7 {
+					return fmt.Errorf("%s holds %d, want 7", n.Name, got)
+				}
+				return nil
+			})
 		}
-		// Only the channel closed.
+		if err := late.Tx(); err != nil {
+			t.Fatalf("tx.select after a publish: %v", err)
+		}
+		if err := late.PublishWithContext(ctx, "", queue, false, false, body("rolled back")); err != nil {
+			t.Fatal(err)
+		}
+		// A request on the same channel is answered after the publish
+		// would have reached the master.
+		if q, err := late.QueueDeclarePassive(queue, false, false, false, false, nil); err != nil || q.Messages != 7 {
+			t.Fatalf("passive declare in the open transaction: %d messages, %v; want 7", q.Messages, err)
+		}
+		depths("before the rollback", 7)
+		if err := late.TxRollback(); err != nil {
+			t.Fatalf("tx.rollback: %v", err)
+		}
+		if err := late.PublishWithContext(ctx, "", queue, false, false, body("committed")); err != nil {
+			t.Fatal(err)
+		}
+		depths("before the commit", 7)
+		if err := late.TxCommit(); err != nil {
+			t.Fatalf("tx.commit: %v", err)
+		}
+		// commit-ok came once every copy confirmed the publish.
+		depths("after the commit", 8)
+
+		// An ack in the transaction takes effect at the commit.
+		got, ok, err := late.Get(queue, false)
+		if err != nil || !ok {
+			t.Fatalf("basic.get: %v, %v", ok, err)
+		}
+		if err := got.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+		if err := late.TxRollback(); err != nil {
+			t.Fatalf("tx.rollback: %v", err)
+		}
+		if err := got.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+		if err := late.TxCommit(); err != nil {
+			t.Fatalf("tx.commit of an ack: %v", err)
+		}
+
+		// As on a broker: a transactional channel cannot select confirms.
+		err = late.Confirm(false)
+		var amqpErr *amqp.Error
+		if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.PreconditionFailed || !strings.Contains(amqpErr.Reason, "cannot switch from tx to confirm mode") {
+			t.Fatalf("confirm.select in tx mode: got %v, want 406 PRECONDITION_FAILED", err)
+		}
+		// The channel closed, so a delivery it had not acked would be back
+		// now: the committed ack took it.
+		if got := queueDepth(t, cluster.Nodes()[0], queue); got != 7 {
+			t.Fatalf("the master holds %d after the channel closed, want 7", got)
+		}
 		if _, err := conn.Channel(); err != nil {
 			t.Fatalf("a new channel after the refusal: %v", err)
 		}

@@ -61,7 +61,10 @@
 // Transactions and confirms exclude each other on a channel, so a backend
 // channel is put in confirm mode only once the client's channel publishes
 // outside a transaction; tx.select before that keeps it transactional, and
-// tx.commit commits on every backend the transaction touched.
+// tx.commit commits on every backend the transaction touched. tx.select
+// after it is kept by the proxy: the transaction's publishes and acks wait
+// in the proxy until tx.commit sends them, and commit-ok follows the
+// confirms of every copy counted.
 //
 // # Deliver and ack path
 //

@@ -299,6 +299,7 @@ func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint
 		c.reportMissed(missed, "nacked")
 	}
 	if own {
+		c.ownConfirmsAnswered(ch, out)
 		return
 	}
 	if len(out) == 1 && out[0] == (clientConfirm{seq: seq, multiple: multiple, nack: nack}) {

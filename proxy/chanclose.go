@@ -311,8 +311,9 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 	confirms := ch.confirms.backendLost(l.idx, time.Now(), ch.confirmedLost[:0], &missed)
 	ch.confirmedLost, ch.missed = confirms, missed
 	ch.mu.Unlock()
-	if !ch.confirming.Load() {
-		confirms = nil // the proxy's own confirm mode
+	if !ch.confirming.Load() { // the proxy's own confirm mode
+		c.ownConfirmsAnswered(ch, confirms)
+		confirms = nil
 	}
 	for _, cc := range confirms {
 		c.writeConfirm(ch.id, cc)

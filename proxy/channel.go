@@ -54,6 +54,9 @@ type channelState struct {
 	// if it rolls back (the broker never applied those acks).
 	transactional bool
 	txSettled     []tagEntry
+	// tx is the transaction the proxy keeps itself, on a channel in its own
+	// confirm mode (txemulated.go).
+	tx emulatedTx
 	// The channel close in progress (see chanclose.go).
 	closer    *link                // the link whose channel.close the client gets
 	notice    *frames.ChannelClose // the close the client gets once closeWait is 0

@@ -159,6 +159,10 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		if ch.dropContent {
 			return nil
 		}
+		if ch.tx.on {
+			_, err := c.fromClientInEmulatedTx(ch, f, 0)
+			return err
+		}
 		return c.publishContent(ch, f)
 	}
 	classID, methodID, args, err := frames.ParseMethodID(f.Payload)
@@ -204,6 +208,11 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 			c.fromClientOnClosingChannel(ch, state, key, f)
 		}
 		return nil
+	}
+	if ch.tx.on {
+		if handled, err := c.fromClientInEmulatedTx(ch, f, key); handled || err != nil {
+			return err
+		}
 	}
 
 	switch key {
@@ -264,13 +273,9 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		return c.onOpenLinks(ch, f, !sel.NoWait)
 	case frames.TxSelectKey:
 		if ch.ownConfirms.Load() {
-			// The backends would refuse it the same way ("cannot switch
-			// from confirm to tx mode"), but the client never asked for
-			// confirm mode, so say why.
-			c.closeChannelByProxy(ch, frames.PreconditionFailed,
-				"PRECONDITION_FAILED - cannot switch to tx mode: amqp-mirror keeps a channel that published to mirrored queues "+
-					"in confirm mode on the backends; select tx before the channel's first publish, or use another channel",
-				frames.ClassTx, 10)
+			// The backends would refuse it ("cannot switch from confirm
+			// to tx mode"): the proxy keeps the transaction itself.
+			c.beginEmulatedTx(ch)
 			return nil
 		}
 		ch.mu.Lock()

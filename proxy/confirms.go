@@ -352,6 +352,12 @@ func (p *publisherConfirms) indexOf(seq uint64) int {
 	return i
 }
 
+// answeredThrough reports whether every publish numbered up to seq has
+// been answered.
+func (p *publisherConfirms) answeredThrough(seq uint64) bool {
+	return len(p.waiting) == 0 || p.waiting[0].seq > seq
+}
+
 // unconfirmed is the number of client publishes still waiting for backends.
 func (p *publisherConfirms) unconfirmed() int { return len(p.waiting) }
 

@@ -36,6 +36,8 @@ func (c *clientConn) releaseLostCopies() {
 			for _, cc := range out {
 				c.writeConfirm(ch.id, cc)
 			}
+		} else {
+			c.ownConfirmsAnswered(ch, out)
 		}
 		ch.outMu.Unlock()
 		if len(out) > 0 {

@@ -616,6 +616,11 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 		}
 		ch.mu.Unlock()
 		if !confirming {
+			if len(out) > 0 {
+				ch.outMu.Lock()
+				c.ownConfirmsAnswered(ch, out)
+				ch.outMu.Unlock()
+			}
 			out = nil
 		}
 		for _, cc := range out {

@@ -1,0 +1,178 @@
+package proxy
+
+import (
+	"github.com/amqp-mirror/amqp-mirror/frames"
+)
+
+// A channel the proxy put in confirm mode on the backends itself
+// (ownConfirms) can no longer become transactional there: a broker refuses
+// tx.select after confirm.select. RabbitMQ lets a client select tx on a
+// channel that published before, so the proxy keeps the transaction itself:
+// after tx.select, the channel's publishes, acks, nacks and rejects are held
+// in the proxy until tx.commit, which sends them as outside a transaction
+// and answers commit-ok once every copy the confirms count took the
+// transaction's publishes; tx.rollback drops them. The client sees what a
+// broker's transaction shows: nothing of the transaction before its commit,
+// all of it after commit-ok. What differs: an error a publish would have
+// met at once (a missing exchange) closes the channel at the commit.
+type emulatedTx struct {
+	on   bool
+	held []frames.Frame // client loop only; payloads copied
+
+	// Guarded by the channel's mu. A commit waits (committing) for the
+	// confirms of the publishes numbered after from, up to and including
+	// to once they were all sent (sent).
+	committing, sent bool
+	from, to         uint64
+	nacked           bool
+}
+
+// txRefusedInConfirmMode is RabbitMQ's answer to confirm.select on a
+// transactional channel.
+const txRefusedInConfirmMode = "PRECONDITION_FAILED - cannot switch from tx to confirm mode"
+
+// fromClientInEmulatedTx handles what the client sends on a channel whose
+// transaction the proxy keeps; handled is false for what goes on as usual.
+func (c *clientConn) fromClientInEmulatedTx(ch *channelState, f frames.Frame, key uint32) (handled bool, err error) {
+	t := &ch.tx
+	if f.Type != frames.FrameMethod {
+		t.hold(f)
+		return true, nil
+	}
+	switch key {
+	case frames.BasicPublishKey, frames.BasicAckKey, frames.BasicNackKey, frames.BasicRejectKey:
+		t.hold(f)
+	case frames.TxSelectKey:
+		c.answerOnChannel(ch, &frames.TxSelectOk{})
+	case frames.TxRollbackKey:
+		clear(t.held)
+		t.held = t.held[:0]
+		c.answerOnChannel(ch, &frames.TxRollbackOk{})
+	case frames.TxCommitKey:
+		return true, c.commitEmulatedTx(ch)
+	case frames.ConfirmSelectKey:
+		c.closeChannelByProxy(ch, frames.PreconditionFailed, txRefusedInConfirmMode, frames.ClassConfirm, 10)
+	default:
+		return false, nil
+	}
+	return true, nil
+}
+
+// beginEmulatedTx answers tx.select on a channel in the proxy's own confirm
+// mode.
+func (c *clientConn) beginEmulatedTx(ch *channelState) {
+	ch.tx.on = true
+	c.answerOnChannel(ch, &frames.TxSelectOk{})
+}
+
+func (t *emulatedTx) hold(f frames.Frame) {
+	f.Payload = append([]byte(nil), f.Payload...)
+	t.held = append(t.held, f)
+}
+
+// commitEmulatedTx sends what the transaction held, in the order the client
+// sent it, and answers commit-ok once its publishes are confirmed.
+func (c *clientConn) commitEmulatedTx(ch *channelState) error {
+	t := &ch.tx
+	ch.mu.Lock()
+	t.committing, t.sent, t.nacked = true, false, false
+	t.from = ch.confirms.lastClient
+	ch.mu.Unlock()
+	held := t.held
+	t.held = nil
+	for _, f := range held {
+		if err := c.replayHeld(ch, f); err != nil {
+			return err
+		}
+		if ch.closing.Load() != chanOpen {
+			return nil // a held frame closed the channel: no commit-ok
+		}
+	}
+	ch.mu.Lock()
+	t.to, t.sent = ch.confirms.lastClient, true
+	ch.mu.Unlock()
+	ch.outMu.Lock()
+	c.ownConfirmsAnswered(ch, nil)
+	ch.outMu.Unlock()
+	return nil
+}
+
+// replayHeld sends one held frame as fromClient would outside a
+// transaction.
+func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
+	if f.Type != frames.FrameMethod {
+		if ch.dropContent {
+			return nil
+		}
+		return c.publishContent(ch, f)
+	}
+	ch.dropContent = false
+	classID, methodID, args, err := frames.ParseMethodID(f.Payload)
+	if err != nil {
+		return err
+	}
+	switch frames.MethodKey(classID, methodID) {
+	case frames.BasicPublishKey:
+		return c.publish(ch, f, args)
+	case frames.BasicAckKey:
+		if err := ch.clientAck.Decode(args); err != nil {
+			return err
+		}
+		return c.settle(ch, f, frames.BasicAckKey, ch.clientAck.DeliveryTag, ch.clientAck.Multiple, false)
+	case frames.BasicNackKey:
+		if err := ch.clientNack.Decode(args); err != nil {
+			return err
+		}
+		return c.settle(ch, f, frames.BasicNackKey, ch.clientNack.DeliveryTag, ch.clientNack.Multiple, ch.clientNack.Requeue)
+	case frames.BasicRejectKey:
+		if err := ch.clientReject.Decode(args); err != nil {
+			return err
+		}
+		return c.settle(ch, f, frames.BasicRejectKey, ch.clientReject.DeliveryTag, false, ch.clientReject.Requeue)
+	}
+	return nil
+}
+
+// ownConfirmsAnswered sees the confirms of the proxy's own confirm mode
+// that out answers, and a commit of an emulated transaction whose publishes
+// are all answered now gets its commit-ok, or, if a master refused one of
+// them, the channel is closed with 541. The caller holds outMu.
+func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []clientConfirm) {
+	t := &ch.tx
+	ch.mu.Lock()
+	if !t.committing {
+		ch.mu.Unlock()
+		return
+	}
+	for _, cc := range out {
+		if cc.nack && cc.seq > t.from {
+			t.nacked = true
+		}
+	}
+	done := t.sent && ch.confirms.answeredThrough(t.to)
+	nacked := t.nacked
+	if done {
+		t.committing = false
+	}
+	ch.mu.Unlock()
+	switch {
+	case !done:
+	case nacked:
+		// closeChannelByProxy writes to the client on this channel, which
+		// needs outMu, held here.
+		go c.closeChannelByProxy(ch, frames.InternalError,
+			"INTERNAL_ERROR - a backend refused a message of the transaction; the transaction's other messages may have been delivered",
+			frames.ClassTx, 20)
+	default:
+		c.toClientMethod(ch.id, &frames.TxCommitOk{})
+		c.client.flush()
+	}
+}
+
+// answerOnChannel writes the proxy's own answer to a client's request.
+func (c *clientConn) answerOnChannel(ch *channelState, m frames.Method) {
+	ch.outMu.Lock()
+	c.toClientMethod(ch.id, m)
+	ch.outMu.Unlock()
+	c.client.flush()
+}
