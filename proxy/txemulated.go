@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"sync/atomic"
+
 	"github.com/amqp-mirror/amqp-mirror/frames"
 )
 
@@ -19,12 +21,14 @@ type emulatedTx struct {
 	on   bool
 	held []frames.Frame // client loop only; payloads copied
 
-	// Guarded by the channel's mu. A commit waits (committing) for the
-	// confirms of the publishes numbered after from, up to and including
-	// to once they were all sent (sent).
-	committing, sent bool
-	from, to         uint64
-	nacked           bool
+	// A commit waits (committing) for the confirms of the publishes
+	// numbered after from, up to and including to once they were all sent
+	// (sent). committing is read without a lock by every confirm of the
+	// proxy's own; it and the rest are written under the channel's mu.
+	committing atomic.Bool
+	sent       bool
+	from, to   uint64
+	nacked     bool
 }
 
 // txRefusedInConfirmMode is RabbitMQ's answer to confirm.select on a
@@ -75,7 +79,8 @@ func (t *emulatedTx) hold(f frames.Frame) {
 func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 	t := &ch.tx
 	ch.mu.Lock()
-	t.committing, t.sent, t.nacked = true, false, false
+	t.committing.Store(true)
+	t.sent, t.nacked = false, false
 	t.from = ch.confirms.lastClient
 	ch.mu.Unlock()
 	held := t.held
@@ -139,8 +144,11 @@ func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
 // them, the channel is closed with 541. The caller holds outMu.
 func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []clientConfirm) {
 	t := &ch.tx
+	if !t.committing.Load() {
+		return
+	}
 	ch.mu.Lock()
-	if !t.committing {
+	if !t.committing.Load() {
 		ch.mu.Unlock()
 		return
 	}
@@ -152,7 +160,7 @@ func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []clientConfirm) 
 	done := t.sent && ch.confirms.answeredThrough(t.to)
 	nacked := t.nacked
 	if done {
-		t.committing = false
+		t.committing.Store(false)
 	}
 	ch.mu.Unlock()
 	switch {
