@@ -201,6 +201,7 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 	if err != nil {
 		return err
 	}
+	mirroring.countUnacked(srv.Unacked)
 
 	var listeners []net.Listener
 	closeListeners := func() {
@@ -428,6 +429,17 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 		m.stopMembers = watchMembers(m.cluster, m.engine, cfg.Node)
 	}
 	return m, nil
+}
+
+// countUnacked lets list_queues, here and asked by other proxies, count
+// the messages this proxy's clients hold unacknowledged.
+func (m *mirroring) countUnacked(f func(vhost string) map[mirror.QueueID]int) {
+	if m.engine != nil {
+		m.engine.CountUnackedWith(f)
+	}
+	if m.cluster != nil {
+		m.cluster.HandleUnacked(f)
+	}
 }
 
 // mirror returns the engine as the proxy's Mirror, nil (not a nil

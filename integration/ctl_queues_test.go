@@ -35,7 +35,7 @@ func TestCtlQueuesWithoutMirroring(t *testing.T) {
 		{"sync_queue", []string{"sync_queue", "-p", "/", "orders"}, 65, []string{off}},
 		{"cancel_sync_queue", []string{"cancel_sync_queue", "orders"}, 65, []string{off}},
 		{"unknown column", []string{"list_queues", "name", "pids"}, 64,
-			[]string{`unknown column(s) "pids": valid columns are name, messages, master, slaves, synchronised_slaves, syncing_slaves, consumers, policy`}},
+			[]string{`unknown column(s) "pids": valid columns are name, messages, messages_ready, messages_unacknowledged, master, slaves, synchronised_slaves, syncing_slaves, consumers, policy`}},
 		{"no queue name", []string{"sync_queue"}, 64, []string{"expected 1 argument(s), found 0"}},
 	}
 	for _, tc := range tests {
@@ -146,6 +146,41 @@ func TestCtlQueuesMirrored(t *testing.T) {
 	if got := rows[i]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("list_queues --formatter json row:\n got %v\nwant %v", got, want)
 	}
+
+	// A message a client holds unacknowledged counts in messages, as rabbitmqctl counts it.
+	counts := func(step string, messages, ready, unacked float64) {
+		t.Helper()
+		testutil.Eventually(t, 10*time.Second, func() error {
+			r := p.ctl(t, "list_queues", "--formatter", "json", "name", "messages", "messages_ready", "messages_unacknowledged")
+			if r.code != 0 {
+				return fmt.Errorf("ctl list_queues: exit code %d, stderr %s", r.code, r.stderr)
+			}
+			var rows []map[string]any
+			if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil {
+				return fmt.Errorf("list_queues --formatter json: %v\n%s", err, r.stdout)
+			}
+			i := slices.IndexFunc(rows, func(row map[string]any) bool { return row["name"] == queue })
+			if i < 0 {
+				return fmt.Errorf("list_queues does not list %s:\n%s", queue, r.stdout)
+			}
+			want := map[string]any{"name": queue, "messages": messages, "messages_ready": ready, "messages_unacknowledged": unacked}
+			if got := rows[i]; fmt.Sprint(got) != fmt.Sprint(want) {
+				return fmt.Errorf("%s: row\n got %v\nwant %v", step, got, want)
+			}
+			return nil
+		})
+	}
+	counts("nothing delivered", 2, 2, 0)
+	held := openChannel(t, conn)
+	delivery, ok, err := held.Get(queue, false)
+	if err != nil || !ok {
+		t.Fatalf("basic.get through the proxy: %v, %v", ok, err)
+	}
+	counts("one delivered, not acknowledged", 2, 1, 1)
+	if err := delivery.Ack(false); err != nil {
+		t.Fatal(err)
+	}
+	counts("acknowledged", 1, 1, 0)
 
 	p.ctl(t, "sync_queue", queue).check(t, 0, []string{"Synchronising queue '" + queue + "' in vhost '/' ...\n"}, nil, nil)
 	p.ctl(t, "sync_queue", "--wait", "--timeout", "20s", queue).check(t, 0, nil, nil, nil)

@@ -194,6 +194,20 @@ func TestSidecarWalkthrough(t *testing.T) {
 		return amqp.Publishing{Body: fmt.Appendf(nil, "message %d", i)}
 	})
 	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_1": onEvery(100, names...)})
+	// A message a client of node 2 holds unacknowledged counts in list_queues through
+	// node 1, as rabbitmqctl counts it, asked of node 2's proxy.
+	held := openChannel(t, conn)
+	delivery, ok, err := held.Get("queue_1", false)
+	if err != nil || !ok {
+		t.Fatalf("basic.get queue_1 through node 2: %v, %v", ok, err)
+	}
+	awaitCondition(t, 10*time.Second, func() error {
+		return proxies[0].ctl(t, "list_queues", "name", "messages", "messages_ready", "messages_unacknowledged").contains("queue_1\t100\t99\t1")
+	})
+	if err := delivery.Nack(false, true); err != nil {
+		t.Fatal(err)
+	}
+	held.Close()
 	consumeAcked(t, conn, "queue_1", 100)
 	conn.Close()
 	awaitHeld(t, 60*time.Second, map[string]map[string]int{"queue_1": onEvery(0, names...)})

@@ -11,10 +11,15 @@ var ErrQueueNotFound = errors.New("queue not found")
 // metadata with what its master's broker says about it now.
 type QueueStatus struct {
 	Meta QueueMeta `json:"meta"`
-	// Messages and Consumers are the master's counts (queue.declare-ok);
-	// -1 when the master could not be asked.
-	Messages  int `json:"messages"`
-	Consumers int `json:"consumers"`
+	// MessagesReady and Consumers are the master's counts
+	// (queue.declare-ok); MessagesUnacked are the messages the proxies'
+	// clients hold unacknowledged; Messages is the two together, as
+	// RabbitMQ counts a queue's messages. -1 when unknown: the master could
+	// not be asked, or a live proxy did not answer.
+	Messages        int `json:"messages"`
+	MessagesReady   int `json:"messages_ready"`
+	MessagesUnacked int `json:"messages_unacknowledged"`
+	Consumers       int `json:"consumers"`
 	// Policy is the name of the effective policy, "" for none.
 	Policy string `json:"policy"`
 	// Syncing names the slaves a synchronisation is copying to now.

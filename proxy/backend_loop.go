@@ -206,7 +206,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		queue := c.trimmable(cons.queue, m, hasID, &id)
 		ch.outMu.Lock()
 		ch.mu.Lock()
-		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: d.DeliveryTag, queue: queue, id: id}, !cons.noAck)
+		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: d.DeliveryTag, queue: queue, id: id, from: cons.queue}, !cons.noAck)
 		ch.mu.Unlock()
 		if tag == d.DeliveryTag && !hasID {
 			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
@@ -228,7 +228,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		queue := c.trimmable(m.get.queue, m, hasID, &id)
 		ch.outMu.Lock()
 		ch.mu.Lock()
-		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: g.DeliveryTag, queue: queue, id: id}, !m.get.noAck)
+		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: g.DeliveryTag, queue: queue, id: id, from: m.get.queue}, !m.get.noAck)
 		ch.mu.Unlock()
 		if tag == g.DeliveryTag {
 			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})

@@ -32,6 +32,10 @@ type tagEntry struct {
 	// that settling it trims the slaves; queue is nil otherwise.
 	queue *queueRef
 	id    mirror.MessageID
+	// from is the recorded queue the consumer or get read, nil when the
+	// proxy does not know it: list_queues counts unacknowledged messages
+	// by it.
+	from *queueRef
 }
 
 // queueRef names the queue of a consumer or get, shared by its deliveries.
@@ -61,6 +65,7 @@ type delivered struct {
 	backendTag uint64
 	queue      *queueRef // nil unless the message's slaves are to be trimmed
 	id         mirror.MessageID
+	from       *queueRef // the recorded queue the message came from, if known
 }
 
 // deliver assigns the proxy tag for a delivery. Deliveries that need no
@@ -68,7 +73,7 @@ type delivered struct {
 func (d *deliveryTags) deliver(m delivered, needsAck bool) uint64 {
 	d.next++
 	if needsAck {
-		d.pending = append(d.pending, tagEntry{proxyTag: d.next, backendTag: m.backendTag, backend: m.backend, gen: m.gen, queue: m.queue, id: m.id})
+		d.pending = append(d.pending, tagEntry{proxyTag: d.next, backendTag: m.backendTag, backend: m.backend, gen: m.gen, queue: m.queue, id: m.id, from: m.from})
 		d.live++
 	}
 	return d.next
@@ -179,6 +184,19 @@ func (d *deliveryTags) dropAll() {
 
 // outstanding is the number of deliveries awaiting the client's ack.
 func (d *deliveryTags) outstanding() int { return d.live }
+
+// countUnacked adds to counts, per queue of vhost ("" for every vhost), the
+// deliveries waiting for the client's settlement that came from a link
+// still open (live): a lost link's broker has taken its deliveries back.
+func (d *deliveryTags) countUnacked(vhost string, live func(backend int, gen uint64) bool, counts map[mirror.QueueID]int) {
+	for i := range d.pending {
+		e := &d.pending[i]
+		if e.settled || e.from == nil || vhost != "" && e.from.id.VHost != vhost || !live(e.backend, e.gen) {
+			continue
+		}
+		counts[e.from.id]++
+	}
+}
 
 // find returns the index of the unsettled entry for proxyTag, or -1.
 func (d *deliveryTags) find(proxyTag uint64) int {

@@ -3,6 +3,8 @@ package proxy
 import (
 	"reflect"
 	"testing"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 func TestDeliveryTagsSettle(t *testing.T) {
@@ -164,5 +166,46 @@ func TestDeliveryTagsCompactsSettledEntries(t *testing.T) {
 	}
 	if _, _, ok := d.settle(1, false, nil, false, nil, nil); !ok {
 		t.Errorf("the pinned first delivery can no longer be acked")
+	}
+}
+
+// TestDeliveryTagsCountUnacked: list_queues counts the deliveries waiting
+// for the client's settlement by the queue they came from, in the vhost
+// asked for, and leaves out those settled, those of an unknown queue and
+// those of a link no longer open.
+func TestDeliveryTagsCountUnacked(t *testing.T) {
+	orders := &queueRef{id: mirror.QueueID{VHost: "/", Name: "orders"}}
+	jobs := &queueRef{id: mirror.QueueID{VHost: "prod", Name: "jobs"}}
+	var d deliveryTags
+	for _, m := range []delivered{
+		{backend: 0, gen: 1, backendTag: 1, from: orders},
+		{backend: 0, gen: 1, backendTag: 2, from: orders}, // settled below
+		{backend: 1, gen: 1, backendTag: 1, from: orders}, // its link was lost (gen 2 now)
+		{backend: 1, gen: 2, backendTag: 1, from: orders},
+		{backend: 0, gen: 1, backendTag: 3, from: jobs},
+		{backend: 0, gen: 1, backendTag: 4}, // a queue the proxy does not record
+	} {
+		d.deliver(m, true)
+	}
+	d.deliver(delivered{backend: 0, gen: 1, backendTag: 5, from: orders}, false) // no-ack
+	if _, _, ok := d.settle(2, false, nil, false, nil, nil); !ok {
+		t.Fatal("settling tag 2: not found")
+	}
+	live := func(backend int, gen uint64) bool { return gen == []uint64{1, 2}[backend] }
+	tests := []struct {
+		vhost string
+		want  map[mirror.QueueID]int
+	}{
+		{"", map[mirror.QueueID]int{orders.id: 2, jobs.id: 1}},
+		{"/", map[mirror.QueueID]int{orders.id: 2}},
+		{"prod", map[mirror.QueueID]int{jobs.id: 1}},
+		{"test", map[mirror.QueueID]int{}},
+	}
+	for _, tt := range tests {
+		got := make(map[mirror.QueueID]int)
+		d.countUnacked(tt.vhost, live, got)
+		if !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("vhost %q: got %v, want %v", tt.vhost, got, tt.want)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -400,4 +401,77 @@ func (c *Cluster) SyncSlave(ctx context.Context, backend string, id mirror.Queue
 	}
 	_, err = c.call(ctx, node, syncCall, payload)
 	return err
+}
+
+// unackedCall is the kind of the call that asks a proxy how many messages
+// its clients hold unacknowledged.
+const unackedCall = "unacked"
+
+// queueCount is one queue's count in an answer to unackedCall.
+type queueCount struct {
+	VHost string `json:"v"`
+	Name  string `json:"q"`
+	Count int    `json:"n"`
+}
+
+// HandleUnacked sets the function that counts, per queue of a vhost, the
+// messages this proxy's clients hold unacknowledged, for other proxies'
+// list_queues (proxy.Server.Unacked).
+func (c *Cluster) HandleUnacked(f func(vhost string) map[mirror.QueueID]int) {
+	c.peers.calls.Store(unackedCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+		var vhost string
+		if err := json.Unmarshal(payload, &vhost); err != nil {
+			return nil, fmt.Errorf("decoding a count request: %w", err)
+		}
+		var out []queueCount
+		for id, n := range f(vhost) {
+			out = append(out, queueCount{VHost: id.VHost, Name: id.Name, Count: n})
+		}
+		return json.Marshal(out)
+	}))
+}
+
+// Unacked asks every other alive proxy, at once, how many messages of each
+// queue of vhost ("" for all) its clients hold unacknowledged, and adds the
+// answers up. It fails when one of them does not answer before ctx ends
+// (forwardTimeout without a deadline): the sum would be short.
+func (c *Cluster) Unacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error) {
+	payload, err := json.Marshal(vhost)
+	if err != nil {
+		return nil, err
+	}
+	addrs := *c.peers.addrs.Load()
+	type answer struct {
+		counts []queueCount
+		err    error
+	}
+	answers := make(chan answer, len(addrs))
+	for node := range addrs {
+		go func() {
+			raw, err := c.call(ctx, node, unackedCall, payload)
+			var a answer
+			if a.err = err; err == nil {
+				if err := json.Unmarshal(raw, &a.counts); err != nil {
+					a.err = fmt.Errorf("decoding %s's counts: %w", node, err)
+				}
+			}
+			answers <- a
+		}()
+	}
+	sum := make(map[mirror.QueueID]int)
+	var errs []error
+	for range addrs {
+		a := <-answers
+		if a.err != nil {
+			errs = append(errs, a.err)
+			continue
+		}
+		for _, qc := range a.counts {
+			sum[mirror.QueueID{VHost: qc.VHost, Name: qc.Name}] += qc.Count
+		}
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("counting unacknowledged messages: %w", errors.Join(errs...))
+	}
+	return sum, nil
 }

@@ -50,6 +50,10 @@ type Peers interface {
 	// SyncSlave asks the proxy beside backend to start synchronising its
 	// slave copy of the queue (SyncQueue there), and returns once it did.
 	SyncSlave(ctx context.Context, backend string, id mirror.QueueID) error
+	// Unacked asks every other live proxy how many messages of each queue
+	// of vhost its clients hold unacknowledged, and adds them up; an error
+	// when one did not answer.
+	Unacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error)
 }
 
 // clustered reports whether the engine shares its work with other

@@ -12,6 +12,9 @@ type noPeers struct{}
 func (noPeers) SendSettles(string, mirror.QueueID, []mirror.MessageID)   {}
 func (noPeers) PurgeSlave(context.Context, string, mirror.QueueID) error { return nil }
 func (noPeers) SyncSlave(context.Context, string, mirror.QueueID) error  { return nil }
+func (noPeers) Unacked(context.Context, string) (map[mirror.QueueID]int, error) {
+	return nil, nil
+}
 
 // TestClusterShares checks who does what for a queue mastered on rabbit1
 // with a slave on rabbit2: one proxy alone does everything; in a cluster

@@ -90,6 +90,10 @@ type Engine struct {
 	snapshot  atomic.Pointer[snapshot]
 	rebuildMu sync.Mutex // serialises replacing it, so that an older List never overwrites a newer write
 
+	// unacked counts what this proxy's clients hold unacknowledged
+	// (CountUnackedWith).
+	unacked atomic.Pointer[func(vhost string) map[mirror.QueueID]int]
+
 	negMu    sync.Mutex
 	negative map[mirror.QueueID]time.Time // queues no backend had, until when
 

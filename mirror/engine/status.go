@@ -2,16 +2,26 @@ package engine
 
 import (
 	"context"
+	"maps"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
+// CountUnackedWith sets how the engine counts the messages this proxy's
+// clients hold unacknowledged, per queue of a vhost (proxy.Server.Unacked),
+// for list_queues. Without it the engine counts none.
+func (e *Engine) CountUnackedWith(f func(vhost string) map[mirror.QueueID]int) {
+	e.unacked.Store(&f)
+}
+
 // ListQueues returns every recorded queue of vhost ("" for every vhost)
 // with what its master's broker says now (messages ready and consumers,
-// -1 when the master cannot be asked), its policy and the slaves a sync
-// copies to now. It is `ctl list_queues`.
+// -1 when the master cannot be asked), the messages clients of the proxies
+// hold unacknowledged, its policy and the slaves a sync copies to now. It
+// is `ctl list_queues`.
 func (e *Engine) ListQueues(ctx context.Context, vhost string) ([]mirror.QueueStatus, error) {
 	var out []mirror.QueueStatus
+	unacked, known := e.countUnacked(ctx, vhost)
 	for _, m := range e.opts.Store.List() {
 		if vhost != "" && m.ID.VHost != vhost {
 			continue
@@ -20,11 +30,40 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string) ([]mirror.QueueSt
 			return nil, err
 		}
 		_, policy := e.definition(m.ID)
-		st := mirror.QueueStatus{Meta: m, Messages: -1, Consumers: -1, Policy: policy, Syncing: e.syncing(m.ID)}
+		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: e.syncing(m.ID)}
+		if known {
+			st.MessagesUnacked = unacked[m.ID]
+		}
 		if q, err := e.inspect(m.Master, m.ID.Name); err == nil {
-			st.Messages, st.Consumers = q.Messages, q.Consumers
+			st.MessagesReady, st.Consumers = q.Messages, q.Consumers
+			if known {
+				st.Messages = q.Messages + st.MessagesUnacked
+			}
 		}
 		out = append(out, st)
 	}
 	return out, nil
+}
+
+// countUnacked adds up the messages of vhost's queues that clients of this
+// proxy and, in a cluster, of the other live proxies hold unacknowledged;
+// known is false when a proxy did not answer. A proxy that is gone has no
+// clients left: their brokers took the deliveries back.
+func (e *Engine) countUnacked(ctx context.Context, vhost string) (counts map[mirror.QueueID]int, known bool) {
+	counts = make(map[mirror.QueueID]int)
+	if f := e.unacked.Load(); f != nil {
+		maps.Copy(counts, (*f)(vhost))
+	}
+	if !e.clustered() {
+		return counts, true
+	}
+	theirs, err := e.opts.Peers.Unacked(ctx, vhost)
+	if err != nil {
+		e.log.Warn("list_queues: the unacknowledged messages of other proxies' clients are unknown", "vhost", vhost, "err", err)
+		return counts, false
+	}
+	for id, n := range theirs {
+		counts[id] += n
+	}
+	return counts, true
 }

@@ -24,7 +24,9 @@ type queueColumn struct {
 // lists them. Backends are named as in the config's backends list.
 var queueColumns = []queueColumn{
 	{"name", "the queue's name", func(q mirror.QueueStatus) any { return q.Meta.ID.Name }},
-	{"messages", "messages ready in the master (its queue.declare-ok count, without unacknowledged ones)", func(q mirror.QueueStatus) any { return count(q.Messages) }},
+	{"messages", "messages_ready and messages_unacknowledged together, as rabbitmqctl counts them", func(q mirror.QueueStatus) any { return count(q.Messages) }},
+	{"messages_ready", "messages ready in the master (its queue.declare-ok count)", func(q mirror.QueueStatus) any { return count(q.MessagesReady) }},
+	{"messages_unacknowledged", "messages the proxies' clients hold unacknowledged (asked of every live proxy)", func(q mirror.QueueStatus) any { return count(q.MessagesUnacked) }},
 	{"master", "the backend whose copy clients consume from", func(q mirror.QueueStatus) any { return q.Meta.Master }},
 	{"slaves", "the backends holding a mirror, in join order (oldest first)", func(q mirror.QueueStatus) any { return nonNil(slaveNames(q.Meta.Slaves)) }},
 	{"synchronised_slaves", "the slaves holding every message the master holds, in join order", func(q mirror.QueueStatus) any { return nonNil(q.Meta.SynchronisedSlaves()) }},

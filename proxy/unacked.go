@@ -1,0 +1,42 @@
+package proxy
+
+import "github.com/amqp-mirror/amqp-mirror/mirror"
+
+// Unacked returns, per recorded queue of vhost ("" for every vhost), how
+// many messages this proxy's clients hold unacknowledged: RabbitMQ counts
+// them in a queue's messages beside the ready ones, which are all that
+// queue.declare-ok tells (ctl list_queues adds the two). Deliveries of a
+// queue the proxy does not record (no mirroring) are not counted.
+func (s *Server) Unacked(vhost string) map[mirror.QueueID]int {
+	s.mu.Lock()
+	conns := make([]*clientConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	counts := make(map[mirror.QueueID]int)
+	for _, c := range conns {
+		c.countUnacked(vhost, counts)
+	}
+	return counts
+}
+
+// countUnacked adds the connection's unacknowledged deliveries to counts.
+func (c *clientConn) countUnacked(vhost string, counts map[mirror.QueueID]int) {
+	c.mu.Lock()
+	gens := make([]uint64, len(c.links)) // 0: no open link
+	for i, l := range c.links {
+		if l != nil {
+			gens[i] = l.gen
+		}
+	}
+	c.mu.Unlock()
+	live := func(backend int, gen uint64) bool {
+		return backend < len(gens) && gens[backend] == gen && gen != 0
+	}
+	c.channels.each(func(ch *channelState) {
+		ch.mu.Lock()
+		ch.tags.countUnacked(vhost, live, counts)
+		ch.mu.Unlock()
+	})
+}
