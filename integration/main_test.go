@@ -5,6 +5,7 @@ package integration
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -26,7 +27,30 @@ func TestMain(m *testing.M) {
 	if directory := os.Getenv(helperVariable); directory != "" {
 		os.Exit(runHelper(directory))
 	}
+	if err := selectPart(); err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
+		os.Exit(2)
+	}
 	os.Exit(testutil.Main(m, localbroker.Options{Nodes: 3}, func(c *localbroker.Cluster) { cluster = c }))
+}
+
+// selectPart narrows the run to the part of the tests partVariable names, if set (see
+// integrationParts), by setting -test.run before the tests start. A -run of the caller's
+// own as well would be silently replaced, so that is refused.
+func selectPart() error {
+	part := os.Getenv(partVariable)
+	if part == "" {
+		return nil
+	}
+	pattern, err := partPattern(part)
+	if err != nil {
+		return err
+	}
+	flag.Parse()
+	if run := flag.Lookup("test.run").Value.String(); run != "" {
+		return fmt.Errorf("-run %q and %s=%s both select tests; use one", run, partVariable, part)
+	}
+	return flag.Set("test.run", pattern)
 }
 
 // runHelper starts one node, prints its Erlang name, and waits for stdin to close, so that
