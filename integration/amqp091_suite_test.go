@@ -63,6 +63,10 @@ func TestAmqp091SuiteThroughProxy(t *testing.T) {
 	if len(directRun.results) == 0 {
 		t.Fatalf("the direct run reported no test at all; it ended with:\n%s", directRun.ending())
 	}
+	suite.runFailedAgain(t, "direct", direct.URL(), &directRun, func(name string) bool {
+		_, listed := amqp091FailsDirectly[name]
+		return !listed
+	})
 	suite.checkLists(t, directRun)
 	// The suite opens hundreds of connections; only warnings are worth reading here.
 	warnings := func(t *testing.T) *slog.Logger {
@@ -73,6 +77,7 @@ func TestAmqp091SuiteThroughProxy(t *testing.T) {
 	t.Run("proxied", func(t *testing.T) {
 		url, server := startProxy(t, direct, func(options *proxy.Options) { options.Logger = warnings(t) })
 		proxiedRun = suite.run(t, "proxied", url, nil)
+		suite.runFailedAgain(t, "proxied", url, &proxiedRun, directRun.passed)
 		compareAmqp091Runs(t, directRun, proxiedRun, server, nil)
 	})
 	t.Run("mirrored", func(t *testing.T) {
@@ -88,6 +93,10 @@ func TestAmqp091SuiteThroughProxy(t *testing.T) {
 		}
 		p := startMirroredProxyWith(t, direct, mirroredOptions{logger: warnings(t)})
 		run := suite.run(t, "mirrored", p.url, amqp091NotMirrored)
+		suite.runFailedAgain(t, "mirrored", p.url, &run, func(name string) bool {
+			_, out := amqp091NotMirrored[name]
+			return !out && directRun.passed(name)
+		})
 		compareAmqp091Runs(t, directRun, run, p.srv, amqp091NotMirrored)
 	})
 }
@@ -343,6 +352,9 @@ type amqp091Run struct {
 	took     map[string]time.Duration // test or subtest name → its reported duration
 	err      error                    // the binary's exit status
 	duration time.Duration
+	// again holds, for each test that failed and passed when run again
+	// alone, what the first run printed about it.
+	again map[string]string
 }
 
 var resultLine = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): (\S+) \(([0-9.]+s)\)`)
@@ -355,9 +367,15 @@ func (s amqp091Suite) run(t *testing.T, label, url string, leftOut map[string]st
 		_, out := leftOut[name]
 		return out
 	})
-	ctx := testContext(t, amqp091RunTimeout+30*time.Second)
+	return s.runTests(t, label, url, tests, amqp091RunTimeout)
+}
+
+// runTests runs tests against url, at most timeout, and keeps what they print in <label>.log.
+func (s amqp091Suite) runTests(t *testing.T, label, url string, tests []string, timeout time.Duration) amqp091Run {
+	t.Helper()
+	ctx := testContext(t, timeout+30*time.Second)
 	command := exec.CommandContext(ctx, s.binary,
-		"-test.v", "-test.count=1", "-test.timeout="+amqp091RunTimeout.String(),
+		"-test.v", "-test.count=1", "-test.timeout="+timeout.String(),
 		"-test.run=^("+strings.Join(tests, "|")+")$")
 	command.Dir = s.dir
 	command.Env = append(slices.DeleteFunc(os.Environ(), func(v string) bool {
@@ -380,6 +398,52 @@ func (s amqp091Suite) run(t *testing.T, label, url string, leftOut map[string]st
 	t.Logf("%s run against %s: %s; output in %s (kept with go test -artifacts)", label, url, run.summary(), logFile)
 	return run
 }
+
+// amqp091RerunTimeout bounds the run of the tests that failed, again: each takes a second or
+// two, and one that hangs again must not hold the package for another amqp091RunTimeout.
+const amqp091RerunTimeout = time.Minute
+
+// runFailedAgain runs the top-level tests of run that did not pass (failed, or never reported
+// because the run ended first) and that retry selects, once more, alone, against the same url,
+// and takes their new results. Several of the suite's tests wait for a delivery or a
+// notification only 200 ms (TestCorruptedMessageIssue7, TestQuickPublishConsumeBigBody,
+// TestIntegrationCancel), which a process starved of CPU misses, with or without a proxy, on
+// two cores shared with three brokers and the other packages' tests. A test that fails again
+// alone fails the comparison as before; one that passes is logged with its first failure.
+func (s amqp091Suite) runFailedAgain(t *testing.T, label, url string, run *amqp091Run, retry func(name string) bool) {
+	t.Helper()
+	var failed []string
+	for _, name := range s.tests {
+		if run.results[name] != "PASS" && run.results[name] != "SKIP" && retry(name) {
+			failed = append(failed, name)
+		}
+	}
+	if len(failed) == 0 {
+		return
+	}
+	again := s.runTests(t, label+"-again", url, failed, amqp091RerunTimeout)
+	run.again = map[string]string{}
+	for _, name := range failed {
+		if again.results[name] == "PASS" {
+			run.again[name] = run.excerpt(name)
+		}
+		for result, status := range again.results {
+			if result == name || strings.HasPrefix(result, name+"/") {
+				run.results[result] = status
+			}
+		}
+	}
+	// The first run's exit status told of the failures; a leak goleak found in it still counts.
+	if len(run.again) == len(failed) && !strings.Contains(run.output, "goleak: ") {
+		run.err = again.err
+	}
+	for _, name := range sortedKeys(run.again) {
+		t.Logf("%s failed in the %s run and passed when run again alone; the first time:\n%s", name, label, run.again[name])
+	}
+}
+
+// passed reports whether the test passed in the run.
+func (r amqp091Run) passed(name string) bool { return r.results[name] == "PASS" }
 
 func (r amqp091Run) summary() string {
 	counts := map[string]int{}
