@@ -283,7 +283,10 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	if backend == nil {
 		return
 	}
-	if !sayGoodbye {
+	if !sayGoodbye || reason == ReasonPaused {
+		if reason == ReasonPaused {
+			resetOnClose(backend.conn) // as closeLinks does
+		}
 		backend.conn.Close()
 		return
 	}

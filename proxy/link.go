@@ -421,6 +421,10 @@ func (c *clientConn) linkLost(l *link, err error) {
 	chans := l.chans
 	l.chans = map[uint16]*linkChannel{}
 	l.mu.Unlock()
+	// A reset, not a FIN behind what is still unsent: a link cut off by a
+	// partition would otherwise deliver its buffered publishes when the
+	// network heals, to copies that were purged and resynchronised since.
+	resetOnClose(l.sock.conn)
 	l.sock.conn.Close()
 	c.log.Warn("backend link lost", "backend", l.name, "generation", l.gen, "err", err)
 
@@ -466,6 +470,14 @@ func (c *clientConn) closeLinks(reason CloseReason) {
 	}
 	for _, l := range links {
 		if l == nil || l == home {
+			continue
+		}
+		if reason == ReasonPaused {
+			// A paused proxy cannot tell which brokers the majority still
+			// reaches: what it sent them and they have not received must
+			// not arrive after the healing (see linkLost).
+			resetOnClose(l.sock.conn)
+			l.sock.conn.Close()
 			continue
 		}
 		l.sock.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
