@@ -438,6 +438,33 @@ func TestOwnConfirmsAndTheClientsModes(t *testing.T) {
 			t.Fatalf("a new channel after the refusal: %v", err)
 		}
 	})
+
+	t.Run("a kept transaction past its bound", func(t *testing.T) {
+		big, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := big.PublishWithContext(ctx, "", queue, false, false, body("plain")); err != nil {
+			t.Fatal(err)
+		}
+		if err := big.Tx(); err != nil {
+			t.Fatalf("tx.select after a publish: %v", err)
+		}
+		mib := amqp.Publishing{Body: make([]byte, 1<<20)}
+		for range 65 {
+			if err := big.PublishWithContext(ctx, "", queue, false, false, mib); err != nil {
+				break // the channel closed
+			}
+		}
+		err = big.TxCommit()
+		var amqpErr *amqp.Error
+		if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.PreconditionFailed || !strings.Contains(amqpErr.Reason, "transaction larger than the 64 MiB") {
+			t.Fatalf("tx.commit of 65 MiB: got %v, want 406 PRECONDITION_FAILED naming the bound", err)
+		}
+		if _, err := conn.Channel(); err != nil {
+			t.Fatalf("a new channel after the refusal: %v", err)
+		}
+	})
 }
 
 // TestASlaveThatMissedPublishesSynchronisesAgain, with the replication

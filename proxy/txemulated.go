@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"sync/atomic"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
@@ -18,8 +19,9 @@ import (
 // all of it after commit-ok. What differs: an error a publish would have
 // met at once (a missing exchange) closes the channel at the commit.
 type emulatedTx struct {
-	on   bool
-	held []frames.Frame // client loop only; payloads copied
+	on        bool
+	held      []frames.Frame // client loop only; payloads copied
+	heldBytes int
 
 	// A commit waits (committing) for the confirms of the publishes
 	// numbered after from, up to and including to once they were all sent
@@ -31,6 +33,12 @@ type emulatedTx struct {
 	nacked     bool
 }
 
+// maxEmulatedTxBytes bounds what one kept transaction holds in the proxy's
+// memory. A broker keeps a transaction in memory too, but under its memory
+// alarm; the proxy, without one, closes the channel rather than grow
+// without bound.
+const maxEmulatedTxBytes = 64 << 20
+
 // txRefusedInConfirmMode is RabbitMQ's answer to confirm.select on a
 // transactional channel.
 const txRefusedInConfirmMode = "PRECONDITION_FAILED - cannot switch from tx to confirm mode"
@@ -39,18 +47,33 @@ const txRefusedInConfirmMode = "PRECONDITION_FAILED - cannot switch from tx to c
 // transaction the proxy keeps; handled is false for what goes on as usual.
 func (c *clientConn) fromClientInEmulatedTx(ch *channelState, f frames.Frame, key uint32) (handled bool, err error) {
 	t := &ch.tx
-	if f.Type != frames.FrameMethod {
-		t.hold(f)
+	switch {
+	case f.Type != frames.FrameMethod:
+	case key == frames.BasicPublishKey, key == frames.BasicAckKey, key == frames.BasicNackKey, key == frames.BasicRejectKey:
+	default:
+		return c.emulatedTxMethod(ch, key)
+	}
+	if t.heldBytes+len(f.Payload) > maxEmulatedTxBytes {
+		t.drop()
+		c.closeChannelByProxy(ch, frames.PreconditionFailed, fmt.Sprintf(
+			"PRECONDITION_FAILED - transaction larger than the %d MiB amqp-mirror keeps for a channel that published before tx.select; commit more often",
+			maxEmulatedTxBytes>>20), frames.ClassBasic, 40)
+		ch.dropContent = true
 		return true, nil
 	}
+	t.hold(f)
+	return true, nil
+}
+
+// emulatedTxMethod handles the methods of a kept transaction but those it
+// holds; handled is false for what goes on as usual.
+func (c *clientConn) emulatedTxMethod(ch *channelState, key uint32) (handled bool, err error) {
+	t := &ch.tx
 	switch key {
-	case frames.BasicPublishKey, frames.BasicAckKey, frames.BasicNackKey, frames.BasicRejectKey:
-		t.hold(f)
 	case frames.TxSelectKey:
 		c.answerOnChannel(ch, &frames.TxSelectOk{})
 	case frames.TxRollbackKey:
-		clear(t.held)
-		t.held = t.held[:0]
+		t.drop()
 		c.answerOnChannel(ch, &frames.TxRollbackOk{})
 	case frames.TxCommitKey:
 		return true, c.commitEmulatedTx(ch)
@@ -72,6 +95,12 @@ func (c *clientConn) beginEmulatedTx(ch *channelState) {
 func (t *emulatedTx) hold(f frames.Frame) {
 	f.Payload = append([]byte(nil), f.Payload...)
 	t.held = append(t.held, f)
+	t.heldBytes += len(f.Payload)
+}
+
+func (t *emulatedTx) drop() {
+	clear(t.held)
+	t.held, t.heldBytes = t.held[:0], 0
 }
 
 // commitEmulatedTx sends what the transaction held, in the order the client
@@ -84,7 +113,7 @@ func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 	t.from = ch.confirms.lastClient
 	ch.mu.Unlock()
 	held := t.held
-	t.held = nil
+	t.held, t.heldBytes = nil, 0
 	for _, f := range held {
 		if err := c.replayHeld(ch, f); err != nil {
 			return err
