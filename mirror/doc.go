@@ -297,11 +297,14 @@
 // the master's ready messages, copies each to every new slave at once
 // with confirms (two batches of ha-sync-batch-size in flight), and when it
 // has them all closes its channel, which gives them back to their places
-// in the queue. It has them all when it meets a message the new slaves
-// already hold (published after they joined: the master delivers in
-// order), has seen the master's ready count of the start, or the master
-// has nothing ready left; a copy that ended half way is purged from the
-// slaves before the next one. With a synchronised slave, new slaves are
+// in the queue. It has them all when it has seen the master's ready count
+// of the start, or the master has nothing ready left; a message a new
+// slave already holds is not copied to it again, but does not end the
+// copy: after a partition heals, TCP can deliver to a rejoined copy,
+// purged meanwhile, publishes sent to it before the cut, which sit
+// anywhere in the master's backlog (a copy that ended at the first of
+// them left the slave hundreds of messages short). A copy that ended half
+// way is purged from the slaves before the next one. With a synchronised slave, new slaves are
 // copied from it one after another (Trimmer.CopyTo). Syncs run on
 // connections of their own, never the watcher's: RabbitMQ throttles a
 // connection that publishes fast, and probes waiting behind the throttle
