@@ -32,16 +32,7 @@ func TestProxyMirroredChannelErrorInsidePublish(t *testing.T) {
 
 	exchange := uniqueName(t, "missing")
 	body := []byte("inside a publish")
-	send := func(what string, write func() error) {
-		t.Helper()
-		client.conn.SetWriteDeadline(time.Now().Add(rawTimeout))
-		if err := write(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		if err := client.out.Flush(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	send := rawSender(t, client)
 	publish := func(withBody bool) {
 		t.Helper()
 		send("publish", func() error {
@@ -171,17 +162,7 @@ func TestProxyMirroredChannelErrorOnEveryBackendOnce(t *testing.T) {
 	client := dialRaw(t, strings.TrimSuffix(strings.TrimPrefix(p.url, "amqp://guest:guest@"), "/"))
 	client.open(guest) // channel 1
 	exchange := uniqueName(t, "missing")
-	body := []byte("to no exchange")
-	send := func(what string, write func() error) {
-		t.Helper()
-		client.conn.SetWriteDeadline(time.Now().Add(rawTimeout))
-		if err := write(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		if err := client.out.Flush(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	send := rawSender(t, client)
 	const channels = 200
 	for id := uint16(1); id <= channels; id++ {
 		if id > 1 {
@@ -190,15 +171,7 @@ func TestProxyMirroredChannelErrorOnEveryBackendOnce(t *testing.T) {
 				t.Fatalf("channel %d: channel.open: %v", id, err)
 			}
 		}
-		send("publish", func() error {
-			if err := client.out.WriteMethod(id, &frames.BasicPublish{Exchange: exchange}); err != nil {
-				return err
-			}
-			if err := client.out.WriteContentHeader(id, &frames.ContentHeader{ClassID: frames.ClassBasic, BodySize: uint64(len(body))}); err != nil {
-				return err
-			}
-			return client.out.WriteFrame(frames.FrameBody, id, body)
-		})
+		send("publish", func() error { return writePublishTo(client, id, exchange) })
 		closed, err := expect[*frames.ChannelClose](client)
 		if err != nil {
 			t.Fatalf("channel %d: %v", id, err)
@@ -228,17 +201,7 @@ func TestProxyMirroredClientCloseCrossesChannelErrors(t *testing.T) {
 	client := dialRaw(t, strings.TrimSuffix(strings.TrimPrefix(p.url, "amqp://guest:guest@"), "/"))
 	client.open(guest) // channel 1
 	exchange := uniqueName(t, "missing")
-	body := []byte("to no exchange")
-	send := func(what string, write func() error) {
-		t.Helper()
-		client.conn.SetWriteDeadline(time.Now().Add(rawTimeout))
-		if err := write(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		if err := client.out.Flush(); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	send := rawSender(t, client)
 	const id, rounds = 2, 50
 	for round := range rounds {
 		send("channel.open", func() error { return client.out.WriteMethod(id, &frames.ChannelOpen{}) })
@@ -246,13 +209,7 @@ func TestProxyMirroredClientCloseCrossesChannelErrors(t *testing.T) {
 			t.Fatalf("round %d: channel.open: %v", round, err)
 		}
 		send("publish and close", func() error {
-			if err := client.out.WriteMethod(id, &frames.BasicPublish{Exchange: exchange}); err != nil {
-				return err
-			}
-			if err := client.out.WriteContentHeader(id, &frames.ContentHeader{ClassID: frames.ClassBasic, BodySize: uint64(len(body))}); err != nil {
-				return err
-			}
-			if err := client.out.WriteFrame(frames.FrameBody, id, body); err != nil {
+			if err := writePublishTo(client, id, exchange); err != nil {
 				return err
 			}
 			return client.out.WriteMethod(id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: "bye"})
@@ -266,4 +223,31 @@ func TestProxyMirroredClientCloseCrossesChannelErrors(t *testing.T) {
 	if _, err := expect[*frames.ChannelOpenOk](client); err != nil {
 		t.Fatalf("after %d crossed closes: channel.open: %v", rounds, err)
 	}
+}
+
+// rawSender returns a function that runs write, which queues frames on the
+// raw client, and flushes them, failing the test on an error.
+func rawSender(t *testing.T, client *rawClient) func(what string, write func() error) {
+	return func(what string, write func() error) {
+		t.Helper()
+		client.conn.SetWriteDeadline(time.Now().Add(rawTimeout))
+		if err := write(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if err := client.out.Flush(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+}
+
+// writePublishTo queues a small publish to exchange on channel id.
+func writePublishTo(client *rawClient, id uint16, exchange string) error {
+	body := []byte("to no exchange")
+	if err := client.out.WriteMethod(id, &frames.BasicPublish{Exchange: exchange}); err != nil {
+		return err
+	}
+	if err := client.out.WriteContentHeader(id, &frames.ContentHeader{ClassID: frames.ClassBasic, BodySize: uint64(len(body))}); err != nil {
+		return err
+	}
+	return client.out.WriteFrame(frames.FrameBody, id, body)
 }
