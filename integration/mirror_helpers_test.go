@@ -334,18 +334,22 @@ func awaitCondition(t testing.TB, timeout time.Duration, f func() error) {
 	}
 }
 
-// poll calls f every 100 ms until it returns nil, and returns f's last error once timeout
-// has passed or ctx has ended.
+// poll calls f every 100 ms, or after as long as f took if that is longer, until it returns
+// nil, and returns f's last error once timeout has passed or ctx has ended.
 func poll(ctx context.Context, timeout time.Duration, f func() error) error {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
+		began := time.Now()
 		err := f()
 		if err == nil {
 			return nil
 		}
+		// A check that runs rabbitmqctl boots an Erlang VM, most of a second of CPU; polled
+		// every 100 ms it would keep a core busy, and starve the brokers and the other
+		// tests on a two-core machine.
 		select {
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(max(100*time.Millisecond, time.Since(began))):
 		case <-deadline.C:
 			return err
 		case <-ctx.Done():
