@@ -16,7 +16,11 @@ func (s *Server) Unacked(vhost string) map[mirror.QueueID]int {
 	s.mu.Unlock()
 	counts := make(map[mirror.QueueID]int)
 	for _, c := range conns {
-		c.countUnacked(vhost, counts)
+		// Its channels exist once the handshake is done (opened is set
+		// under c.mu after them).
+		if c.isOpen() {
+			c.countUnacked(vhost, counts)
+		}
 	}
 	return counts
 }
