@@ -87,7 +87,7 @@ func setPolicy(t testing.TB, p *cliProxy, name, pattern, definition string) {
 // ---- ctl list_queues.
 
 // mirrorColumns are every column of `ctl list_queues`.
-var mirrorColumns = []string{"name", "master", "slaves", "synchronised_slaves", "messages", "consumers", "policy"}
+var mirrorColumns = []string{"name", "master", "slaves", "synchronised_slaves", "messages_ready", "consumers", "policy"}
 
 // queueRow is one row of `ctl list_queues --formatter json`, every column asked for.
 type queueRow struct {
@@ -134,7 +134,7 @@ func listQueues(t testing.TB, p *cliProxy) (map[string]queueRow, error) {
 			json.Unmarshal(object["master"], &row.Master),
 			decodeNames(object["slaves"], &row.Slaves),
 			decodeNames(object["synchronised_slaves"], &row.SynchronisedSlaves),
-			decodeCount(object["messages"], &row.Messages),
+			decodeCount(object["messages_ready"], &row.Messages),
 			decodeCount(object["consumers"], &row.Consumers),
 			decodePolicy(object["policy"], &row.Policy))
 		if err := errors.Join(errs...); err != nil {

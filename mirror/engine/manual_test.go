@@ -62,7 +62,7 @@ func TestCancelSyncQueue(t *testing.T) {
 	if err := h.engine.SyncQueue(ctx, m.ID); err != nil {
 		t.Fatalf("SyncQueue: %v", err)
 	}
-	rows, err := h.engine.ListQueues(ctx, "/")
+	rows, err := h.engine.ListQueues(ctx, "/", true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"maps"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -16,12 +17,17 @@ func (e *Engine) CountUnackedWith(f func(vhost string) map[mirror.QueueID]int) {
 
 // ListQueues returns every recorded queue of vhost ("" for every vhost)
 // with what its master's broker says now (messages ready and consumers,
-// -1 when the master cannot be asked), the messages clients of the proxies
-// hold unacknowledged, its policy and the slaves a sync copies to now. It
-// is `ctl list_queues`.
-func (e *Engine) ListQueues(ctx context.Context, vhost string) ([]mirror.QueueStatus, error) {
+// -1 when the master cannot be asked), with unacked the messages clients of
+// the proxies hold unacknowledged (-1 without: asking the other proxies
+// takes a round trip to each), its policy and the slaves a sync copies to
+// now. It is `ctl list_queues`.
+func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]mirror.QueueStatus, error) {
 	var out []mirror.QueueStatus
-	unacked, known := e.countUnacked(ctx, vhost)
+	var counts map[mirror.QueueID]int
+	known := false
+	if unacked {
+		counts, known = e.countUnacked(ctx, vhost)
+	}
 	for _, m := range e.opts.Store.List() {
 		if vhost != "" && m.ID.VHost != vhost {
 			continue
@@ -32,7 +38,7 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string) ([]mirror.QueueSt
 		_, policy := e.definition(m.ID)
 		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: e.syncing(m.ID)}
 		if known {
-			st.MessagesUnacked = unacked[m.ID]
+			st.MessagesUnacked = counts[m.ID]
 		}
 		if q, err := e.inspect(m.Master, m.ID.Name); err == nil {
 			st.MessagesReady, st.Consumers = q.Messages, q.Consumers
@@ -44,6 +50,12 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string) ([]mirror.QueueSt
 	}
 	return out, nil
 }
+
+// unackedAskTimeout bounds how long list_queues waits for the other
+// proxies' counts: a proxy frozen, and not yet judged failed, would hold
+// every listing (and a script polling it for a failover) until the call's
+// own timeout.
+const unackedAskTimeout = time.Second
 
 // countUnacked adds up the messages of vhost's queues that clients of this
 // proxy and, in a cluster, of the other live proxies hold unacknowledged;
@@ -57,6 +69,8 @@ func (e *Engine) countUnacked(ctx context.Context, vhost string) (counts map[mir
 	if !e.clustered() {
 		return counts, true
 	}
+	ctx, cancel := context.WithTimeout(ctx, unackedAskTimeout)
+	defer cancel()
 	theirs, err := e.opts.Peers.Unacked(ctx, vhost)
 	if err != nil {
 		e.log.Warn("list_queues: the unacknowledged messages of other proxies' clients are unknown", "vhost", vhost, "err", err)

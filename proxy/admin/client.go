@@ -75,11 +75,19 @@ func (c *Client) Explain(ctx context.Context, vhost, queue string) (config.Repor
 var _ Queues = (*Client)(nil)
 
 // ListQueues lists the queues of vhost ("" means "/") with their master,
-// slaves and counts, sorted by name.
-func (c *Client) ListQueues(ctx context.Context, vhost string) ([]mirror.QueueStatus, error) {
-	path := "/api/queues"
+// slaves and counts, sorted by name; the unacknowledged counts only with
+// unacked.
+func (c *Client) ListQueues(ctx context.Context, vhost string, unacked bool) ([]mirror.QueueStatus, error) {
+	query := url.Values{}
 	if vhost != "" {
-		path += "?" + url.Values{"vhost": {vhost}}.Encode()
+		query.Set("vhost", vhost)
+	}
+	if !unacked {
+		query.Set("unacked", "false")
+	}
+	path := "/api/queues"
+	if len(query) > 0 {
+		path += "?" + query.Encode()
 	}
 	var out []mirror.QueueStatus
 	err := c.do(ctx, http.MethodGet, path, nil, &out)

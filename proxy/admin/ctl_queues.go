@@ -49,6 +49,12 @@ var queueColumnAliases = map[string]string{
 	"synchronised_slave_pids": "synchronised_slaves",
 }
 
+// needsUnacked reports whether a column shows the unacknowledged messages,
+// which the other proxies of a cluster are asked for.
+func needsUnacked(column string) bool {
+	return column == "messages" || column == "messages_unacknowledged"
+}
+
 func findQueueColumn(name string) (queueColumn, bool) {
 	if real, ok := queueColumnAliases[name]; ok {
 		name = real
@@ -121,7 +127,7 @@ var (
 				columns = defaultQueueColumns
 			}
 			o.say("Listing queues for vhost %s ...", o.vhost)
-			list, err := c.ListQueues(ctx, o.vhost)
+			list, err := c.ListQueues(ctx, o.vhost, slices.ContainsFunc(columns, needsUnacked))
 			if err != nil {
 				return err
 			}
@@ -182,7 +188,7 @@ func waitSynchronised(ctx context.Context, c *Client, id mirror.QueueID, every t
 	defer ticker.Stop()
 	var last mirror.QueueMeta
 	for {
-		list, err := c.ListQueues(ctx, id.VHost)
+		list, err := c.ListQueues(ctx, id.VHost, false)
 		if err != nil && ctx.Err() == nil {
 			return fmt.Errorf("waiting for the synchronisation of %v: %w", id, err)
 		}

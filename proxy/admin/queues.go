@@ -19,7 +19,9 @@ import (
 type Queues interface {
 	// ListQueues returns the queues of vhost that the metadata log holds,
 	// with their master's counts.
-	ListQueues(ctx context.Context, vhost string) ([]mirror.QueueStatus, error)
+	// With unacked, the counts of unacknowledged messages are asked of
+	// every proxy; without, they are -1.
+	ListQueues(ctx context.Context, vhost string, unacked bool) ([]mirror.QueueStatus, error)
 	// SyncQueue starts copying the master's messages to the queue's
 	// unsynchronised slaves. ctx bounds the request, not the
 	// synchronisation: it goes on after the call returns, until it is done
@@ -57,7 +59,7 @@ type QueueAction struct {
 	Action string `json:"action"`
 }
 
-// listQueues serves GET /api/queues[?vhost=V]; the vhost defaults to "/",
+// listQueues serves GET /api/queues[?vhost=V][&unacked=false]; the vhost defaults to "/",
 // as rabbitmqctl list_queues' -p does.
 func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) {
 	if s.queues == nil {
@@ -68,7 +70,10 @@ func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) {
 	if vhost == "" {
 		vhost = "/"
 	}
-	list, err := s.queues.ListQueues(r.Context(), vhost)
+	// unacked=false spares the round trip to every other proxy that the
+	// unacknowledged counts take.
+	unacked := r.URL.Query().Get("unacked") != "false"
+	list, err := s.queues.ListQueues(r.Context(), vhost, unacked)
 	if err != nil {
 		writeError(w, engineStatus(err), fmt.Sprintf("listing queues of vhost '%s': %v", vhost, err))
 		return

@@ -28,6 +28,7 @@ type fakeQueues struct {
 	syncs     []mirror.QueueID
 	cancels   []mirror.QueueID
 	listings  []string // vhosts asked for
+	unacked   []bool   // whether each listing asked for the unacknowledged counts
 }
 
 func newFakeQueues() *fakeQueues {
@@ -51,10 +52,11 @@ func newFakeQueues() *fakeQueues {
 	}}
 }
 
-func (f *fakeQueues) ListQueues(_ context.Context, vhost string) ([]mirror.QueueStatus, error) {
+func (f *fakeQueues) ListQueues(_ context.Context, vhost string, unacked bool) ([]mirror.QueueStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.listings = append(f.listings, vhost)
+	f.unacked = append(f.unacked, unacked)
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -131,7 +133,7 @@ func TestClientQueues(t *testing.T) {
 	f := newFixture(t, WithQueues(fake))
 	ctx := context.Background()
 
-	list, err := f.client.ListQueues(ctx, "")
+	list, err := f.client.ListQueues(ctx, "", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +155,7 @@ func TestClientQueues(t *testing.T) {
 			t.Errorf("ListQueues: audit/log messages %d, want -1 (master not asked)", list[0].Messages)
 		}
 	}
-	if list, err := f.client.ListQueues(ctx, "empty"); err != nil || list == nil || len(list) != 0 {
+	if list, err := f.client.ListQueues(ctx, "empty", true); err != nil || list == nil || len(list) != 0 {
 		t.Errorf("ListQueues(empty): got %v, %v, want an empty list", list, err)
 	}
 
@@ -192,7 +194,7 @@ func TestQueueAPIErrors(t *testing.T) {
 		wantStatus int
 		wantText   string
 	}{
-		{"list without mirroring", func() error { _, err := off.client.ListQueues(context.Background(), "/"); return err }, nil,
+		{"list without mirroring", func() error { _, err := off.client.ListQueues(context.Background(), "/", true); return err }, nil,
 			http.StatusConflict, "mirroring is off: the proxy has one backend"},
 		{"sync without mirroring", func() error { return off.client.SyncQueue(context.Background(), orders) }, nil,
 			http.StatusConflict, "mirroring is off: the proxy has one backend"},
@@ -204,7 +206,7 @@ func TestQueueAPIErrors(t *testing.T) {
 			http.StatusNotFound, "queue 'nope' in vhost '/' not found"},
 		{"engine failure", func() error { return on.client.SyncQueue(context.Background(), orders) }, errors.New("no synchronised copy to read from"),
 			http.StatusInternalServerError, "sync queue 'orders' in vhost '/': no synchronised copy to read from"},
-		{"no leader", func() error { _, err := on.client.ListQueues(context.Background(), "/"); return err }, fmt.Errorf("listing: %w", mirror.ErrNotLeader),
+		{"no leader", func() error { _, err := on.client.ListQueues(context.Background(), "/", true); return err }, fmt.Errorf("listing: %w", mirror.ErrNotLeader),
 			http.StatusServiceUnavailable, "listing queues of vhost '/': listing: metadata log has no reachable leader here"},
 		{"wrong token", func() error {
 			bad := *on.client
@@ -271,6 +273,34 @@ func TestQueueActionBody(t *testing.T) {
 	syncs, cancels, _ := fake.calls()
 	if len(syncs) != 1 || len(cancels) != 1 {
 		t.Errorf("engine calls: %d syncs, %d cancels; want 1 and 1 (refused bodies reach no engine)", len(syncs), len(cancels))
+	}
+}
+
+// TestCtlListQueuesAsksUnackedForItsColumns: list_queues asks the engine for
+// the unacknowledged counts, which take a round trip to every other proxy
+// of a cluster, only when a column shows them; sync_queue --wait never does.
+func TestCtlListQueuesAsksUnackedForItsColumns(t *testing.T) {
+	tests := []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"list_queues"}, true}, // the default columns have messages
+		{[]string{"list_queues", "name", "messages"}, true},
+		{[]string{"list_queues", "name", "messages_unacknowledged"}, true},
+		{[]string{"list_queues", "name", "messages_ready", "master", "consumers"}, false},
+	}
+	for _, tc := range tests {
+		fake := newFakeQueues()
+		f := newFixture(t, WithQueues(fake))
+		if code, _, errOut := ctl(t, f.client, tc.args...); code != 0 {
+			t.Fatalf("%v: exit code %d, stderr %q", tc.args, code, errOut)
+		}
+		fake.mu.Lock()
+		got := slices.Clone(fake.unacked)
+		fake.mu.Unlock()
+		if want := []bool{tc.want}; !slices.Equal(got, want) {
+			t.Errorf("%v: the engine was asked for unacknowledged counts %v, want %v", tc.args, got, want)
+		}
 	}
 }
 
@@ -441,6 +471,12 @@ func TestCtlSyncQueueWait(t *testing.T) {
 			}
 			if _, _, listings := fake.calls(); len(listings) < tc.wantPolls || (tc.code == 0 && len(listings) != tc.wantPolls) {
 				t.Errorf("listings: got %d, want %d (polls until synchronised, none after)", len(listings), tc.wantPolls)
+			}
+			fake.mu.Lock()
+			asked := slices.Contains(fake.unacked, true)
+			fake.mu.Unlock()
+			if asked {
+				t.Errorf("a poll of --wait asked for the unacknowledged counts, which it never shows")
 			}
 		})
 	}

@@ -13,7 +13,7 @@
 //	PUT    /api/operator-policies/{vhost}/{name}   set_operator_policy
 //	DELETE /api/operator-policies/{vhost}/{name}   clear_operator_policy
 //	GET    /api/explain?vhost=V&name=Q[&kind=queue|exchange][&exclusive=true]
-//	GET    /api/queues[?vhost=V]                   list_queues (vhost "/" by default)
+//	GET    /api/queues[?vhost=V][&unacked=false]    list_queues (vhost "/" by default)
 //	POST   /api/queues/{vhost}/{name}/actions      {"action":"sync"} or {"action":"cancel_sync"}
 //	POST   /api/backends/{name}/actions            {"action":"drain"} (answers the report) or {"action":"undrain"}
 //	GET    /metrics                                Prometheus text format (client_golang)
