@@ -236,7 +236,7 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 		pauseDone := make(chan struct{})
 		go func() {
 			defer close(pauseDone)
-			pauseInMinority(serveCtx, mirroring.cluster, srv, logger)
+			pauseInMinority(serveCtx, mirroring.cluster, srv, mirroring.engine, logger)
 		}()
 		defer func() { cancelServe(); <-pauseDone }()
 	}

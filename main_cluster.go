@@ -84,9 +84,10 @@ const minorityCheck = 250 * time.Millisecond
 // pauses a node. Two sides of a partition can then never both serve a
 // mirrored queue: at most one side has a majority. A member serf declared
 // failed whose raft port still completes a TCP handshake (answering) counts
-// as alive here: it is starved, not gone or cut off. It returns when ctx
+// as alive here: it is starved, not gone or cut off. While paused, the
+// engine records no backend loss (engine.SetPaused). It returns when ctx
 // ends.
-func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server, logger *slog.Logger) {
+func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server, eng *engine.Engine, logger *slog.Logger) {
 	ticker := time.NewTicker(minorityCheck)
 	defer ticker.Stop()
 	paused, spared := false, false
@@ -127,6 +128,7 @@ func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server,
 		switch {
 		case minority && !paused:
 			logger.Warn("sidecar cluster: this proxy sees a minority of the proxies; pausing (clients disconnected, new ones refused) until a majority is back", "alive", alive, "members", total)
+			eng.SetPaused(true)
 			srv.Pause()
 			paused = true
 		case !minority && paused:
@@ -143,6 +145,7 @@ func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server,
 			}
 			logger.Info("sidecar cluster: a majority of the proxies is back and the metadata log caught up; serving again", "alive", alive, "members", total)
 			srv.Resume()
+			eng.SetPaused(false)
 			paused = false
 		}
 	}

@@ -94,6 +94,10 @@ type Engine struct {
 	// (CountUnackedWith).
 	unacked atomic.Pointer[func(vhost string) map[mirror.QueueID]int]
 
+	// paused is set while the proxy is paused in a partition's minority
+	// (SetPaused).
+	paused atomic.Bool
+
 	negMu    sync.Mutex
 	negative map[mirror.QueueID]time.Time // queues no backend had, until when
 

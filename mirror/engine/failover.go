@@ -34,7 +34,25 @@ func (e *Engine) addEvent(ev controllink.Event) {
 	e.poke()
 }
 
+// SetPaused tells the engine that its proxy pauses (pause_minority: it
+// sees no more than half of its cluster) or serves again. What a paused
+// proxy takes for lost backends is its side of a partition's view: the
+// majority decides for those it cannot reach. So a paused engine records
+// no loss; each waits until the proxy serves again, and is recorded then
+// if the backend is still down. Recorded at once, after the healing but
+// before this proxy's serf has seen the majority alive again (it is paused
+// until then), a stale verdict could move a master away from a live broker,
+// to a slave that rejoined unsynchronised meanwhile.
+func (e *Engine) SetPaused(paused bool) { e.paused.Store(paused) }
+
+// backendLost records a backend's loss in the metadata of every queue with
+// a copy there.
 func (e *Engine) backendLost(ev controllink.Event) {
+	if e.paused.Load() {
+		e.log.Info("backend lost while this proxy is paused in a minority; recorded once it serves again, if still down", "backend", ev.Backend)
+		e.retryLoss(ev)
+		return
+	}
 	cause := mirror.CauseFailure
 	if ev.Cause == controllink.CauseShutdown {
 		cause = mirror.CauseShutdown
@@ -55,16 +73,29 @@ func (e *Engine) backendLost(ev controllink.Event) {
 		}
 		failed = failed || err != nil
 	}
-	if failed && e.ctx.Err() == nil {
+	if failed {
 		// A write that could not be recorded (in a cluster: no leader
 		// during an election) is decided again a moment later, while the
 		// backend is still down.
-		time.AfterFunc(time.Second, func() {
-			if e.ctx.Err() == nil && !e.up(ev.Backend) {
-				e.addEvent(ev)
-			}
-		})
+		e.retryLoss(ev)
 	}
+}
+
+// retryLoss decides a backend's loss again a second from now if the
+// backend is still down then, and waits on while the proxy is paused.
+func (e *Engine) retryLoss(ev controllink.Event) {
+	if e.ctx.Err() != nil {
+		return
+	}
+	time.AfterFunc(time.Second, func() {
+		switch {
+		case e.ctx.Err() != nil || e.up(ev.Backend):
+		case e.paused.Load():
+			e.retryLoss(ev)
+		default:
+			e.addEvent(ev)
+		}
+	})
 }
 
 // promote replaces the lost master of a queue, deciding again on the

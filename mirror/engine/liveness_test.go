@@ -125,3 +125,37 @@ func TestDeletedQueueCopyIsNotAdopted(t *testing.T) {
 		t.Errorf("tombstone %+v kept after the queue was declared again (%+v)", ts, again)
 	}
 }
+
+// TestPausedEngineRecordsNoLoss: while its proxy is paused in a partition's
+// minority, the engine records no backend loss, serf's verdict included:
+// the master stays where it is. Once it serves again, a backend still down
+// is recorded lost.
+func TestPausedEngineRecordsNoLoss(t *testing.T) {
+	h := newHarness(t, "", nil)
+	ctx := context.Background()
+	id := queueID(uniqueName(t, "paused"))
+	placed := mirror.QueueMeta{ID: id, Durable: true, Master: "rabbit2",
+		Slaves: []mirror.Slave{{Backend: "rabbit3", Synchronised: true}, {Backend: "rabbit1", Synchronised: true}}}
+	declareCopies(t, placed)
+	if _, err := h.engine.Declared(ctx, placed); err != nil {
+		t.Fatal(err)
+	}
+
+	h.engine.SetPaused(true)
+	h.engine.MemberFailed("rabbit2")
+	// Long enough for the event and a retry of it (one second later).
+	deadline := time.Now().Add(2500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if m, ok := h.store.Get(id); !ok || m.Master != "rabbit2" || m.Epoch != 0 || !m.Holds("rabbit2") {
+			t.Fatalf("paused, the loss of rabbit2 was recorded: master %s, epoch %d, slaves %+v; want it left to the majority", m.Master, m.Epoch, m.Slaves)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	h.engine.SetPaused(false)
+	expectMeta(t, h.store, id, func(m mirror.QueueMeta, ok bool) error {
+		if m.Master != "rabbit3" || m.Epoch != 1 {
+			return fmt.Errorf("master %s, epoch %d; want rabbit3, epoch 1, once serving again", m.Master, m.Epoch)
+		}
+		return nil
+	})
+}
