@@ -39,6 +39,7 @@ launch() {
 	names[$!]=$name
 	logs[$!]=$log
 	started[$!]=$SECONDS
+	echo "=== started: $name"
 }
 
 mapfile -t packages < <(go list ./... | grep -v '/integration$')
