@@ -77,6 +77,9 @@ type Options struct {
 	// Trimmer configures the trimmers of slave copies (Logger is set by
 	// the engine).
 	Trimmer controllink.TrimmerOptions
+	// ResumeSettle is how long after a pause (SetPaused) the engine
+	// leaves promotions to the other proxies. Default 5s.
+	ResumeSettle time.Duration
 }
 
 // Engine is the replication engine. Create it with New, then Start it.
@@ -94,9 +97,11 @@ type Engine struct {
 	// (CountUnackedWith).
 	unacked atomic.Pointer[func(vhost string) map[mirror.QueueID]int]
 
-	// paused is set while the proxy is paused in a partition's minority
+	// paused is set while the proxy is paused in a partition's minority,
+	// resumed is when it last served again, in Unix nanoseconds
 	// (SetPaused).
-	paused atomic.Bool
+	paused  atomic.Bool
+	resumed atomic.Int64
 
 	negMu    sync.Mutex
 	negative map[mirror.QueueID]time.Time // queues no backend had, until when
@@ -180,6 +185,9 @@ func New(opts Options) *Engine {
 	}
 	if opts.OperationTimeout <= 0 {
 		opts.OperationTimeout = 10 * time.Second
+	}
+	if opts.ResumeSettle <= 0 {
+		opts.ResumeSettle = 5 * time.Second
 	}
 	log := opts.Logger.With("component", "mirror-engine")
 	opts.Trimmer.Logger = opts.Logger

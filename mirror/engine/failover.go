@@ -42,8 +42,23 @@ func (e *Engine) addEvent(ev controllink.Event) {
 // if the backend is still down. Recorded at once, after the healing but
 // before this proxy's serf has seen the majority alive again (it is paused
 // until then), a stale verdict could move a master away from a live broker,
-// to a slave that rejoined unsynchronised meanwhile.
-func (e *Engine) SetPaused(paused bool) { e.paused.Store(paused) }
+// to a slave that rejoined unsynchronised meanwhile. For ResumeSettle after
+// it serves again, it leaves promotions to the other proxies, which were
+// never cut off: its serf may have seen only one of them alive again so
+// far, and its own probes of the brokers reconnect after the healing too.
+func (e *Engine) SetPaused(paused bool) {
+	if !paused && e.paused.Load() {
+		e.resumed.Store(time.Now().UnixNano())
+	}
+	e.paused.Store(paused)
+}
+
+// settlingAfterPause reports whether the proxy served again less than
+// ResumeSettle ago.
+func (e *Engine) settlingAfterPause() bool {
+	at := e.resumed.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < e.opts.ResumeSettle
+}
 
 // backendLost records a backend's loss in the metadata of every queue with
 // a copy there.
@@ -59,11 +74,14 @@ func (e *Engine) backendLost(ev controllink.Event) {
 	}
 	live := e.live()
 	delete(live, ev.Backend) // whatever the watcher says now, this event is a loss
-	failed := false
+	failed, deferred := false, false
+	settling := e.settlingAfterPause()
 	for _, m := range e.opts.Store.List() {
 		e.cancelSyncTo(m.ID, ev.Backend)
 		var err error
 		switch {
+		case m.Master == ev.Backend && settling:
+			deferred = true
 		case m.Master == ev.Backend:
 			err = e.promote(m.ID, ev, cause, live)
 		case m.SlaveIndex(ev.Backend) >= 0:
@@ -73,7 +91,10 @@ func (e *Engine) backendLost(ev controllink.Event) {
 		}
 		failed = failed || err != nil
 	}
-	if failed {
+	if deferred {
+		e.log.Info("a master's backend lost soon after this proxy served again; its promotion is left to the other proxies for now", "backend", ev.Backend)
+	}
+	if failed || deferred {
 		// A write that could not be recorded (in a cluster: no leader
 		// during an election) is decided again a moment later, while the
 		// backend is still down.

@@ -128,8 +128,8 @@ func TestDeletedQueueCopyIsNotAdopted(t *testing.T) {
 
 // TestPausedEngineRecordsNoLoss: while its proxy is paused in a partition's
 // minority, the engine records no backend loss, serf's verdict included:
-// the master stays where it is. Once it serves again, a backend still down
-// is recorded lost.
+// the master stays where it is, and for ResumeSettle (5 s) after the proxy
+// serves again too. Then a backend still down is recorded lost.
 func TestPausedEngineRecordsNoLoss(t *testing.T) {
 	h := newHarness(t, "", nil)
 	ctx := context.Background()
@@ -141,21 +141,31 @@ func TestPausedEngineRecordsNoLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	unchanged := func(step string, d time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(d)
+		for time.Now().Before(deadline) {
+			if m, ok := h.store.Get(id); !ok || m.Master != "rabbit2" || m.Epoch != 0 || !m.Holds("rabbit2") {
+				t.Fatalf("%s, the loss of rabbit2 was recorded: master %s, epoch %d, slaves %+v; want it left to the majority", step, m.Master, m.Epoch, m.Slaves)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
 	h.engine.SetPaused(true)
 	h.engine.MemberFailed("rabbit2")
 	// Long enough for the event and a retry of it (one second later).
-	deadline := time.Now().Add(2500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		if m, ok := h.store.Get(id); !ok || m.Master != "rabbit2" || m.Epoch != 0 || !m.Holds("rabbit2") {
-			t.Fatalf("paused, the loss of rabbit2 was recorded: master %s, epoch %d, slaves %+v; want it left to the majority", m.Master, m.Epoch, m.Slaves)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	unchanged("paused", 2500*time.Millisecond)
+
+	resumed := time.Now()
 	h.engine.SetPaused(false)
+	unchanged("just after serving again", 3*time.Second)
 	expectMeta(t, h.store, id, func(m mirror.QueueMeta, ok bool) error {
 		if m.Master != "rabbit3" || m.Epoch != 1 {
 			return fmt.Errorf("master %s, epoch %d; want rabbit3, epoch 1, once serving again", m.Master, m.Epoch)
 		}
 		return nil
 	})
+	if after := time.Since(resumed); after < 5*time.Second {
+		t.Errorf("promoted %v after serving again, want no sooner than ResumeSettle (5s)", after)
+	}
 }
