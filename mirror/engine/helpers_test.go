@@ -75,11 +75,7 @@ func newHarness(t *testing.T, dir string, policies *config.PolicyStore) *harness
 	if err := h.store.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// A long grace: these tests kill and stop brokers (seen at once) but
-	// never freeze one, and on a loaded machine (CI runs the integration
-	// tests' brokers beside these) the default 2 s judged live brokers
-	// unresponsive: a slave made unsynchronised, a master moved.
-	h.watcher = controllink.NewWatcher(backendsOf(brokers), controllink.WatcherOptions{Grace: 15 * time.Second, ProbeInterval: 500 * time.Millisecond, Logger: quietLogger()})
+	h.watcher = controllink.NewWatcher(backendsOf(brokers), controllink.WatcherOptions{Logger: quietLogger()})
 	h.engine = New(Options{
 		Backends: backendsOf(brokers),
 		Store:    h.store,
