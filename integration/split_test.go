@@ -76,6 +76,7 @@ var integrationParts = [][]string{
 		"TestProxyMirroredClientCloseCrossesChannelErrors",
 		"TestFanoutDeclarePublishConsume", "TestFanoutChannelErrorFromEveryBackend",
 		"TestUnmirroredQueuesMessagesCarryTheIdentity",
+		"TestRepeatedIdentityArrivesRedelivered",
 		"TestProxyPause",
 		"TestProxyServesAMQPS",
 		"FuzzProxyClientBytes",

@@ -204,6 +204,9 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			return
 		}
 		queue := c.trimmable(cons.queue, m, hasID, &id)
+		if !d.Redelivered && hasID && c.deliveredBefore(queue, id) {
+			d.Redelivered = true
+		}
 		ch.outMu.Lock()
 		ch.mu.Lock()
 		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: d.DeliveryTag, queue: queue, id: id, from: cons.queue}, !cons.noAck)
@@ -226,11 +229,15 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			return
 		}
 		queue := c.trimmable(m.get.queue, m, hasID, &id)
+		flagged := !g.Redelivered && hasID && c.deliveredBefore(queue, id)
+		if flagged {
+			g.Redelivered = true
+		}
 		ch.outMu.Lock()
 		ch.mu.Lock()
 		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: g.DeliveryTag, queue: queue, id: id, from: m.get.queue}, !m.get.noAck)
 		ch.mu.Unlock()
-		if tag == g.DeliveryTag {
+		if tag == g.DeliveryTag && !flagged {
 			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
 		} else {
 			g.DeliveryTag = tag
@@ -260,6 +267,20 @@ func (c *clientConn) linkFailed(l *link, err error) bool {
 	}
 	c.linkLost(l, err)
 	return true
+}
+
+// deliveredBefore reports whether this proxy delivered the message of a
+// mirrored queue before, and records that it delivers it now (see
+// redelivered.go).
+func (c *clientConn) deliveredBefore(q *queueRef, id mirror.MessageID) bool {
+	if q == nil {
+		return false
+	}
+	meta, ok := c.srv.opts.Mirror.Lookup(q.id)
+	if !ok {
+		return false
+	}
+	return c.srv.delivered.delivering(q.id, meta.Epoch, len(meta.Slaves) > 0, id, time.Now())
 }
 
 // trimmable returns the queue whose slaves drop this message when the

@@ -116,6 +116,9 @@ type Server struct {
 	releaser *memoryReleaser
 	// stopWatch ends watchMirror; watchDone is closed when it returned.
 	stopWatch, watchDone chan struct{}
+	// delivered remembers recent deliveries of mirrored queues, to flag
+	// their redelivery by a promoted slave (redelivered.go).
+	delivered *deliveredIDs
 }
 
 // Stats are the server's counters, safe to read at any time.
@@ -155,6 +158,7 @@ func New(opts Options) (*Server, error) {
 		listeners:    make(map[net.Listener]struct{}),
 		conns:        make(map[*clientConn]struct{}),
 		releaser:     newMemoryReleaser(),
+		delivered:    newDeliveredIDs(),
 	}
 	if opts.Mirror != nil {
 		go s.watchMirror()
@@ -171,11 +175,17 @@ func (s *Server) watchMirror() {
 	defer close(s.watchDone)
 	ticker := time.NewTicker(masterCheckInterval)
 	defer ticker.Stop()
+	lastSweep := time.Now()
 	for {
+		var now time.Time
 		select {
 		case <-s.stopWatch:
 			return
-		case <-ticker.C:
+		case now = <-ticker.C:
+		}
+		if now.Sub(lastSweep) >= sweepEvery {
+			s.delivered.sweep(s.opts.Mirror.Lookup, now)
+			lastSweep = now
 		}
 		s.mu.Lock()
 		conns := make([]*clientConn, 0, len(s.conns))
