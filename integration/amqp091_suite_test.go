@@ -297,9 +297,7 @@ func rabbitmqctlFor(t *testing.T, n *localbroker.Node) string {
 	const rabbitmqctl = "/usr/lib/rabbitmq/bin/rabbitmqctl"
 	script := filepath.Join(t.TempDir(), "rabbitmqctl")
 	content := fmt.Sprintf("#!/bin/sh\nexec %s -n '%s' \"$@\"\n", rabbitmqctl, n.ErlangName)
-	if err := os.WriteFile(script, []byte(content), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	writeExecutable(t, script, content)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

@@ -28,45 +28,55 @@ import (
 
 // The helpers of cli_test.go: building, running and configuring the real binary.
 
-// cliBuild holds the amqp-mirror executable, built once per package run.
+// cliBuild holds the amqp-mirror executable, built once per package run into dir, which
+// removeCLIBuild removes when the run ends.
 var cliBuild struct {
-	once  sync.Once
-	image []byte
-	err   error
+	once      sync.Once
+	dir, path string
+	err       error
 }
 
 // cliBinary is the amqp-mirror executable one test runs.
 type cliBinary struct{ path string }
 
-// newCLI builds amqp-mirror (once per package run) and puts a copy of it in t's
-// temporary directory, so that nothing is left behind when the run ends.
+// newCLI builds amqp-mirror (once per package run) and links it into t's temporary
+// directory. A link, not a copy: a file this process wrote is open for writing in every
+// child another test forks meanwhile until that child execs, and running it then fails
+// with "text file busy" (ETXTBSY; seen in CI). go build writes the original in a process
+// of its own.
 func newCLI(t testing.TB) cliBinary {
 	t.Helper()
 	cliBuild.once.Do(func() {
-		directory, err := os.MkdirTemp("", "amqp-mirror-cli-")
-		if err != nil {
-			cliBuild.err = err
+		cliBuild.dir, cliBuild.err = os.MkdirTemp("", "amqp-mirror-cli-")
+		if cliBuild.err != nil {
 			return
 		}
-		defer os.RemoveAll(directory)
-		path := filepath.Join(directory, "amqp-mirror")
+		cliBuild.path = filepath.Join(cliBuild.dir, "amqp-mirror")
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		output, err := exec.CommandContext(ctx, "go", "build", "-o", path, "github.com/amqp-mirror/amqp-mirror").CombinedOutput()
+		output, err := exec.CommandContext(ctx, "go", "build", "-o", cliBuild.path, "github.com/amqp-mirror/amqp-mirror").CombinedOutput()
 		if err != nil {
 			cliBuild.err = fmt.Errorf("go build: %v\n%s", err, output)
-			return
 		}
-		cliBuild.image, cliBuild.err = os.ReadFile(path)
 	})
 	if cliBuild.err != nil {
 		t.Fatalf("building amqp-mirror: %v", cliBuild.err)
 	}
 	path := filepath.Join(t.TempDir(), "amqp-mirror")
-	if err := os.WriteFile(path, cliBuild.image, 0o755); err != nil {
-		t.Fatal(err)
+	if err := os.Link(cliBuild.path, path); err != nil {
+		// Another file system: cp writes the copy in a process of its own.
+		if output, err := exec.Command("cp", cliBuild.path, path).CombinedOutput(); err != nil {
+			t.Fatalf("copying amqp-mirror: %v\n%s", err, output)
+		}
 	}
 	return cliBinary{path: path}
+}
+
+// removeCLIBuild removes what newCLI built, if anything.
+func removeCLIBuild() {
+	if cliBuild.dir != "" {
+		os.RemoveAll(cliBuild.dir)
+	}
 }
 
 // cliEnvironment is this process's environment without AMQP_MIRROR_ variables, which
@@ -232,6 +242,18 @@ func cliWriteFile(t testing.TB, path, content string) {
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// writeExecutable writes a script the tests run directly. install(1) writes the file
+// that is run, in a process of its own, for the reason newCLI links its binary.
+func writeExecutable(t testing.TB, path, content string) {
+	t.Helper()
+	source := path + ".source"
+	cliWriteFile(t, source, content)
+	if output, err := exec.Command("install", "-m", "0755", source, path).CombinedOutput(); err != nil {
+		t.Fatalf("install %s: %v\n%s", path, err, output)
+	}
+	os.Remove(source)
 }
 
 // serveConfig writes c to a file and serves it.

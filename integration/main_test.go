@@ -31,7 +31,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
 		os.Exit(2)
 	}
-	os.Exit(testutil.Main(m, localbroker.Options{Nodes: 3}, func(c *localbroker.Cluster) { cluster = c }))
+	code := testutil.Main(m, localbroker.Options{Nodes: 3}, func(c *localbroker.Cluster) { cluster = c })
+	removeCLIBuild()
+	os.Exit(code)
 }
 
 // selectPart narrows the run to the part of the tests partVariable names, if set (see

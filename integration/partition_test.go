@@ -386,10 +386,7 @@ func (n *partitionNetwork) startProxies(t *testing.T) []*cliProxy {
 		// ctl and serve through a wrapper that enters the namespace: ip netns exec execs the
 		// program, so the process started is the proxy itself.
 		wrapper := filepath.Join(t.TempDir(), "amqp-mirror-in-"+n.proxyNS[i])
-		cliWriteFile(t, wrapper, fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", n.proxyNS[i], binary.path))
-		if err := os.Chmod(wrapper, 0o755); err != nil {
-			t.Fatal(err)
-		}
+		writeExecutable(t, wrapper, fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", n.proxyNS[i], binary.path))
 		var join []string
 		for j := range nodes {
 			if j != i {

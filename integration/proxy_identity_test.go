@@ -101,7 +101,9 @@ func TestUnmirroredQueuesMessagesCarryTheIdentity(t *testing.T) {
 // from a test: TestCtlDrain met it in CI); here the repeat is made
 // directly: two copies carrying one identity, published on the master's
 // broker past the proxy. A message with an identity of its own still
-// arrives unflagged, and one delivered again through basic.get too.
+// arrives unflagged, and one delivered again through basic.get too. A
+// dead-lettered one is not flagged: back in its queue through a dead-letter
+// loop it is a new message to RabbitMQ.
 func TestRepeatedIdentityArrivesRedelivered(t *testing.T) {
 	nodes := cluster.Nodes()
 	p := startMirroredProxyWith(t, nodes[0], mirroredOptions{
@@ -135,7 +137,16 @@ func TestRepeatedIdentityArrivesRedelivered(t *testing.T) {
 		mid[0], mid[15] = id, id
 		return amqp.Publishing{Headers: amqp.Table{mirror.IdentityHeader: string(mid[:])}, Body: []byte(body)}
 	}
-	for _, m := range []amqp.Publishing{withIdentity(1, "first"), withIdentity(1, "first again"), withIdentity(2, "second"), withIdentity(2, "second again")} {
+	deadLettered := func(body string) amqp.Publishing {
+		m := withIdentity(3, body)
+		m.Headers["x-death"] = []any{amqp.Table{"count": int64(1), "reason": "expired", "queue": queue}}
+		return m
+	}
+	for _, m := range []amqp.Publishing{
+		withIdentity(1, "first"), withIdentity(1, "first again"),
+		withIdentity(2, "second"), withIdentity(2, "second again"),
+		deadLettered("dead-lettered"), deadLettered("dead-lettered again"),
+	} {
 		if err := dch.PublishWithContext(ctx, "", queue, false, false, m); err != nil {
 			t.Fatal(err)
 		}
@@ -179,7 +190,7 @@ func TestRepeatedIdentityArrivesRedelivered(t *testing.T) {
 	for _, want := range []struct {
 		body        string
 		redelivered bool
-	}{{"second", false}, {"second again", true}} {
+	}{{"second", false}, {"second again", true}, {"dead-lettered", false}, {"dead-lettered again", false}} {
 		select {
 		case d := <-deliveries:
 			check(d, want.body, want.redelivered)

@@ -204,7 +204,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			return
 		}
 		queue := c.trimmable(cons.queue, m, hasID, &id)
-		if !d.Redelivered && hasID && c.deliveredBefore(queue, id) {
+		if !d.Redelivered && hasID && c.deliveredBefore(queue, id, header) {
 			d.Redelivered = true
 		}
 		ch.outMu.Lock()
@@ -229,7 +229,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			return
 		}
 		queue := c.trimmable(m.get.queue, m, hasID, &id)
-		flagged := !g.Redelivered && hasID && c.deliveredBefore(queue, id)
+		flagged := !g.Redelivered && hasID && c.deliveredBefore(queue, id, header)
 		if flagged {
 			g.Redelivered = true
 		}
@@ -271,8 +271,9 @@ func (c *clientConn) linkFailed(l *link, err error) bool {
 
 // deliveredBefore reports whether this proxy delivered the message of a
 // mirrored queue before, and records that it delivers it now (see
-// redelivered.go).
-func (c *clientConn) deliveredBefore(q *queueRef, id mirror.MessageID) bool {
+// redelivered.go). header is the message's content header as the client
+// gets it.
+func (c *clientConn) deliveredBefore(q *queueRef, id mirror.MessageID, header []byte) bool {
 	if q == nil {
 		return false
 	}
@@ -280,7 +281,7 @@ func (c *clientConn) deliveredBefore(q *queueRef, id mirror.MessageID) bool {
 	if !ok {
 		return false
 	}
-	return c.srv.delivered.delivering(q.id, meta.Epoch, len(meta.Slaves) > 0, id, time.Now())
+	return c.srv.delivered.delivering(q.id, meta.Epoch, len(meta.Slaves) > 0, id, time.Now()) && !deadLettered(header)
 }
 
 // trimmable returns the queue whose slaves drop this message when the

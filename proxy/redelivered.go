@@ -4,6 +4,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
@@ -30,6 +31,11 @@ import (
 // epoch rises (a promotion) are the deliveries of the keepRecent before it
 // kept longer, for keepPromoted, since the new master may deliver them only
 // after its backlog.
+//
+// A dead-lettered message (it carries x-death) is never flagged: one that
+// comes back to its queue through dead-lettering (a retry queue whose
+// messages expire back into it) keeps its identity, yet RabbitMQ delivers it
+// as a new message.
 //
 // Each proxy knows only its own deliveries: a message delivered through one
 // proxy and then, after a promotion, through another may still arrive there
@@ -198,4 +204,19 @@ func (d *deliveredIDs) sweep(lookup func(mirror.QueueID) (mirror.QueueMeta, bool
 		r.mu.Unlock()
 		d.mu.Unlock()
 	}
+}
+
+// deadLettered reports whether a content header's headers table has
+// x-death: the message was dead-lettered at least once.
+func deadLettered(header []byte) bool {
+	start, end, present, err := frames.HeadersField(header)
+	if err != nil || !present {
+		return false
+	}
+	t, _, err := frames.DecodeTable(header[start:end])
+	if err != nil {
+		return false
+	}
+	_, found := t.Get("x-death")
+	return found
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
@@ -119,5 +120,35 @@ func TestDeliveredIDsSweep(t *testing.T) {
 	}
 	if !d.delivering(promoted, 2, true, msg, now) {
 		t.Error("a delivery before the promotion was forgotten by the sweep")
+	}
+}
+
+func TestDeadLettered(t *testing.T) {
+	header := func(p frames.Properties) []byte {
+		h := frames.ContentHeader{ClassID: 60, BodySize: 1, Properties: p}
+		b, err := h.Append(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	tests := []struct {
+		name  string
+		props frames.Properties
+		want  bool
+	}{
+		{"no headers", frames.Properties{}, false},
+		{"other headers", frames.Properties{Flags: frames.FlagHeaders, Headers: frames.Table{{Key: "k", Value: "v"}}}, false},
+		{"x-death", frames.Properties{Flags: frames.FlagHeaders, Headers: frames.Table{
+			{Key: "x-first-death-reason", Value: "expired"},
+			{Key: "x-death", Value: []any{frames.Table{{Key: "count", Value: int64(1)}}}},
+		}}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := deadLettered(header(tt.props)); got != tt.want {
+				t.Fatalf("deadLettered = %v, want %v", got, tt.want)
+			}
+		})
 	}
 }
