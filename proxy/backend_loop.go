@@ -197,10 +197,14 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			cons = ch.consumers[""]
 		}
 		ch.mu.Unlock()
-		if stale {
+		if stale || c.masterMovedFrom(cons.queue, l) {
 			// The consumer moved to a new master (or waits for one): what
 			// the old master still sends is not delivered, and, never
-			// acked, stays on that copy, which rejoins purged.
+			// acked, stays on that copy, which rejoins purged. The log may
+			// have moved the master before checkMasters moved the consumer
+			// (up to masterCheckInterval later): a live old master, drained
+			// or handed over, would go on delivering what the new master
+			// delivers again, which its trimmer no longer takes.
 			return
 		}
 		queue := c.trimmable(cons.queue, m, hasID, &id)
@@ -267,6 +271,16 @@ func (c *clientConn) linkFailed(l *link, err error) bool {
 	}
 	c.linkLost(l, err)
 	return true
+}
+
+// masterMovedFrom reports whether the metadata log has the queue mastered
+// on another backend than l's.
+func (c *clientConn) masterMovedFrom(q *queueRef, l *link) bool {
+	if q == nil || c.srv.opts.Mirror == nil {
+		return false
+	}
+	meta, ok := c.srv.opts.Mirror.Lookup(q.id)
+	return ok && meta.Master != l.name
 }
 
 // deliveredBefore reports whether this proxy delivered the message of a
