@@ -13,10 +13,10 @@ import (
 // trimmer's channel requeues them, and the broker sets redelivered on each.
 // A message the trimmer did not hold yet gets no flag, yet the old master may
 // have delivered it already: the publish reached the master before the
-// slave, the old master's deliveries went on until the proxy moved its
-// consumers (checkMasters, every masterCheckInterval), or a sync left the
-// slave two copies of one message and it was promoted before its trimmer
-// dropped one. The new master then delivers it as if for the first time,
+// slave, a live old master (drained, handed over) delivered it between the
+// trimmer's stop and this proxy's applying the promotion (from then on its
+// deliveries are dropped, masterMovedFrom), or a sync left the slave two
+// copies of one message and it was promoted before its trimmer dropped one. The new master then delivers it as if for the first time,
 // and a client that relies on redelivered to spot repeats (RabbitMQ sets it
 // on everything the new master of a mirrored queue gives back) takes it
 // for new.
