@@ -49,8 +49,9 @@ type Mirror interface {
 	Settle(id mirror.QueueID, ids []mirror.MessageID)
 	// Missed says that the slave copy on backend of queue (of every queue
 	// with a synchronised slave there, when queue is nil: a publish to an
-	// exchange) may lack a publish: the backend nacked it, or the client's
-	// link broke before the backend confirmed it. Such a slave is no
+	// exchange) may lack a publish: the backend nacked it, the client's
+	// link broke before the backend confirmed it, or the backend was
+	// counted down and the publish not sent there. Such a slave is no
 	// longer synchronised. It must not block.
 	Missed(backend string, queue *mirror.QueueID)
 	// Holds reports whether the metadata counts backend as the master or a

@@ -767,9 +767,10 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 }
 
 // reportUnreached reports the slave copies a publish cannot reach
-// (r.unreached but the master) although their backends are not counted
-// down: a link that broke a moment ago and is not dialled again yet. They
-// miss the publish.
+// (r.unreached but the master): a link that broke a moment ago and is not
+// dialled again yet, or a backend this proxy counts down while the log
+// still has its slave synchronised (the engine handles that report once
+// the backend is up again, if the log still does). They miss the publish.
 func (c *clientConn) reportUnreached(r *publishRoute) {
 	m := c.srv.opts.Mirror
 	queue := r.queue
@@ -778,7 +779,7 @@ func (c *clientConn) reportUnreached(r *publishRoute) {
 	}
 	for _, i := range r.unreached {
 		name := c.srv.backends[i].Name
-		if i == r.master || m.BackendDown(name) {
+		if i == r.master {
 			continue
 		}
 		c.log.Debug("a publish cannot reach a slave copy", "backend", name, "queue", queueName(queue))

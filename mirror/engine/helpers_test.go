@@ -55,6 +55,13 @@ func backendsOf(c *localbroker.Cluster) []controllink.Backend {
 // one) and policies.
 func newHarness(t *testing.T, dir string, policies *config.PolicyStore) *harness {
 	t.Helper()
+	return newHarnessWith(t, dir, policies, nil)
+}
+
+// newHarnessWith is newHarness with the engine's options changed by change
+// (a cluster's Node and Peers, say) before it starts.
+func newHarnessWith(t *testing.T, dir string, policies *config.PolicyStore, change func(*Options)) *harness {
+	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
@@ -76,14 +83,18 @@ func newHarness(t *testing.T, dir string, policies *config.PolicyStore) *harness
 		t.Fatal(err)
 	}
 	h.watcher = controllink.NewWatcher(backendsOf(brokers), controllink.WatcherOptions{Logger: quietLogger()})
-	h.engine = New(Options{
+	options := Options{
 		Backends: backendsOf(brokers),
 		Store:    h.store,
 		Policies: policies,
 		Watcher:  h.watcher,
 		Logger:   quietLogger(),
 		Interval: 200 * time.Millisecond,
-	})
+	}
+	if change != nil {
+		change(&options)
+	}
+	h.engine = New(options)
 	if err := h.engine.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
