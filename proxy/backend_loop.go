@@ -197,7 +197,8 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			cons = ch.consumers[""]
 		}
 		ch.mu.Unlock()
-		if stale || c.masterMovedFrom(cons.queue, l) {
+		meta, inLog := c.queueMeta(cons.queue)
+		if stale || inLog && meta.Master != l.name {
 			// The consumer moved to a new master (or waits for one): what
 			// the old master still sends is not delivered, and, never
 			// acked, stays on that copy, which rejoins purged. The log may
@@ -208,7 +209,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			return
 		}
 		queue := c.trimmable(cons.queue, m, hasID, &id)
-		if !d.Redelivered && hasID && c.deliveredBefore(queue, id, header) {
+		if !d.Redelivered && hasID && inLog && c.deliveredBefore(cons.queue.id, meta, id, header) {
 			d.Redelivered = true
 		}
 		ch.outMu.Lock()
@@ -233,7 +234,8 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			return
 		}
 		queue := c.trimmable(m.get.queue, m, hasID, &id)
-		flagged := !g.Redelivered && hasID && c.deliveredBefore(queue, id, header)
+		meta, inLog := c.queueMeta(m.get.queue)
+		flagged := !g.Redelivered && hasID && inLog && c.deliveredBefore(m.get.queue.id, meta, id, header)
 		if flagged {
 			g.Redelivered = true
 		}
@@ -273,29 +275,23 @@ func (c *clientConn) linkFailed(l *link, err error) bool {
 	return true
 }
 
-// masterMovedFrom reports whether the metadata log has the queue mastered
-// on another backend than l's.
-func (c *clientConn) masterMovedFrom(q *queueRef, l *link) bool {
+// queueMeta returns what the metadata log says about the queue a delivery
+// came from; false without mirroring, for no queue or one the log lacks.
+// The delivery path asks once per message, for the moved-master check and
+// the redelivered flag both.
+func (c *clientConn) queueMeta(q *queueRef) (mirror.QueueMeta, bool) {
 	if q == nil || c.srv.opts.Mirror == nil {
-		return false
+		return mirror.QueueMeta{}, false
 	}
-	meta, ok := c.srv.opts.Mirror.Lookup(q.id)
-	return ok && meta.Master != l.name
+	return c.srv.opts.Mirror.Lookup(q.id)
 }
 
-// deliveredBefore reports whether this proxy delivered the message of a
-// mirrored queue before, and records that it delivers it now (see
+// deliveredBefore reports whether this proxy delivered the message of queue
+// q (meta is its record) before, and records that it delivers it now (see
 // redelivered.go). header is the message's content header as the client
 // gets it.
-func (c *clientConn) deliveredBefore(q *queueRef, id mirror.MessageID, header []byte) bool {
-	if q == nil {
-		return false
-	}
-	meta, ok := c.srv.opts.Mirror.Lookup(q.id)
-	if !ok {
-		return false
-	}
-	return c.srv.delivered.delivering(q.id, meta.Epoch, len(meta.Slaves) > 0, id, time.Now()) && !deadLettered(header)
+func (c *clientConn) deliveredBefore(q mirror.QueueID, meta mirror.QueueMeta, id mirror.MessageID, header []byte) bool {
+	return c.srv.delivered.delivering(q, meta.Epoch, len(meta.Slaves) > 0, id, time.Now()) && !deadLettered(header)
 }
 
 // trimmable returns the queue whose slaves drop this message when the

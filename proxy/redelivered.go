@@ -15,11 +15,12 @@ import (
 // have delivered it already: the publish reached the master before the
 // slave, a live old master (drained, handed over) delivered it between the
 // trimmer's stop and this proxy's applying the promotion (from then on its
-// deliveries are dropped, masterMovedFrom), or a sync left the slave two
-// copies of one message and it was promoted before its trimmer dropped one. The new master then delivers it as if for the first time,
-// and a client that relies on redelivered to spot repeats (RabbitMQ sets it
-// on everything the new master of a mirrored queue gives back) takes it
-// for new.
+// deliveries are dropped, messageArrived), or a sync left the slave two
+// copies of one message and it was promoted before its trimmer dropped one.
+// The new master then delivers it as if for the first time, and a client
+// that relies on redelivered to spot repeats (RabbitMQ sets it on
+// everything the new master of a mirrored queue gives back) takes it for
+// new.
 //
 // So the proxy remembers which messages of mirrored queues it delivered
 // recently, by identity (mirror.IdentityHeader): an identity belongs to one
