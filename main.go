@@ -426,6 +426,7 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 		m.cluster.HandleSettles(m.engine.SettleLocal)
 		m.cluster.HandlePurges(m.engine.PurgeLocal)
 		m.cluster.HandleSyncs(m.engine.SyncLocal)
+		m.cluster.HandleWaitApplied(m.engine.WaitApplied)
 		m.stopMembers = watchMembers(m.cluster, m.engine, cfg.Node)
 	}
 	return m, nil

@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +35,9 @@ type fixedPlacement struct {
 	deleted  []mirror.QueueID
 	purged   []mirror.QueueID
 	bindings map[mirror.QueueID][]mirror.Binding
+	// refuseBindings makes every binding record fail, as a metadata log
+	// without a leader would.
+	refuseBindings bool
 }
 
 func newFixedPlacement(backends ...string) *fixedPlacement {
@@ -67,6 +72,7 @@ func (m *fixedPlacement) Place(_ context.Context, q mirror.QueueMeta, _ string) 
 func (m *fixedPlacement) Declared(_ context.Context, q mirror.QueueMeta) (mirror.QueueMeta, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	q.Version = 1 // recorded (version 0 is a queue the log does not record)
 	m.queues[q.ID] = q
 	return q, nil
 }
@@ -84,12 +90,16 @@ func (m *fixedPlacement) Purged(_ context.Context, id mirror.QueueID) {
 	m.purged = append(m.purged, id)
 }
 
-func (m *fixedPlacement) Bound(_ context.Context, id mirror.QueueID, b mirror.Binding, bound bool) {
+func (m *fixedPlacement) Bound(_ context.Context, id mirror.QueueID, b mirror.Binding, bound bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.refuseBindings {
+		return errNoLeader
+	}
 	if bound {
 		m.bindings[id] = append(m.bindings[id], b)
 	}
+	return nil
 }
 
 func (m *fixedPlacement) Settle(id mirror.QueueID, ids []mirror.MessageID) {
@@ -101,6 +111,34 @@ func (m *fixedPlacement) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 func (m *fixedPlacement) BackendDown(string) bool { return false }
 
 func (m *fixedPlacement) Missed(string, *mirror.QueueID) {}
+
+// No exchange is recorded: every exchange publish goes to every backend.
+func (m *fixedPlacement) LookupExchange(mirror.ExchangeID) (mirror.ExchangeMeta, bool) {
+	return mirror.ExchangeMeta{}, false
+}
+func (m *fixedPlacement) ExchangeAbsent(context.Context, mirror.ExchangeID) []string { return nil }
+func (m *fixedPlacement) ExchangeDeclared(context.Context, mirror.ExchangeMeta)      {}
+func (m *fixedPlacement) ExchangeDeleted(context.Context, mirror.ExchangeID)         {}
+func (m *fixedPlacement) ExchangeBound(context.Context, mirror.ExchangeID, mirror.ExchangeBinding, bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.refuseBindings {
+		return errNoLeader
+	}
+	return nil
+}
+
+var errNoLeader = fmt.Errorf("recording the binding: %w", mirror.ErrNotLeader)
+
+func (m *fixedPlacement) BoundUnrecorded(context.Context, mirror.ExchangeID, string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.refuseBindings {
+		return errNoLeader
+	}
+	return nil
+}
+func (m *fixedPlacement) Routing() *mirror.RoutingTable { return nil }
 
 // Holds: every copy of every queue is the master or a synchronised slave,
 // for ever (nothing here records a loss).
@@ -311,5 +349,70 @@ func TestFanoutChannelErrorFromEveryBackend(t *testing.T) {
 	<-closed2
 	if conn.IsClosed() {
 		t.Fatal("connection closed by a channel error")
+	}
+}
+
+// A binding the brokers made but the metadata log could not record closes
+// the client's channel with 541 instead of answering bind-ok: the proxies
+// route publishes by the log, so the client must not take the queue as
+// bound. The connection stays, and the bind works again once recorded.
+func TestFanoutBindingNotRecordedClosesTheChannel(t *testing.T) {
+	url, placement := startFanoutProxy(t)
+	conn := dialURL(t, url)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const queue, exchange = "fanout-unrecorded-binding", "fanout-unrecorded-binding-x"
+	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+		t.Fatalf("declare: %v", err)
+	}
+	if err := ch.ExchangeDeclare(exchange, "direct", false, false, false, false, nil); err != nil {
+		t.Fatalf("exchange declare: %v", err)
+	}
+	t.Cleanup(func() {
+		for _, n := range cluster.Nodes() {
+			c := dial(t, n)
+			if ch, err := c.Channel(); err == nil {
+				ch.QueueDelete(queue, false, false, false)
+				ch.ExchangeDelete(exchange, false, false)
+			}
+			c.Close()
+		}
+	})
+	placement.mu.Lock()
+	placement.refuseBindings = true
+	placement.mu.Unlock()
+	for _, bind := range []struct {
+		name string
+		do   func(ch *amqp.Channel) error
+	}{
+		{"queue.bind", func(ch *amqp.Channel) error { return ch.QueueBind(queue, "k", exchange, false, nil) }},
+		{"queue.bind of an exclusive queue", func(ch *amqp.Channel) error {
+			q, err := ch.QueueDeclare("", false, true, true, false, nil)
+			if err != nil {
+				return fmt.Errorf("declaring the exclusive queue: %w", err)
+			}
+			return ch.QueueBind(q.Name, "k", exchange, false, nil)
+		}},
+		{"exchange.bind", func(ch *amqp.Channel) error { return ch.ExchangeBind(exchange, "k", "amq.direct", false, nil) }},
+	} {
+		err := bind.do(ch)
+		var amqpErr *amqp.Error
+		if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.InternalError || !strings.Contains(amqpErr.Reason, "could not be recorded") {
+			t.Errorf("%s with the log refusing: err = %v, want 541 naming the unrecorded binding", bind.name, err)
+		}
+		if conn.IsClosed() {
+			t.Fatalf("%s closed the connection, want only the channel closed", bind.name)
+		}
+		if ch, err = conn.Channel(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	placement.mu.Lock()
+	placement.refuseBindings = false
+	placement.mu.Unlock()
+	if err := ch.QueueBind(queue, "k", exchange, false, nil); err != nil {
+		t.Errorf("queue.bind once the log records it: %v", err)
 	}
 }

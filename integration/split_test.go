@@ -47,6 +47,8 @@ var integrationParts = [][]string{
 		"TestComposeBrokersAreSingleOfficialNodes", "TestComposeProxiesAreBuiltFromTheDockerfile", "TestComposeMountsExist",
 		"TestComposeConfigsAreValid", "TestComposePorts", "TestDockerfile", "TestDockerignoreKeepsTheBuildInputs", "TestComposeConfigCommand",
 		"TestDemoScriptStopsItsBrokers", "TestDemoScriptRefusesBadAddresses",
+		// mirror_routing_test.go
+		"TestExchangeRoutingAlternateExchangeCopiesStayEqual", "TestExchangeRoutingReachesEveryKindOfDestination",
 	},
 	{ // failover: the chaos tests (~270 s, ten master kills among them), syncs
 		// chaos_test.go, proxy_failover_test.go
@@ -76,7 +78,7 @@ var integrationParts = [][]string{
 		"TestProxyClosesChannelsBetweenDeliveries",
 		"TestProxyMirroredChannelErrorInsidePublish", "TestProxyMirroredChannelErrorOnEveryBackendOnce",
 		"TestProxyMirroredClientCloseCrossesChannelErrors",
-		"TestFanoutDeclarePublishConsume", "TestFanoutChannelErrorFromEveryBackend",
+		"TestFanoutDeclarePublishConsume", "TestFanoutChannelErrorFromEveryBackend", "TestFanoutBindingNotRecordedClosesTheChannel",
 		"TestUnmirroredQueuesMessagesCarryTheIdentity",
 		"TestRepeatedIdentityArrivesRedelivered",
 		"TestProxyPause",

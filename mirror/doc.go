@@ -51,12 +51,25 @@
 // without headers loses the whole table again, so a consumer receives
 // exactly the properties that were published.
 //
-// Which queues an exchange publish reaches is known only to each broker's
-// routing, so until the proxy tracks bindings in the metadata log the
-// confirm quorum of an exchange publish is every live backend it was sent
-// to; a backend lost while a publish is pending stops counting towards it.
-// A mandatory publish is returned to the client only when every backend
-// returned it (each return precedes that backend's confirm).
+// Which queues an exchange publish reaches the proxy evaluates itself
+// (RoutingTable): the log records the exchanges declared through a proxy
+// (type, alternate-exchange argument, exchange-to-exchange bindings) beside
+// the queues' bindings, and a publish goes to the backends holding a copy
+// of a queue it routes to, matched as RabbitMQ matches (direct, fanout,
+// topic, headers; CC and BCC; alternate exchanges where an exchange's own
+// bindings match nothing). A backend that holds no such copy does not get
+// the publish: it would route it nowhere and hand it to the exchange's
+// alternate exchange, whose queues' copies would then differ. Where the
+// log cannot know (an exchange that existed on a backend before a proxy
+// declared it, a plugin's exchange type, a queue the log does not record
+// bound to it, a route that reaches no queue) the publish goes to every
+// backend, each routing to the copies it holds, as RabbitMQ's own routing
+// would. A binding's bind-ok reaches the client once every proxy of a
+// sidecar cluster applied it. The confirm quorum of an exchange publish
+// is every live backend it was sent to; a backend lost while a publish is
+// pending stops counting towards it. A mandatory publish is returned to
+// the client only when every backend it was sent to returned it (each
+// return precedes that backend's confirm).
 //
 // Transactions and confirms exclude each other on a channel, so a backend
 // channel is put in confirm mode only once the client's channel publishes
@@ -344,7 +357,7 @@
 // TTL, and the slave's broker expires it and dead-letters it into its own
 // copy of the target queue.
 //
-// Not yet built: a channel the client never put in confirm mode is not put
-// in confirm mode towards the backends either; an exchange publish goes to
-// every backend, not only those with bound queues.
+// A channel the client never put in confirm mode is put in confirm mode
+// towards the backends by the proxy at its first publish to several
+// copies; the client sees none of those confirms.
 package mirror

@@ -253,6 +253,32 @@ func (s *Store) Delete(ctx context.Context, id QueueID, expect uint64) error {
 	return nil
 }
 
+// GetExchange returns the record of an exchange declared through a proxy.
+func (s *Store) GetExchange(id ExchangeID) (ExchangeMeta, bool) { return s.fsm.getExchange(id) }
+
+// ListExchanges returns every exchange record, sorted by vhost and name.
+func (s *Store) ListExchanges() []ExchangeMeta { return s.fsm.listExchanges() }
+
+// PutExchange writes an exchange's record if its current version is expect
+// (0: no record yet) and returns it as written. A stale expect returns
+// ErrConflict.
+func (s *Store) PutExchange(ctx context.Context, x ExchangeMeta, expect uint64) (ExchangeMeta, error) {
+	res, err := s.apply(ctx, command{Op: opPutExchange, Exchange: &x, Expect: expect})
+	if err != nil {
+		return ExchangeMeta{}, fmt.Errorf("recording %s: %w", x.ID, err)
+	}
+	return *res.exchange, nil
+}
+
+// DeleteExchange removes an exchange's record if its version is still
+// expect.
+func (s *Store) DeleteExchange(ctx context.Context, id ExchangeID, expect uint64) error {
+	if _, err := s.apply(ctx, command{Op: opDeleteExchange, ExchangeID: id, Expect: expect}); err != nil {
+		return fmt.Errorf("removing the record of %s: %w", id, err)
+	}
+	return nil
+}
+
 // Changes returns a channel that receives a value after the state changed
 // (coalesced: one value may stand for many changes), and a function that
 // stops the notifications.

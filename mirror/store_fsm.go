@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -20,12 +22,19 @@ type command struct {
 	Expect uint64     `json:"expect"`
 	// Policy is the change of a runtime policy (opPolicy).
 	Policy *PolicyChange `json:"policy,omitempty"`
+	// Exchange is the record of opPutExchange; ExchangeID names the
+	// exchange of opDeleteExchange.
+	Exchange   *ExchangeMeta `json:"exchange,omitempty"`
+	ExchangeID ExchangeID    `json:"exchange_id,omitzero"`
 }
 
 const (
 	opPut    = "put"
 	opDelete = "delete"
 	opPolicy = "policy"
+
+	opPutExchange    = "put_exchange"
+	opDeleteExchange = "delete_exchange"
 )
 
 func (c command) encode() ([]byte, error) {
@@ -38,18 +47,21 @@ func (c command) encode() ([]byte, error) {
 
 // applyResult is what the state machine returns for one entry.
 type applyResult struct {
-	meta   *QueueMeta
-	policy PolicyResult
-	err    error
+	meta     *QueueMeta
+	exchange *ExchangeMeta
+	policy   PolicyResult
+	err      error
 }
 
 // metaFSM is the replicated state: every queue's metadata, the tombstones
-// of deleted queues and the runtime policies. raft calls Apply, Snapshot
+// of deleted queues, the exchanges declared through a proxy and the
+// runtime policies. raft calls Apply, Snapshot
 // and Restore from its own goroutine; readers take mu.
 type metaFSM struct {
 	mu         sync.RWMutex
 	queues     map[QueueID]QueueMeta
 	tombstones map[QueueID]Tombstone
+	exchanges  map[ExchangeID]ExchangeMeta
 	policies   RuntimePolicies
 	// applied is the index of the last entry applied here (raft's own
 	// AppliedIndex runs ahead of the FSM), for Store.WaitApplied.
@@ -63,6 +75,7 @@ func newMetaFSM() *metaFSM {
 	return &metaFSM{
 		queues:      make(map[QueueID]QueueMeta),
 		tombstones:  make(map[QueueID]Tombstone),
+		exchanges:   make(map[ExchangeID]ExchangeMeta),
 		subscribers: make(map[chan struct{}]struct{}),
 	}
 }
@@ -122,6 +135,25 @@ func (f *metaFSM) applyLocked(cmd command, entry *raft.Log) applyResult {
 			return applyResult{err: fmt.Errorf("metadata entry %d: %w", index, err)}
 		}
 		return applyResult{policy: res}
+	case opPutExchange:
+		if cmd.Exchange == nil {
+			return applyResult{err: fmt.Errorf("metadata entry %d: exchange put without a record", index)}
+		}
+		current, exists := f.exchanges[cmd.Exchange.ID]
+		if exists && current.Version != cmd.Expect || !exists && cmd.Expect != 0 {
+			return applyResult{err: ErrConflict}
+		}
+		x := cmd.Exchange.Clone()
+		x.Version = index
+		f.exchanges[x.ID] = x
+		return applyResult{exchange: &x}
+	case opDeleteExchange:
+		current, exists := f.exchanges[cmd.ExchangeID]
+		if !exists || current.Version != cmd.Expect {
+			return applyResult{err: ErrConflict}
+		}
+		delete(f.exchanges, cmd.ExchangeID)
+		return applyResult{}
 	}
 	return applyResult{err: fmt.Errorf("metadata entry %d: unknown operation %q", index, cmd.Op)}
 }
@@ -142,6 +174,32 @@ func (f *metaFSM) get(id QueueID) (QueueMeta, bool) {
 	return m.Clone(), true
 }
 
+func (f *metaFSM) getExchange(id ExchangeID) (ExchangeMeta, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	x, ok := f.exchanges[id]
+	if !ok {
+		return ExchangeMeta{}, false
+	}
+	return x.Clone(), true
+}
+
+func (f *metaFSM) listExchanges() []ExchangeMeta {
+	f.mu.RLock()
+	out := make([]ExchangeMeta, 0, len(f.exchanges))
+	for _, x := range f.exchanges {
+		out = append(out, x.Clone())
+	}
+	f.mu.RUnlock()
+	slices.SortFunc(out, func(a, b ExchangeMeta) int {
+		if c := strings.Compare(a.ID.VHost, b.ID.VHost); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID.Name, b.ID.Name)
+	})
+	return out
+}
+
 func (f *metaFSM) list() []QueueMeta {
 	f.mu.RLock()
 	out := make([]QueueMeta, 0, len(f.queues))
@@ -159,6 +217,7 @@ func (f *metaFSM) list() []QueueMeta {
 type snapshotState struct {
 	Queues     []QueueMeta     `json:"queues"`
 	Tombstones []Tombstone     `json:"tombstones,omitempty"`
+	Exchanges  []ExchangeMeta  `json:"exchanges,omitempty"`
 	Policies   RuntimePolicies `json:"policies"`
 	// Applied is the index of the last entry the state includes.
 	Applied uint64 `json:"applied"`
@@ -172,6 +231,7 @@ func (f *metaFSM) Snapshot() (raft.FSMSnapshot, error) {
 	return metaSnapshot{state: snapshotState{
 		Queues:     f.list(),
 		Tombstones: f.listTombstones(),
+		Exchanges:  f.listExchanges(),
 		Policies:   f.runtimePolicies(),
 		Applied:    f.appliedIndex(),
 	}}, nil
@@ -201,8 +261,12 @@ func (f *metaFSM) Restore(r io.ReadCloser) error {
 	for _, t := range snap.Tombstones {
 		tombstones[t.ID] = t
 	}
+	exchanges := make(map[ExchangeID]ExchangeMeta, len(snap.Exchanges))
+	for _, x := range snap.Exchanges {
+		exchanges[x.ID] = x
+	}
 	f.mu.Lock()
-	f.queues, f.tombstones, f.policies = queues, tombstones, snap.Policies
+	f.queues, f.tombstones, f.exchanges, f.policies = queues, tombstones, exchanges, snap.Policies
 	f.applied = max(f.applied, snap.Applied)
 	f.mu.Unlock()
 	f.notify()

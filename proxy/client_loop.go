@@ -201,6 +201,12 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		c.toBackend(f)
 		return nil
 	}
+	if len(ch.pub.deferred) > 0 {
+		// A method where a publish's content header belongs.
+		if err := c.sendDeferred(ch, nil); err != nil {
+			return err
+		}
+	}
 	ch.dropContent = false
 	if state := ch.closing.Load(); state != chanOpen {
 		ch.dropContent = true
@@ -251,7 +257,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 	case frames.ExchangeDeclareKey, frames.ExchangeDeleteKey, frames.ExchangeBindKey, frames.ExchangeUnbindKey:
 		// Exchanges and their bindings exist on every backend, as in a
 		// RabbitMQ cluster.
-		return c.everywhere(ch, f, key, args)
+		return c.exchangeMethod(ch, f, key, args)
 	case frames.BasicQosKey:
 		var qos frames.BasicQos
 		if err := qos.Decode(args); err != nil {

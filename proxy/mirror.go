@@ -40,8 +40,31 @@ type Mirror interface {
 	// purged.
 	Purged(ctx context.Context, id mirror.QueueID)
 	// Bound records a binding added (bound true) or removed on every copy,
-	// so that a slave added later gets it too.
-	Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool)
+	// so that a slave added later gets it too and publishes to the exchange
+	// are routed to the queue. An error: the binding is not recorded.
+	Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool) error
+	// LookupExchange returns what the metadata log says about an exchange
+	// declared through a proxy.
+	LookupExchange(id mirror.ExchangeID) (mirror.ExchangeMeta, bool)
+	// ExchangeAbsent returns the backends on which an exchange does not
+	// exist yet; asked before a client's first declare of it.
+	ExchangeAbsent(ctx context.Context, id mirror.ExchangeID) []string
+	// ExchangeDeclared records an exchange declared on every backend (a
+	// record that exists already is kept).
+	ExchangeDeclared(ctx context.Context, x mirror.ExchangeMeta)
+	// ExchangeDeleted forgets an exchange deleted on every backend.
+	ExchangeDeleted(ctx context.Context, id mirror.ExchangeID)
+	// ExchangeBound records an exchange-to-exchange binding added (bound
+	// true) or removed on every backend.
+	ExchangeBound(ctx context.Context, source mirror.ExchangeID, b mirror.ExchangeBinding, bound bool) error
+	// BoundUnrecorded says that a queue the log does not record, on
+	// backend, was bound to the exchange: publishes to it must reach that
+	// backend whatever the log says.
+	BoundUnrecorded(ctx context.Context, exchange mirror.ExchangeID, backend string) error
+	// Routing returns the routing table of the metadata as it is now, the
+	// same value until it changes; nil routes every exchange publish to
+	// every backend. It is on the publish path and must not block.
+	Routing() *mirror.RoutingTable
 	// Settle says that the master's copies of these messages are gone
 	// (acked, or rejected without requeue): the slaves drop theirs. It is
 	// on the ack path and must not block on the network; ids is valid only

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -34,6 +35,9 @@ type publishing struct {
 	// nothing else may be written on the channel's links meanwhile.
 	inContent bool
 	remaining uint64 // body bytes still to come
+	// deferred is the method of a publish to an exchange, held until its
+	// content header says where it goes.
+	deferred []byte
 }
 
 // mirrorTimeout bounds a call to the engine made for a client request.
@@ -121,42 +125,6 @@ func (c *clientConn) onOpenLinks(ch *channelState, f frames.Frame, wantReply boo
 	}
 	c.sendTo(ch, f, nil, targets, wantReply)
 	return nil
-}
-
-// everywhere sends an exchange method to every backend.
-func (c *clientConn) everywhere(ch *channelState, f frames.Frame, key uint32, args []byte) error {
-	if c.srv.opts.Mirror == nil {
-		c.sendTo(ch, f, nil, c.homeOnly(), true)
-		return nil
-	}
-	noWait, err := exchangeNoWait(key, args)
-	if err != nil {
-		return err
-	}
-	c.sendTo(ch, f, nil, c.reachAll(ch), !noWait)
-	return nil
-}
-
-func exchangeNoWait(key uint32, args []byte) (bool, error) {
-	switch key {
-	case frames.ExchangeDeclareKey:
-		var d frames.ExchangeDeclare
-		err := d.Decode(args)
-		return d.NoWait, err
-	case frames.ExchangeDeleteKey:
-		var d frames.ExchangeDelete
-		err := d.Decode(args)
-		return d.NoWait, err
-	case frames.ExchangeBindKey:
-		var d frames.ExchangeBind
-		err := d.Decode(args)
-		return d.NoWait, err
-	case frames.ExchangeUnbindKey:
-		var d frames.ExchangeUnbind
-		err := d.Decode(args)
-		return d.NoWait, err
-	}
-	return false, nil
 }
 
 // queueMethod is the part of a queue method routing needs.
@@ -264,15 +232,16 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 	wantReply := !q.noWait
 	if q.queue == "" || q.exclusive {
 		// Server-named and exclusive queues live where the client is.
-		c.sendTo(ch, f, nil, c.homeOnly(), wantReply)
+		c.sendTo(ch, f, c.bindAtHome(ch, key, q, wantReply), c.homeOnly(), wantReply)
 		return nil
 	}
 	id := mirror.QueueID{VHost: c.vhost, Name: q.queue}
 	meta, found := c.locate(q.queue)
 	if !found {
 		if key != frames.QueueDeclareKey || q.passive {
-			// The home broker answers 404 as RabbitMQ would.
-			c.sendTo(ch, f, nil, c.homeOnly(), wantReply)
+			// The home broker answers 404 as RabbitMQ would (or binds a
+			// queue it has that could not be located).
+			c.sendTo(ch, f, c.bindAtHome(ch, key, q, wantReply), c.homeOnly(), wantReply)
 			return nil
 		}
 		return c.declareNew(ch, f, q, wantReply)
@@ -302,11 +271,21 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		after := func(reply []byte) []byte {
 			ctx, cancel := c.mirrorContext()
 			defer cancel()
-			switch key {
-			case frames.QueueBindKey:
-				c.srv.opts.Mirror.Bound(ctx, id, q.binding, true)
-			case frames.QueueUnbindKey:
-				c.srv.opts.Mirror.Bound(ctx, id, q.binding, false)
+			var err error
+			switch {
+			case key == frames.QueueBindKey && meta.Version == 0:
+				// A queue the log does not record (exclusive, or
+				// server-named): its binding is not in the log either.
+				err = c.boundUnrecorded(q.binding.Exchange, meta.Master)
+			case key == frames.QueueBindKey:
+				err = c.srv.opts.Mirror.Bound(ctx, id, q.binding, true)
+			case key == frames.QueueUnbindKey:
+				// Left in the log, a removed binding only widens routes.
+				_ = c.srv.opts.Mirror.Bound(ctx, id, q.binding, false)
+			}
+			if err != nil {
+				c.bindingNotRecorded(ch, key, err)
+				return nil
 			}
 			return reply
 		}
@@ -317,6 +296,30 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		c.sendTo(ch, f, after, targets, wantReply)
 	}
 	return nil
+}
+
+// bindAtHome returns, for a queue.bind sent to the home backend only (a
+// queue the log does not record: the channel's last declared one, or one
+// that could not be located), what records that the exchange's publishes
+// must reach the home backend; nil for other methods. With no-wait it
+// records at once and returns nil.
+func (c *clientConn) bindAtHome(ch *channelState, key uint32, q queueMethod, wantReply bool) func([]byte) []byte {
+	home := c.home.Load()
+	if home == nil || key != frames.QueueBindKey {
+		return nil
+	}
+	after := func(reply []byte) []byte {
+		if err := c.boundUnrecorded(q.binding.Exchange, home.name); err != nil {
+			c.bindingNotRecorded(ch, key, err)
+			return nil
+		}
+		return reply
+	}
+	if !wantReply {
+		after(nil)
+		return nil
+	}
+	return after
 }
 
 // deleteQueue deletes a queue: the client's queue.delete goes to the master,
@@ -562,7 +565,9 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 
 // publish sends a basic.publish to the backends that hold the copies it
 // can reach; its content frames follow to the same backends
-// (publishContent).
+// (publishContent). A publish to an exchange waits for its content header:
+// where it goes may depend on the message's headers (a headers exchange,
+// the CC and BCC headers).
 func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) error {
 	if c.srv.opts.Mirror == nil {
 		ch.pub = publishing{targets: c.homeOnly()}
@@ -578,7 +583,39 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 	if err := p.Decode(args); err != nil {
 		return err
 	}
-	r := c.publishRoute(ch, p)
+	if p.Exchange != "" {
+		ch.pub = publishing{inContent: true, deferred: append(ch.pub.deferred[:0], f.Payload...)}
+		return nil
+	}
+	return c.sendPublish(ch, f.Payload, c.queueRoute(ch, p))
+}
+
+// sendDeferred sends a publish to an exchange, held until its content
+// header came (header), or nil when a method or a body came instead: that
+// is the client's protocol error, and the home broker answers it as it
+// would have.
+func (c *clientConn) sendDeferred(ch *channelState, header []byte) error {
+	method := ch.pub.deferred
+	ch.pub.deferred = nil
+	if header == nil {
+		if home := c.homeOnly(); len(home) > 0 {
+			if err := home[0].sock.writeFrame(frames.FrameMethod, ch.id, method); err != nil {
+				c.writeFailed(home[0], err)
+			}
+		}
+		// Whatever content follows goes there too.
+		ch.pub = publishing{targets: c.homeOnly(), deferred: method[:0]}
+		return nil
+	}
+	err := c.sendPublish(ch, method, c.exchangeRoute(ch, &ch.clientPublish, header))
+	ch.pub.deferred = method[:0] // its buffer, for the next one
+	return err
+}
+
+// sendPublish numbers a publish for the confirms and sends its method to
+// the route's targets.
+func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRoute) error {
+	p := &ch.clientPublish
 	targets, identify := r.targets, r.identify
 	ch.pub = publishing{targets: targets, identify: identify, inContent: len(targets) > 0}
 	if p.Mandatory && len(targets) > 1 {
@@ -635,7 +672,7 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 		return nil
 	}
 	for _, l := range targets {
-		if err := l.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+		if err := l.sock.writeFrame(frames.FrameMethod, ch.id, method); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -665,13 +702,14 @@ func (c *clientConn) selectOwnConfirms(ch *channelState) {
 }
 
 // publishRoute is where a channel's publishes to one exchange and routing
-// key go. It is kept while the queue's metadata and the connection's links
-// stay as they were, so that a stream of publishes to one queue decides
-// once.
+// key go. It is kept while the queue's metadata (for an exchange: the
+// routing table) and the connection's links stay as they were, so that a
+// stream of publishes to one queue or exchange decides once.
 type publishRoute struct {
 	exchange, key string
-	version       uint64 // the queue's metadata version; 0 for an exchange
-	links         uint64 // clientConn.linkChanges when decided
+	version       uint64               // the queue's metadata version; 0 for an exchange
+	table         *mirror.RoutingTable // the routing table of an exchange's route
+	links         uint64               // clientConn.linkChanges when decided
 	confirming    bool
 	targets       []*link
 	identify      bool
@@ -680,63 +718,131 @@ type publishRoute struct {
 	copySet
 }
 
-// publishRoute decides, or recalls, where a publish goes.
-func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
-	confirming := ch.confirming.Load()
+// newRoute starts deciding the channel's route afresh.
+func (c *clientConn) newRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
 	r := &ch.route
-	var meta mirror.QueueMeta
-	found := false
-	if p.Exchange == "" {
-		meta, found = c.srv.opts.Mirror.Lookup(mirror.QueueID{VHost: c.vhost, Name: p.RoutingKey})
-	}
-	if r.targets != nil && r.exchange == p.Exchange && r.key == p.RoutingKey && r.confirming == confirming &&
-		r.links == c.linkChanges.Load() && (p.Exchange != "" || (found && meta.Version == r.version)) {
+	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: ch.confirming.Load(),
+		copySet: copySet{quorum: r.quorum[:0], extra: r.extra[:0], unreached: r.unreached[:0], master: -1}}
+	return r
+}
+
+// queueRoute decides, or recalls, where a publish to the default exchange
+// goes: every copy of the queue its routing key names.
+func (c *clientConn) queueRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
+	r := &ch.route
+	meta, found := c.srv.opts.Mirror.Lookup(mirror.QueueID{VHost: c.vhost, Name: p.RoutingKey})
+	if r.targets != nil && r.exchange == "" && r.key == p.RoutingKey && r.confirming == ch.confirming.Load() &&
+		r.links == c.linkChanges.Load() && found && meta.Version == r.version {
 		return r
 	}
-	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: confirming,
-		copySet: copySet{quorum: r.quorum[:0], extra: r.extra[:0], unreached: r.unreached[:0], master: -1}}
-	var targets []*link
-	if p.Exchange == "" {
-		if !found {
-			meta, found = c.locate(p.RoutingKey)
-		}
-		if found {
-			targets = c.reach(ch, meta.Backends()...)
-			// Identified even without slaves: a policy may mirror the queue
-			// later, and its messages are then copied to the new slaves,
-			// whose trimmers tell them apart by this identity; by content
-			// alone, two messages with equal bodies are one.
-			r.identify = true
-			r.version = meta.Version
-			if len(meta.Slaves) > 0 {
-				r.queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
-			}
-			r.master = c.srv.backendIndex[meta.Master]
-			for _, l := range targets {
-				if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
-					r.extra = append(r.extra, l.idx)
-				} else {
-					r.quorum = append(r.quorum, l.idx)
-				}
-			}
-			if r.queue != nil {
-				r.unreached = c.unreachedCopies(meta, targets, r.unreached)
-			}
+	r = c.newRoute(ch, p)
+	if !found {
+		meta, found = c.locate(p.RoutingKey)
+	}
+	if !found {
+		// Not kept: the queue may appear any moment.
+		return c.decided(r, c.homeOnly(), false)
+	}
+	targets := c.reach(ch, meta.Backends()...)
+	// Identified even without slaves: a policy may mirror the queue
+	// later, and its messages are then copied to the new slaves, whose
+	// trimmers tell them apart by this identity; by content alone, two
+	// messages with equal bodies are one.
+	r.identify = true
+	r.version = meta.Version
+	if len(meta.Slaves) > 0 {
+		r.queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
+	}
+	r.master = c.srv.backendIndex[meta.Master]
+	for _, l := range targets {
+		if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
+			r.extra = append(r.extra, l.idx)
 		} else {
-			targets = c.homeOnly()
+			r.quorum = append(r.quorum, l.idx)
 		}
-	} else {
-		targets = c.reachAll(ch)
-		r.identify = len(targets) > 1
-		if len(c.srv.backends) > 1 {
-			r.queue = anyQueue
-			for i, name := range c.srv.backendNames {
-				if !slices.ContainsFunc(targets, func(l *link) bool { return l.idx == i }) && c.srv.opts.Mirror.Holds(name, nil) {
-					r.unreached = append(r.unreached, i)
-				}
+	}
+	if r.queue != nil {
+		r.unreached = c.unreachedCopies(meta, targets, r.unreached)
+	}
+	return c.decided(r, targets, len(targets) == 1+len(meta.Slaves))
+}
+
+// exchangeRoute decides, or recalls, where a publish to an exchange goes:
+// the backends holding a copy of a queue it routes to, by the routing
+// table of the metadata log, or every backend when the table cannot say.
+// header is the message's content header; its headers table is read only
+// when the route needs it (a headers exchange) or names more routing keys
+// (CC, BCC), and such a route is not kept.
+func (c *clientConn) exchangeRoute(ch *channelState, p *frames.BasicPublish, header []byte) *publishRoute {
+	r := &ch.route
+	table := c.srv.opts.Mirror.Routing()
+	var headers []byte // the encoded table, from its size
+	if start, end, present, err := frames.HeadersField(header); err == nil && present {
+		headers = header[start:end]
+	}
+	hasCC := bytes.Contains(headers, ccKey) || bytes.Contains(headers, bccKey)
+	if !hasCC && r.targets != nil && r.exchange == p.Exchange && r.key == p.RoutingKey && r.table == table &&
+		r.confirming == ch.confirming.Load() && r.links == c.linkChanges.Load() {
+		return r
+	}
+	r = c.newRoute(ch, p)
+	r.table = table
+	route := mirror.Route{All: true}
+	keep := !hasCC
+	if table != nil {
+		msg := mirror.RoutedMessage{VHost: c.vhost, Exchange: p.Exchange, RoutingKey: p.RoutingKey}
+		if hasCC {
+			msg.Headers, msg.HeadersKnown = decodeHeaders(headers)
+		}
+		if !hasCC || msg.HeadersKnown {
+			route = table.Route(msg)
+		}
+		if route.NeedHeaders {
+			keep = false
+			if msg.Headers, msg.HeadersKnown = decodeHeaders(headers); msg.HeadersKnown {
+				route = table.Route(msg)
 			}
 		}
 	}
+	wanted := route.Backends
+	if route.All || route.NeedHeaders {
+		wanted = c.srv.backendNames
+	}
+	targets := c.reach(ch, wanted...)
+	r.identify = len(c.srv.backends) > 1
+	if len(c.srv.backends) > 1 {
+		r.queue = anyQueue
+		for _, name := range wanted {
+			i := c.srv.backendIndex[name]
+			if !slices.ContainsFunc(targets, func(l *link) bool { return l.idx == i }) && c.srv.opts.Mirror.Holds(name, nil) {
+				r.unreached = append(r.unreached, i)
+			}
+		}
+	}
+	return c.decided(r, targets, keep && len(targets) == len(wanted))
+}
+
+// The keys of the headers that add routing keys to a publish, as they
+// appear in an encoded table (length octet, then the name).
+var ccKey, bccKey = []byte("\x02CC"), []byte("\x03BCC")
+
+// decodeHeaders decodes a message's headers table for routing; ok is false
+// when it does not decode (the route is then every backend, whose brokers
+// judge the message).
+func decodeHeaders(encoded []byte) (frames.Table, bool) {
+	if encoded == nil {
+		return nil, true
+	}
+	t, _, err := frames.DecodeTable(encoded)
+	return t, err == nil
+}
+
+// decided completes a route with its targets and keeps it for the next
+// publish when keep is set. A route is not kept when a copy's backend
+// could not be reached: it is tried again with the next publish (a copy
+// that misses publishes must not stay unnoticed behind a remembered
+// route).
+func (c *clientConn) decided(r *publishRoute, targets []*link, keep bool) *publishRoute {
 	r.targets = append([]*link(nil), targets...) // reach's slice is scratch
 	if len(r.quorum) == 0 && len(r.extra) == 0 {
 		for _, l := range r.targets {
@@ -747,18 +853,10 @@ func (c *clientConn) publishRoute(ch *channelState, p *frames.BasicPublish) *pub
 		r.quorum, r.extra = r.extra, r.quorum
 	}
 	r.links = c.linkChanges.Load()
-	complete := len(r.targets) == len(c.srv.backends)
-	if p.Exchange == "" && found {
-		complete = len(r.targets) == 1+len(meta.Slaves)
-	}
 	if len(r.unreached) > 0 {
 		c.reportUnreached(r)
 	}
-	if !found && p.Exchange == "" || !complete {
-		// Not kept: the queue may appear any moment, or a copy's backend
-		// could not be reached and is tried again with the next publish
-		// (a copy that misses publishes must not stay unnoticed behind a
-		// remembered route).
+	if !keep {
 		route := *r
 		r.targets = nil
 		return &route
@@ -843,6 +941,18 @@ func (c *clientConn) unreachedCopies(meta mirror.QueueMeta, targets []*link, out
 // adding the identity header to the content header of a message with
 // several copies.
 func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
+	if len(ch.pub.deferred) > 0 {
+		var header []byte // nil for a body where the header belongs
+		if f.Type == frames.FrameHeader {
+			header = f.Payload
+		}
+		if err := c.sendDeferred(ch, header); err != nil {
+			return err
+		}
+		if ch.dropContent {
+			return nil
+		}
+	}
 	payload := f.Payload
 	if f.Type == frames.FrameHeader {
 		size, err := frames.HeaderBodySize(f.Payload)

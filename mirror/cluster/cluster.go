@@ -113,6 +113,7 @@ func Start(cfg Config) (*Cluster, error) {
 	base.peer.Store(&servePeer)
 	base.call.Store(&serveCall)
 	c.handleAppliedIndex()
+	c.handleWaitApplied()
 	if voters, err := store.Voters(); err == nil && len(voters) > 0 {
 		c.bootstrapped = true
 	}

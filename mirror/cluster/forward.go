@@ -29,18 +29,21 @@ import (
 const forwardTimeout = 10 * time.Second
 
 type forwardRequest struct {
-	Op      string               `json:"op"` // "put", "delete" or "policy"
-	Meta    *mirror.QueueMeta    `json:"meta,omitempty"`
-	ID      mirror.QueueID       `json:"id,omitzero"`
-	Expect  uint64               `json:"expect"`
-	Policy  *mirror.PolicyChange `json:"policy,omitempty"`
-	Timeout time.Duration        `json:"timeout"`
+	Op         string               `json:"op"` // "put", "delete", "put_exchange", "delete_exchange" or "policy"
+	Meta       *mirror.QueueMeta    `json:"meta,omitempty"`
+	ID         mirror.QueueID       `json:"id,omitzero"`
+	Exchange   *mirror.ExchangeMeta `json:"exchange,omitempty"`
+	ExchangeID mirror.ExchangeID    `json:"exchange_id,omitzero"`
+	Expect     uint64               `json:"expect"`
+	Policy     *mirror.PolicyChange `json:"policy,omitempty"`
+	Timeout    time.Duration        `json:"timeout"`
 }
 
 type forwardResponse struct {
-	Meta   *mirror.QueueMeta    `json:"meta,omitempty"`
-	Policy *mirror.PolicyResult `json:"policy,omitempty"`
-	Error  string               `json:"error,omitempty"`
+	Meta     *mirror.QueueMeta    `json:"meta,omitempty"`
+	Exchange *mirror.ExchangeMeta `json:"exchange,omitempty"`
+	Policy   *mirror.PolicyResult `json:"policy,omitempty"`
+	Error    string               `json:"error,omitempty"`
 	// Kind names a sentinel the error stands for, so that errors.Is works
 	// on the forwarding side: "conflict", "not_leader", "closed" or
 	// "policy_not_found".
@@ -75,6 +78,34 @@ func (c *Cluster) Delete(ctx context.Context, id mirror.QueueID, expect uint64) 
 	}
 	if _, err := c.forward(ctx, forwardRequest{Op: "delete", ID: id, Expect: expect}); err != nil {
 		return fmt.Errorf("removing %s: %w", id, err)
+	}
+	return nil
+}
+
+// PutExchange writes an exchange's record through the leader, as Put does
+// a queue's.
+func (c *Cluster) PutExchange(ctx context.Context, x mirror.ExchangeMeta, expect uint64) (mirror.ExchangeMeta, error) {
+	if c.store.IsLeader() {
+		return c.store.PutExchange(ctx, x, expect)
+	}
+	resp, err := c.forward(ctx, forwardRequest{Op: "put_exchange", Exchange: &x, Expect: expect})
+	if err != nil {
+		return mirror.ExchangeMeta{}, fmt.Errorf("recording %s: %w", x.ID, err)
+	}
+	if resp.Exchange == nil {
+		return mirror.ExchangeMeta{}, fmt.Errorf("recording %s: the leader answered without the record", x.ID)
+	}
+	return *resp.Exchange, nil
+}
+
+// DeleteExchange removes an exchange's record through the leader if its
+// version is still expect.
+func (c *Cluster) DeleteExchange(ctx context.Context, id mirror.ExchangeID, expect uint64) error {
+	if c.store.IsLeader() {
+		return c.store.DeleteExchange(ctx, id, expect)
+	}
+	if _, err := c.forward(ctx, forwardRequest{Op: "delete_exchange", ExchangeID: id, Expect: expect}); err != nil {
+		return fmt.Errorf("removing the record of %s: %w", id, err)
 	}
 	return nil
 }
@@ -199,6 +230,17 @@ func (c *Cluster) serveForward(conn net.Conn) {
 		}
 	case "delete":
 		err = c.store.Delete(ctx, req.ID, req.Expect)
+	case "put_exchange":
+		if req.Exchange == nil {
+			err = errors.New("forwarded exchange put without a record")
+			break
+		}
+		var written mirror.ExchangeMeta
+		if written, err = c.store.PutExchange(ctx, *req.Exchange, req.Expect); err == nil {
+			resp.Exchange = &written
+		}
+	case "delete_exchange":
+		err = c.store.DeleteExchange(ctx, req.ExchangeID, req.Expect)
 	case "policy":
 		if req.Policy == nil {
 			err = errors.New("forwarded policy change without a change")

@@ -35,6 +35,8 @@ import (
 type MetaWriter interface {
 	Put(ctx context.Context, meta mirror.QueueMeta, expect uint64) (mirror.QueueMeta, error)
 	Delete(ctx context.Context, id mirror.QueueID, expect uint64) error
+	PutExchange(ctx context.Context, x mirror.ExchangeMeta, expect uint64) (mirror.ExchangeMeta, error)
+	DeleteExchange(ctx context.Context, id mirror.ExchangeID, expect uint64) error
 }
 
 // Peers are the other proxies of a sidecar cluster as the engine sees
@@ -54,6 +56,24 @@ type Peers interface {
 	// of vhost its clients hold unacknowledged, and adds them up; an error
 	// when one did not answer.
 	Unacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error)
+	// WaitApplied returns once every other live proxy has applied the
+	// metadata log up to index (bounded: an error names those that did
+	// not answer in time).
+	WaitApplied(ctx context.Context, index uint64) error
+}
+
+// appliedEverywhere waits until the other proxies of a cluster have
+// applied a binding's write at index: publishes through any of them are
+// routed by the bindings their own copy of the log shows, and the client
+// that bound may publish through another proxy (or tell someone who does)
+// as soon as it has its bind-ok.
+func (e *Engine) appliedEverywhere(ctx context.Context, index uint64) {
+	if !e.clustered() {
+		return
+	}
+	if err := e.opts.Peers.WaitApplied(ctx, index); err != nil {
+		e.log.Warn("a binding is recorded, but not every proxy confirmed it applied it", "index", index, "err", err)
+	}
 }
 
 // clustered reports whether the engine shares its work with other

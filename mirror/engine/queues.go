@@ -203,19 +203,22 @@ func (e *Engine) purgeCopy(backend, queue string) error {
 }
 
 // Bound records a binding made (bound) or removed on every copy of a
-// queue, so that a slave added later is bound the same way.
-func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool) {
+// queue, so that a slave added later is bound the same way and publishes
+// to the exchange are routed to the queue. An error says the binding
+// exists on the brokers but not in the log: publishes through the proxies
+// may miss the queue, and the client must not be told it is bound.
+func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool) error {
 	for range maxConflicts {
 		m, ok := e.opts.Store.Get(id)
 		if !ok {
-			return
+			return nil // deleted meanwhile, its bindings with it
 		}
 		i := slices.IndexFunc(m.Bindings, func(x mirror.Binding) bool {
 			return x.Exchange == b.Exchange && x.RoutingKey == b.RoutingKey && slices.Equal(x.Arguments, b.Arguments)
 		})
 		switch {
 		case bound && i >= 0, !bound && i < 0:
-			return // recorded already
+			return nil // recorded already
 		case bound:
 			m = m.Clone()
 			m.Bindings = append(m.Bindings, b)
@@ -223,15 +226,21 @@ func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding,
 			m = m.Clone()
 			m.Bindings = slices.Delete(m.Bindings, i, i+1)
 		}
-		_, err := e.opts.Writer.Put(ctx, m, m.Version)
+		written, err := e.opts.Writer.Put(ctx, m, m.Version)
 		if errors.Is(err, mirror.ErrConflict) {
 			continue
 		}
 		if err != nil {
 			e.log.Warn("cannot record a binding", "queue", id.Name, "vhost", id.VHost, "exchange", b.Exchange, "err", err)
+			return fmt.Errorf("recording the binding of %s to exchange '%s': %w", id, b.Exchange, err)
 		}
-		return
+		// Publishes to the exchange are routed by the bindings Lookup's
+		// snapshot shows: the client's next one must see this binding.
+		e.noteWrite(written)
+		e.appliedEverywhere(ctx, written.Version)
+		return nil
 	}
+	return fmt.Errorf("recording the binding of %s to exchange '%s': %w (%d times)", id, b.Exchange, mirror.ErrConflict, maxConflicts)
 }
 
 // Settle tells the trimmers of a queue's slaves that the master's copies

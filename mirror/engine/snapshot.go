@@ -2,6 +2,7 @@ package engine
 
 import (
 	"maps"
+	"sync/atomic"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -22,6 +23,28 @@ const maxRecent = 64
 type snapshot struct {
 	base   map[mirror.QueueID]mirror.QueueMeta
 	recent map[mirror.QueueID]recentWrite
+	// exchanges are the log's exchange records when base was built; an
+	// exchange write rebuilds the snapshot.
+	exchanges []mirror.ExchangeMeta
+	// routing is the routing table of this snapshot, built at the first
+	// publish to an exchange that needs it (Routing).
+	routing atomic.Pointer[mirror.RoutingTable]
+}
+
+// queues returns every queue's record: base with recent writes applied.
+func (s *snapshot) queues() []mirror.QueueMeta {
+	out := make([]mirror.QueueMeta, 0, len(s.base)+len(s.recent))
+	for id, m := range s.base {
+		if _, overridden := s.recent[id]; !overridden {
+			out = append(out, m)
+		}
+	}
+	for _, w := range s.recent {
+		if !w.deleted {
+			out = append(out, w.meta)
+		}
+	}
+	return out
 }
 
 // recentWrite is a record written (or deleted) after base was built.
@@ -53,7 +76,7 @@ func (e *Engine) rebuildLocked() {
 	for _, q := range list {
 		base[q.ID] = q
 	}
-	e.snapshot.Store(&snapshot{base: base})
+	e.snapshot.Store(&snapshot{base: base, exchanges: e.opts.Store.ListExchanges()})
 }
 
 // noteWrite makes a record the engine wrote visible to Lookup at once.
@@ -78,5 +101,5 @@ func (e *Engine) note(id mirror.QueueID, w recentWrite) {
 	recent := make(map[mirror.QueueID]recentWrite, len(old.recent)+1)
 	maps.Copy(recent, old.recent)
 	recent[id] = w
-	e.snapshot.Store(&snapshot{base: old.base, recent: recent})
+	e.snapshot.Store(&snapshot{base: old.base, recent: recent, exchanges: old.exchanges})
 }
