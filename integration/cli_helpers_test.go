@@ -593,15 +593,24 @@ func (c *cliStallingConn) release() {
 	}
 }
 
-// cliFreeAddr returns a loopback address nothing listens on right now.
+// cliFreeAddr returns a loopback address nothing listens on right now, and that no other
+// call in this test process returned.
+//
+// The ports are below Linux's ephemeral range (32768-60999): a port picked there and
+// closed again can be taken as the local port of any outgoing connection (the proxies dial
+// brokers and each other) before the proxy binds it, which failed a start with "address
+// already in use". Each part of a parallel run (partVariable) picks from its own slice of
+// the range, and a port is handed out once per process: a proxy restarted on its port
+// (the sidecar tests stop and start nodes) found it taken by a proxy of another part that
+// had picked it while the first was down (a CI-like run, TestSidecarDeletedWhileNodeDown).
 func cliFreeAddr(t testing.TB) string {
 	t.Helper()
-	// Below Linux's ephemeral range (32768-60999): a port picked there and
-	// closed again can be taken as the local port of any outgoing
-	// connection (the proxies dial brokers and each other) before the proxy
-	// binds it, which failed a start with "address already in use".
+	low, span := proxyPortRange()
 	for range 200 {
-		port := 20000 + rand.IntN(12000)
+		port := low + rand.IntN(span)
+		if _, taken := handedOutPorts.LoadOrStore(port, true); taken {
+			continue
+		}
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue
@@ -609,12 +618,25 @@ func cliFreeAddr(t testing.TB) string {
 		ln.Close()
 		return ln.Addr().String()
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Fatalf("no free port left in %d-%d", low, low+span-1)
+	return ""
+}
+
+// handedOutPorts are the ports cliFreeAddr returned in this process.
+var handedOutPorts sync.Map
+
+// proxyPortRange is the slice of 20000-31999 this process picks proxy ports from: all of
+// it alone, part i's share when partVariable says "i/n".
+func proxyPortRange() (low, span int) {
+	low, span = 20000, 12000
+	index, count, found := strings.Cut(os.Getenv(partVariable), "/")
+	i, errIndex := strconv.Atoi(index)
+	n, errCount := strconv.Atoi(count)
+	if !found || errIndex != nil || errCount != nil || n < 1 || i < 1 || i > n {
+		return low, span
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	span /= n
+	return low + (i-1)*span, span
 }
 
 // cliAddUser creates user with password on n with full permissions on "/", and deletes

@@ -81,6 +81,9 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	// closed is closed by Close: LeaderChanges signals it (raft's own
+	// observation of a shut-down leader stepping down is not reliable).
+	closed chan struct{}
 }
 
 // OpenStore opens (or creates) the metadata log in cfg.Dir and starts this
@@ -157,6 +160,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 		transport: transport,
 		log:       logger,
 		timeout:   10 * time.Second,
+		closed:    make(chan struct{}),
 
 		leaderIndex: cfg.LeaderIndex,
 		// NewRaft restored the latest snapshot before it returned; the
@@ -290,6 +294,7 @@ func (s *Store) Snapshot() error { return s.raft.Snapshot().Error() }
 // Close stops this proxy's Raft node and closes the files. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		close(s.closed)
 		errs := []error{s.raft.Shutdown().Error()}
 		if c, ok := s.transport.(interface{ Close() error }); ok {
 			errs = append(errs, c.Close())

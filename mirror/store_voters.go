@@ -109,13 +109,24 @@ func (s *Store) LeaderChanges() (<-chan struct{}, func()) {
 	go func() {
 		defer close(stopped)
 		defer close(out)
+		signal := func() {
+			select {
+			case out <- struct{}{}:
+			default:
+			}
+		}
+		closed := s.closed
 		for {
 			select {
 			case <-observations:
-				select {
-				case out <- struct{}{}:
-				default:
-				}
+				signal()
+			case <-closed:
+				// A closed store leads no more. raft may not say so: a
+				// leader stepping down clears its own leader ID without
+				// an observation, and the shutdown's clear then finds
+				// nothing to change.
+				signal()
+				closed = nil
 			case <-done:
 				return
 			}

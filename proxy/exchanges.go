@@ -30,8 +30,8 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 			break
 		}
 		id := mirror.ExchangeID{VHost: c.vhost, Name: d.Exchange}
-		if _, known := m.LookupExchange(id); known {
-			break
+		if known, ok := m.LookupExchange(id); ok && known.Type != "" {
+			break // declared through a proxy before: the record holds
 		}
 		x := mirror.ExchangeMeta{ID: id, Type: d.Type}
 		if ae, ok := d.Arguments.Get("alternate-exchange"); ok {
@@ -128,7 +128,7 @@ func (c *clientConn) boundUnrecorded(exchange, backend string) error {
 // bindingNotRecorded closes the channel of a binding the brokers made but
 // the metadata log could not record: publishes through the proxies are
 // routed by the log and would miss it, so the client must not take it as
-// bound. It retries the bind on a new channel (binding is idempotent).
+// bound; it may bind again on a new channel (binding is idempotent).
 // Called where a reply would go (a link's read loop, or the client loop
 // for no-wait), the close waits for the channel's message boundary.
 func (c *clientConn) bindingNotRecorded(ch *channelState, key uint32, err error) {

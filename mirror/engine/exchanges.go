@@ -70,8 +70,12 @@ func (e *Engine) ExchangeDeclared(ctx context.Context, x mirror.ExchangeMeta) {
 	})
 }
 
-// ExchangeDeleted forgets an exchange the client deleted, and the
-// exchange-to-exchange bindings to it (RabbitMQ removes both sides).
+// ExchangeDeleted forgets an exchange the client deleted, the
+// exchange-to-exchange bindings to it and the queues' bindings to it, as
+// RabbitMQ removes them: left in the log, they would route publishes to
+// an exchange of that name declared again (a backend the binding sends
+// the message to, with no copy of a queue it routes to there, would hand
+// it to the alternate exchange), and bind a slave added later to it.
 func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 	for range maxConflicts {
 		x, ok := e.opts.Store.GetExchange(id)
@@ -91,7 +95,6 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 		if x.ID.VHost != id.VHost || !slices.ContainsFunc(x.Bindings, func(b mirror.ExchangeBinding) bool { return b.Destination == id.Name }) {
 			continue
 		}
-		// A binding left in the log only widens the source's routes.
 		_ = e.updateExchange(ctx, x.ID, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
 			if !exists {
 				return cur, false
@@ -100,7 +103,38 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 			return cur, true
 		})
 	}
+	for _, q := range e.opts.Store.List() {
+		if q.ID.VHost == id.VHost && slices.ContainsFunc(q.Bindings, func(b mirror.Binding) bool { return b.Exchange == id.Name }) {
+			e.unbindExchange(ctx, q.ID, id.Name)
+		}
+	}
 	e.rebuild()
+}
+
+// unbindExchange removes a queue's bindings to exchange from its record.
+func (e *Engine) unbindExchange(ctx context.Context, queue mirror.QueueID, exchange string) {
+	for range maxConflicts {
+		m, ok := e.opts.Store.Get(queue)
+		if !ok {
+			return
+		}
+		m = m.Clone()
+		kept := slices.DeleteFunc(m.Bindings, func(b mirror.Binding) bool { return b.Exchange == exchange })
+		if len(kept) == len(m.Bindings) {
+			return
+		}
+		m.Bindings = kept
+		written, err := e.opts.Writer.Put(ctx, m, m.Version)
+		if errors.Is(err, mirror.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			e.log.Warn("cannot forget a queue's bindings to a deleted exchange", "queue", queue.Name, "vhost", queue.VHost, "exchange", exchange, "err", err)
+			return
+		}
+		e.noteWrite(written)
+		return
+	}
 }
 
 // ExchangeBound records an exchange-to-exchange binding added (bound true)

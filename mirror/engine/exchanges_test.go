@@ -87,6 +87,9 @@ func TestExchangeRecordsRoutePublishes(t *testing.T) {
 	if x, ok := h.engine.LookupExchange(source); !ok || len(x.Bindings) != 0 {
 		t.Errorf("source after its destination was deleted: %+v, %v; want no binding", x, ok)
 	}
+	if m, ok := h.store.Get(q); !ok || len(m.Bindings) != 0 {
+		t.Errorf("queue bound to the deleted exchange: %+v, %v; want its binding gone", m, ok)
+	}
 	if r := route(source.Name, "k"); !r.All {
 		t.Errorf("route after the destination's deletion: %+v, want every backend", r)
 	}
