@@ -335,10 +335,13 @@ func (s *Store) apply(ctx context.Context, cmd command) (applyResult, error) {
 
 // sortMetas orders metadata by vhost, then name.
 func sortMetas(metas []QueueMeta) {
-	slices.SortFunc(metas, func(a, b QueueMeta) int {
-		if c := strings.Compare(a.ID.VHost, b.ID.VHost); c != 0 {
-			return c
-		}
-		return strings.Compare(a.ID.Name, b.ID.Name)
-	})
+	slices.SortFunc(metas, func(a, b QueueMeta) int { return compareNames(a.ID.VHost, a.ID.Name, b.ID.VHost, b.ID.Name) })
+}
+
+// compareNames orders records by vhost, then name.
+func compareNames(aVHost, aName, bVHost, bName string) int {
+	if c := strings.Compare(aVHost, bVHost); c != 0 {
+		return c
+	}
+	return strings.Compare(aName, bName)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -191,12 +190,7 @@ func (f *metaFSM) listExchanges() []ExchangeMeta {
 		out = append(out, x.Clone())
 	}
 	f.mu.RUnlock()
-	slices.SortFunc(out, func(a, b ExchangeMeta) int {
-		if c := strings.Compare(a.ID.VHost, b.ID.VHost); c != 0 {
-			return c
-		}
-		return strings.Compare(a.ID.Name, b.ID.Name)
-	})
+	slices.SortFunc(out, func(a, b ExchangeMeta) int { return compareNames(a.ID.VHost, a.ID.Name, b.ID.VHost, b.ID.Name) })
 	return out
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -184,12 +183,7 @@ func (f *metaFSM) listTombstones() []Tombstone {
 		out = append(out, t)
 	}
 	f.mu.RUnlock()
-	slices.SortFunc(out, func(a, b Tombstone) int {
-		if c := strings.Compare(a.ID.VHost, b.ID.VHost); c != 0 {
-			return c
-		}
-		return strings.Compare(a.ID.Name, b.ID.Name)
-	})
+	slices.SortFunc(out, func(a, b Tombstone) int { return compareNames(a.ID.VHost, a.ID.Name, b.ID.VHost, b.ID.Name) })
 	return out
 }
 
