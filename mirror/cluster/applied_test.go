@@ -26,6 +26,11 @@ func TestExchangeWritesAndWaitApplied(t *testing.T) {
 	if written.Version == 0 || written.Type != "topic" {
 		t.Errorf("exchange put through a follower returned %+v, want the record with its version", written)
 	}
+	// WaitApplied waits for the other proxies; the writer waits for its
+	// own copy itself, as the engine does.
+	if err := follower.Store().WaitApplied(ctx, written.Version); err != nil {
+		t.Fatalf("the writer's own WaitApplied: %v", err)
+	}
 	if err := follower.WaitApplied(ctx, written.Version); err != nil {
 		t.Fatalf("WaitApplied: %v", err)
 	}
