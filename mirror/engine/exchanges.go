@@ -95,6 +95,8 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 		if x.ID.VHost != id.VHost || !slices.ContainsFunc(x.Bindings, func(b mirror.ExchangeBinding) bool { return b.Destination == id.Name }) {
 			continue
 		}
+		// A failure is logged; the binding left behind matters only if an
+		// exchange of that name is declared again.
 		_ = e.updateExchange(ctx, x.ID, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
 			if !exists {
 				return cur, false
