@@ -31,6 +31,10 @@ type channelState struct {
 	// are coming.
 	dropContent bool
 	pub         publishing
+	// heldPublish is the method of a publish to an exchange, held until
+	// its content header says where it goes (empty otherwise; the buffer
+	// is kept for the next one).
+	heldPublish []byte
 	route       publishRoute
 	// qos is the client's last basic.qos, repeated on every link the
 	// channel opens on later.

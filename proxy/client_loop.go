@@ -201,7 +201,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		c.toBackend(f)
 		return nil
 	}
-	if len(ch.pub.deferred) > 0 {
+	if len(ch.heldPublish) > 0 {
 		// A method where a publish's content header belongs.
 		if err := c.sendDeferred(ch, nil); err != nil {
 			return err

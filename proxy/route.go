@@ -35,9 +35,6 @@ type publishing struct {
 	// nothing else may be written on the channel's links meanwhile.
 	inContent bool
 	remaining uint64 // body bytes still to come
-	// deferred is the method of a publish to an exchange, held until its
-	// content header says where it goes.
-	deferred []byte
 }
 
 // mirrorTimeout bounds a call to the engine made for a client request.
@@ -584,7 +581,8 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 		return err
 	}
 	if p.Exchange != "" {
-		ch.pub = publishing{inContent: true, deferred: append(ch.pub.deferred[:0], f.Payload...)}
+		ch.pub = publishing{inContent: true}
+		ch.heldPublish = append(ch.heldPublish[:0], f.Payload...)
 		return nil
 	}
 	return c.sendPublish(ch, f.Payload, c.queueRoute(ch, p))
@@ -595,8 +593,9 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 // is the client's protocol error, and the home broker answers it as it
 // would have.
 func (c *clientConn) sendDeferred(ch *channelState, header []byte) error {
-	method := ch.pub.deferred
-	ch.pub.deferred = nil
+	// The buffer is not written again before the next publish method.
+	method := ch.heldPublish
+	ch.heldPublish = method[:0]
 	if header == nil {
 		if home := c.homeOnly(); len(home) > 0 {
 			if err := home[0].sock.writeFrame(frames.FrameMethod, ch.id, method); err != nil {
@@ -604,12 +603,10 @@ func (c *clientConn) sendDeferred(ch *channelState, header []byte) error {
 			}
 		}
 		// Whatever content follows goes there too.
-		ch.pub = publishing{targets: c.homeOnly(), deferred: method[:0]}
+		ch.pub = publishing{targets: c.homeOnly()}
 		return nil
 	}
-	err := c.sendPublish(ch, method, c.exchangeRoute(ch, &ch.clientPublish, header))
-	ch.pub.deferred = method[:0] // its buffer, for the next one
-	return err
+	return c.sendPublish(ch, method, c.exchangeRoute(ch, &ch.clientPublish, header))
 }
 
 // sendPublish numbers a publish for the confirms and sends its method to
@@ -941,7 +938,7 @@ func (c *clientConn) unreachedCopies(meta mirror.QueueMeta, targets []*link, out
 // adding the identity header to the content header of a message with
 // several copies.
 func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
-	if len(ch.pub.deferred) > 0 {
+	if len(ch.heldPublish) > 0 {
 		var header []byte // nil for a body where the header belongs
 		if f.Type == frames.FrameHeader {
 			header = f.Payload

@@ -107,36 +107,17 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 	}
 	for _, q := range e.opts.Store.List() {
 		if q.ID.VHost == id.VHost && slices.ContainsFunc(q.Bindings, func(b mirror.Binding) bool { return b.Exchange == id.Name }) {
-			e.unbindExchange(ctx, q.ID, id.Name)
+			err := e.changeBindings(ctx, q.ID, func(bindings []mirror.Binding) ([]mirror.Binding, bool) {
+				before := len(bindings)
+				kept := slices.DeleteFunc(bindings, func(b mirror.Binding) bool { return b.Exchange == id.Name })
+				return kept, len(kept) != before
+			})
+			if err != nil {
+				e.log.Warn("cannot forget a queue's bindings to a deleted exchange", "queue", q.ID.Name, "vhost", q.ID.VHost, "exchange", id.Name, "err", err)
+			}
 		}
 	}
 	e.rebuild()
-}
-
-// unbindExchange removes a queue's bindings to exchange from its record.
-func (e *Engine) unbindExchange(ctx context.Context, queue mirror.QueueID, exchange string) {
-	for range maxConflicts {
-		m, ok := e.opts.Store.Get(queue)
-		if !ok {
-			return
-		}
-		m = m.Clone()
-		kept := slices.DeleteFunc(m.Bindings, func(b mirror.Binding) bool { return b.Exchange == exchange })
-		if len(kept) == len(m.Bindings) {
-			return
-		}
-		m.Bindings = kept
-		written, err := e.opts.Writer.Put(ctx, m, m.Version)
-		if errors.Is(err, mirror.ErrConflict) {
-			continue
-		}
-		if err != nil {
-			e.log.Warn("cannot forget a queue's bindings to a deleted exchange", "queue", queue.Name, "vhost", queue.VHost, "exchange", exchange, "err", err)
-			return
-		}
-		e.noteWrite(written)
-		return
-	}
 }
 
 // ExchangeBound records an exchange-to-exchange binding added (bound true)

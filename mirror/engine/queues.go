@@ -208,39 +208,55 @@ func (e *Engine) purgeCopy(backend, queue string) error {
 // exists on the brokers but not in the log: publishes through the proxies
 // may miss the queue, and the client must not be told it is bound.
 func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool) error {
-	for range maxConflicts {
-		m, ok := e.opts.Store.Get(id)
-		if !ok {
-			return nil // deleted meanwhile, its bindings with it
-		}
-		i := slices.IndexFunc(m.Bindings, func(x mirror.Binding) bool {
+	err := e.changeBindings(ctx, id, func(bindings []mirror.Binding) ([]mirror.Binding, bool) {
+		i := slices.IndexFunc(bindings, func(x mirror.Binding) bool {
 			return x.Exchange == b.Exchange && x.RoutingKey == b.RoutingKey && slices.Equal(x.Arguments, b.Arguments)
 		})
 		switch {
 		case bound && i >= 0, !bound && i < 0:
-			return nil // recorded already
+			return bindings, false // recorded already
 		case bound:
-			m = m.Clone()
-			m.Bindings = append(m.Bindings, b)
+			return append(bindings, b), true
 		default:
-			m = m.Clone()
-			m.Bindings = slices.Delete(m.Bindings, i, i+1)
+			return slices.Delete(bindings, i, i+1), true
+		}
+	})
+	if err != nil {
+		e.log.Warn("cannot record a binding", "queue", id.Name, "vhost", id.VHost, "exchange", b.Exchange, "err", err)
+		return fmt.Errorf("recording the binding of %s to exchange '%s': %w", id, b.Exchange, err)
+	}
+	return nil
+}
+
+// changeBindings writes the queue's bindings as change returns them (from
+// a copy it may modify) when it says so, read again on a conflict with
+// another writer. A queue no longer recorded is no error: its bindings
+// went with it. The write is visible to this proxy's routing when it
+// returns, and in a cluster to every other proxy's: the client's next
+// publish, through any of them, must be routed by it.
+func (e *Engine) changeBindings(ctx context.Context, id mirror.QueueID, change func([]mirror.Binding) ([]mirror.Binding, bool)) error {
+	for range maxConflicts {
+		m, ok := e.opts.Store.Get(id)
+		if !ok {
+			return nil
+		}
+		m = m.Clone()
+		var write bool
+		if m.Bindings, write = change(m.Bindings); !write {
+			return nil
 		}
 		written, err := e.opts.Writer.Put(ctx, m, m.Version)
 		if errors.Is(err, mirror.ErrConflict) {
 			continue
 		}
 		if err != nil {
-			e.log.Warn("cannot record a binding", "queue", id.Name, "vhost", id.VHost, "exchange", b.Exchange, "err", err)
-			return fmt.Errorf("recording the binding of %s to exchange '%s': %w", id, b.Exchange, err)
+			return err
 		}
-		// Publishes to the exchange are routed by the bindings Lookup's
-		// snapshot shows: the client's next one must see this binding.
 		e.noteWrite(written)
 		e.appliedEverywhere(ctx, written.Version)
 		return nil
 	}
-	return fmt.Errorf("recording the binding of %s to exchange '%s': %w (%d times)", id, b.Exchange, mirror.ErrConflict, maxConflicts)
+	return fmt.Errorf("%w (%d times)", mirror.ErrConflict, maxConflicts)
 }
 
 // Settle tells the trimmers of a queue's slaves that the master's copies
