@@ -27,11 +27,17 @@ import (
 // publish, so a second delivery of it is a redelivery whatever the broker
 // says, and the proxy sets the flag. What it remembers is bounded by time,
 // not by what the queues hold: a message a slave held for longer than
-// keepRecent is in its trimmer's hands (trimmers take a slave's deliveries
-// as they come), and comes back flagged by the broker. Only when a queue's
-// epoch rises (a promotion) are the deliveries of the keepRecent before it
-// kept longer, for keepPromoted, since the new master may deliver them only
-// after its backlog.
+// keepRecent should be in its trimmer's hands (trimmers take a slave's
+// deliveries as they come), and come back flagged by the broker. Only when
+// a queue's epoch rises (a promotion) are the deliveries of the keepRecent
+// before it kept longer, for keepPromoted, since the new master may deliver
+// them only after its backlog. keepRecent was 10 s until a CI-like kill run
+// (TestSidecarNodeKilledRepeatedly) saw one message delivered again
+// unflagged through the same proxy two promotions after its first
+// delivery, which came more than 10 s before the first of them; by which
+// path the broker did not flag it is not found. A minute covers a kill
+// round there; at most maxRecent identities per queue (about 11 MB, reached
+// above some 2 200 deliveries a second) bound the memory.
 //
 // A dead-lettered message (it carries x-death) is never flagged: one that
 // comes back to its queue through dead-lettering (a retry queue whose
@@ -44,7 +50,7 @@ import (
 // the broker before the proxy) are not tracked: their content is their only
 // identity, and two equal bodies are not a redelivery.
 const (
-	keepRecent   = 10 * time.Second
+	keepRecent   = time.Minute
 	keepPromoted = 10 * time.Minute
 	// maxRecent bounds one queue's recent deliveries, whatever its rate.
 	maxRecent = 1 << 17
