@@ -260,27 +260,15 @@ func brokerMessages(ctx context.Context, queues ...string) (map[string]map[strin
 func nodeMessages(ctx context.Context, n *localbroker.Node) (map[string]int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	output, err := n.Ctl(ctx, "list_queues", "-p", "/", "--no-table-headers", "name", "messages")
+	queues, err := n.Queues(ctx, "/")
 	if err != nil {
 		return nil, err
 	}
-	queues := map[string]int{}
-	for _, line := range strings.Split(strings.TrimSpace(string(output)), "\n") {
-		fields := strings.Split(line, "\t")
-		if line == "" {
-			continue
-		}
-		if len(fields) != 2 {
-			return nil, fmt.Errorf("rabbitmqctl list_queues on %s: unexpected line %q", n.Name, line)
-		}
-		count, err := strconv.Atoi(strings.TrimSpace(fields[1]))
-		if err != nil {
-			// A queue too busy to answer in time is listed without a count.
-			return nil, fmt.Errorf("rabbitmqctl list_queues on %s: %q: %v", n.Name, line, err)
-		}
-		queues[fields[0]] = count
+	messages := make(map[string]int, len(queues))
+	for name, counts := range queues {
+		messages[name] = counts.Messages
 	}
-	return queues, nil
+	return messages, nil
 }
 
 // onEvery is the wanted placement "count messages on each of these nodes and on no other".

@@ -194,21 +194,22 @@ func (n *Node) Kill() error {
 // every queue, exchange and binding change it has already answered, so that a Kill after it
 // loses none of them. RabbitMQ 3.10 does not promise that by itself: a durable queue's
 // declare-ok can come up to two seconds before a kill -9 stops losing the queue (see the
-// package documentation). It runs rabbitmqctl, so it takes a second or two.
+// package documentation).
 func (n *Node) FlushMetadata(ctx context.Context) error {
 	// A transaction's outcome reaches the log through a cast to mnesia_recover, sent before
 	// the transaction returned. On one node a message is in its receiver's queue once sent,
 	// so the sys call returns only after mnesia_recover handled that cast and passed the
 	// record to the log; disk_log:sync then writes the log's in-memory cache and fsyncs it.
-	const expression = "sys:get_state(mnesia_recover), ok = disk_log:sync(latest_log)."
-	if _, err := n.Ctl(ctx, "eval", expression); err != nil {
+	const expression = `sys:get_state(mnesia_recover), ok = disk_log:sync(latest_log), ""`
+	if _, err := n.Eval(ctx, expression); err != nil {
 		return fmt.Errorf("flush metadata: %w", err)
 	}
 	return nil
 }
 
 // Ctl runs rabbitmqctl against the node (the CLI beside the server, not Debian's
-// /usr/sbin wrapper, which switches user) and returns what it printed.
+// /usr/sbin wrapper, which switches user) and returns what it printed. Each call boots an
+// Erlang VM: Eval is the cheap way to look at a node.
 func (n *Node) Ctl(ctx context.Context, args ...string) ([]byte, error) {
 	rabbitmqctl := filepath.Join(filepath.Dir(n.serverPath), "rabbitmqctl")
 	output, err := exec.CommandContext(ctx, rabbitmqctl, append([]string{"-n", n.ErlangName, "-q"}, args...)...).CombinedOutput()
