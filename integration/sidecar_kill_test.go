@@ -21,7 +21,8 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
-// TestSidecarNodeKilledRepeatedly kills a whole node ten times under load: three nodes,
+// TestSidecarNodeKilledRepeatedly kills a whole node under load, three times (each node
+// once) in the default tier and ten times in the long tier (bySize): three nodes,
 // each a broker with an amqp-mirror beside it; queues nodekill_1..3 declared through
 // proxies 1..3 (client-local, so each node masters one at first), mirrored on all three
 // with automatic sync; through every proxy a publisher with confirms and a consumer with
@@ -81,7 +82,7 @@ func TestSidecarNodeKilledRepeatedly(t *testing.T) {
 	}
 	load.waitProgress(t, 300)
 
-	const kills = 10
+	kills := bySize(3, 10) // each node once; the long tier goes round three more times
 	var resumes []time.Duration
 	began := time.Now()
 	for round := range kills {

@@ -26,15 +26,15 @@ const partVariable = "AMQP_MIRROR_INTEGRATION_PART"
 // integrationParts lists every test, fuzz and example function of the package in exactly
 // one part; TestIntegrationPartsCoverEveryTest fails when one is missing, listed twice or
 // no longer exists, so that a new test cannot be left out of the CI run. The parts are
-// balanced by the measured durations (README, "Tests"): each part's long acceptance tests
-// (kills, partition, syncs, amqp091-go's suite) are what sets its length.
+// balanced by the durations of a -test.v run of the default tier (docs/testing.md): each
+// part's long acceptance tests (kills, syncs, amqp091-go's suite) set its length.
 var integrationParts = [][]string{
-	{ // the sidecar cluster: ten node kills (~250 s), the walkthrough, the partition; the CLI
+	{ // the sidecar cluster: node kills (~100 s), the walkthrough, the partition; the CLI
 		// sidecar_kill_test.go, sidecar_test.go, partition_test.go
 		"TestSidecarNodeKilledRepeatedly",
 		"TestSidecarWalkthrough", "TestSidecarRuntimePoliciesInTheLog", "TestSidecarDeletedWhileNodeDown", "TestSidecarFrozenNodeJudgedBySerf",
 		"TestSidecarPartition",
-		// chaos_test.go (~75 s; part 2 was the longest by that much in a CI-like run)
+		// chaos_test.go (~50 s)
 		"TestChaosTwoBrokersKilled",
 		// cli_*_test.go, ctl_*_test.go, compose*_test.go, demo_script_test.go
 		"TestCLIServeConfigErrors", "TestCLIServeReadsYAMLWhateverTheFileName", "TestCLIListenOverrides", "TestCLIServesTheShippedExample",
@@ -49,8 +49,10 @@ var integrationParts = [][]string{
 		"TestDemoScriptStopsItsBrokers", "TestDemoScriptRefusesBadAddresses",
 		// mirror_routing_test.go
 		"TestExchangeRoutingAlternateExchangeCopiesStayEqual", "TestExchangeRoutingReachesEveryKindOfDestination",
+		// proxy_errors_test.go
+		"TestProxyErrorsBackendGoesAway", "TestProxyErrorsClientVanishes", "TestProxyErrorsHeartbeats", "TestProxyErrorsRefusedLogin",
 	},
-	{ // failover: the chaos tests (~270 s, ten master kills among them), syncs
+	{ // failover: the chaos tests (~150 s, master and slave kills), syncs
 		// chaos_test.go, proxy_failover_test.go
 		"TestChaosMasterKilledRepeatedly", "TestChaosSlaveKilled",
 		"TestChaosMasterFrozen", "TestChaosCancelOnFailover", "TestChaosWhenSyncedNoPromotion",
@@ -62,18 +64,18 @@ var integrationParts = [][]string{
 		// proxy_backend_heartbeat_test.go, proxy_backend_tls_test.go
 		"TestProxyNoticesAFrozenBackend",
 		"TestProxyDialsTLSBackends",
+		// proxy_transparency_test.go, harness_test.go
+		"TestTransparency", "TestNodeLifecycle",
 	},
-	{ // the proxy and mirrored queues: amqp091-go's suite three times (~150 s), transparency,
+	{ // the proxy and mirrored queues: amqp091-go's suite three times (~300 s), transparency,
 		// errors, the harness
 		"TestAmqp091SuiteThroughProxy",
 		// proxy_*_test.go
-		"TestTransparency",
 		"TestPikaTransparency", "TestTransparencyAmqpTools",
 		"TestProxyWireAnswersLikeTheBroker",
 		"TestProxyErrorsWrongProtocolHeader", "TestProxyErrorsHandshakeTimeout", "TestProxyErrorsMalformedFrame",
-		"TestProxyErrorsOversizedFrame", "TestProxyErrorsRefusedLogin", "TestProxyErrorsPublishToMissingExchange",
-		"TestProxyErrorsUnknownDeliveryTag", "TestProxyErrorsBackendGoesAway", "TestProxyErrorsClientVanishes",
-		"TestProxyLeaksNeitherGoroutinesNorSockets", "TestProxyErrorsHeartbeats", "TestProxyErrorsShutdown",
+		"TestProxyErrorsOversizedFrame", "TestProxyErrorsPublishToMissingExchange",
+		"TestProxyErrorsUnknownDeliveryTag", "TestProxyLeaksNeitherGoroutinesNorSockets", "TestProxyErrorsShutdown",
 		"TestProxyPublishConsumeAck", "TestProxyCleanCloseReportsNoError", "TestProxyKeepsPublishesWholeOnFailingChannels",
 		"TestProxyClosesChannelsBetweenDeliveries",
 		"TestProxyMirroredChannelErrorInsidePublish", "TestProxyMirroredChannelErrorOnEveryBackendOnce",
@@ -90,7 +92,7 @@ var integrationParts = [][]string{
 		// sidecar_routing_test.go
 		"TestSidecarBindingRoutesThroughEveryProxyAtOnce",
 		"TestAmqp091PublishConfirmConsumeAck", "TestPikaPublishesAmqp091Consumes",
-		"TestStartOptionErrors", "TestNodeLifecycle", "TestNodesDieWithTheHarnessProcess",
+		"TestStartOptionErrors", "TestNodesDieWithTheHarnessProcess",
 		"TestIntegrationPartsCoverEveryTest", "TestPartPattern",
 	},
 }

@@ -9,6 +9,9 @@
 # packages, which run first and alone. Each integration run's output is printed
 # whole when it ends, headed by its name; the script exits non-zero if anything
 # failed, after all have ended.
+#
+# AMQP_MIRROR_TEST_LONG=1 (make test-long) runs the long tier: the same tests with the
+# repeated faults and large backlogs at full size (bySize in integration/tier_test.go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
@@ -16,6 +19,7 @@ cd "$(dirname "$0")/.."
 # Must equal len(integrationParts); a binary given another count refuses to run.
 integration_parts=3
 timeout=40m
+[ "${AMQP_MIRROR_TEST_LONG:-}" != 1 ] || timeout=90m
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/amqp-mirror-test.XXXXXX")
 declare -A names=() logs=() started=()
