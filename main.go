@@ -526,6 +526,8 @@ func registerBackendMetrics(m admin.Metrics, cfg *config.Config, w *controllink.
 				}
 				return 0
 			})
+		m.Gauge("amqp_mirror_backend_vhosts_refused"+labels, "Vhosts in which the backend refuses the proxy's own account (the vhost is missing there, or the account lacks permissions): nothing of those vhosts is mirrored there.",
+			func() float64 { return float64(len(w.RefusedVHosts(b.Name))) })
 		m.Counter("amqp_mirror_backend_down_total"+labels, "Times the backend was found down: connection refused or reset, clean shutdown, or no answer within failover_grace.",
 			func() float64 { return float64(w.Downs(b.Name)) })
 	}

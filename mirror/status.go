@@ -24,4 +24,8 @@ type QueueStatus struct {
 	Policy string `json:"policy"`
 	// Syncing names the slaves a synchronisation is copying to now.
 	Syncing []string `json:"syncing,omitempty"`
+	// Refused names the backends that refuse the proxy's own account in the
+	// queue's vhost (the vhost is missing there, or the account lacks
+	// permissions in it): the policy places no copy there until they accept.
+	Refused []string `json:"refused,omitempty"`
 }

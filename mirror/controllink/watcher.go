@@ -130,15 +130,19 @@ type Watcher struct {
 	done   chan struct{}
 	wg     sync.WaitGroup
 
-	mu    sync.Mutex
-	links map[string]*watchedLink
+	mu     sync.Mutex
+	links  map[string]*watchedLink
+	serial uint64 // the vhost connections dialled (vhost.go)
 }
 
 type watchedLink struct {
+	backend    Backend
+	vhost      string // the vhost of the backend's URL, conn's
 	state      State
 	conn       *amqp.Connection // nil unless Up
 	generation uint64
 	downs      uint64 // transitions to Down, for metrics
+	vhosts     map[string]*vhostConn
 }
 
 // NewWatcher starts watching backends. A backend that is down now is not an
@@ -153,7 +157,7 @@ func NewWatcher(backends []Backend, opts WatcherOptions) *Watcher {
 		links:  make(map[string]*watchedLink, len(backends)),
 	}
 	for _, b := range backends {
-		w.links[b.Name] = &watchedLink{}
+		w.links[b.Name] = &watchedLink{backend: b, vhost: vhostOf(b.URL), vhosts: make(map[string]*vhostConn)}
 		w.wg.Add(1)
 		go w.watch(b)
 	}
@@ -206,6 +210,11 @@ func (w *Watcher) Close() {
 		close(w.done)
 	}
 	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, l := range w.links {
+		closeVHostsLocked(l)
+	}
 }
 
 // watch is one backend's goroutine: connect, probe until the connection
@@ -245,7 +254,7 @@ func (w *Watcher) watch(b Backend) {
 // connect opens the connection and the channel the probes use, both within
 // the grace period: a frozen broker must not hold the watcher.
 func (w *Watcher) connect(b Backend) (*amqp.Connection, *observedConn, *amqp.Channel, error) {
-	conn, observed, err := w.dial(b)
+	conn, observed, err := w.dial(b, "amqp-mirror backend watcher")
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -270,12 +279,12 @@ func (w *Watcher) connect(b Backend) (*amqp.Connection, *observedConn, *amqp.Cha
 	return conn, observed, ch, nil
 }
 
-// dial opens the watcher's connection to b. The socket under amqp091-go is
+// dial opens a connection of the watcher's to b, named name. The socket under amqp091-go is
 // an observedConn, so that the broker's connection.close is seen even when a
 // reset races it (closeframe.go). For an amqps:// URL the TLS client is set
 // up here, beneath the observer, and amqp091-go is handed the URL as plain
 // amqp:// (with its port): above TLS the frames are clear.
-func (w *Watcher) dial(b Backend) (*amqp.Connection, *observedConn, error) {
+func (w *Watcher) dial(b Backend, name string) (*amqp.Connection, *observedConn, error) {
 	// The handshake is bounded, since a frozen broker accepts TCP
 	// connections (the kernel does) but never answers. The bound is not the
 	// grace: a dial runs only while the backend is already down (or not yet
@@ -309,7 +318,7 @@ func (w *Watcher) dial(b Backend) (*amqp.Connection, *observedConn, error) {
 			observed = observe(raw)
 			return observed, nil
 		},
-		Properties: amqp.Table{"connection_name": "amqp-mirror backend watcher"},
+		Properties: amqp.Table{"connection_name": name},
 	})
 	return conn, observed, err
 }
@@ -395,6 +404,7 @@ func (w *Watcher) transition(backend string, state State, cause Cause, err error
 		l.generation++
 	case Down:
 		l.downs++
+		closeVHostsLocked(l)
 	}
 	ev := Event{Backend: backend, State: state, Cause: cause, At: time.Now(), Err: err, Generation: l.generation}
 	w.mu.Unlock()

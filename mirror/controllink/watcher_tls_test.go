@@ -116,7 +116,7 @@ func TestWatcherOverTLS(t *testing.T) {
 		expectEvent(t, w, 10*time.Second, Up, CauseNone)
 		// A second connection dialled as the watcher dials, to look at
 		// what its observer read.
-		conn, observed, err := w.dial(backend)
+		conn, observed, err := w.dial(backend, "test")
 		if err != nil {
 			t.Fatalf("dialling as the watcher does: %v", err)
 		}

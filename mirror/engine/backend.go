@@ -9,64 +9,64 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 )
 
-// The engine's own operations on one backend, on the watcher's connection
-// to it and the account in the backend's URL. Each opens a fresh channel:
-// a 404 or 405 closes the channel it happened on, never the connection.
+// The engine's own operations on one backend, with the account in the
+// backend's URL, on the watcher's connection to it in the vhost of the
+// queue or exchange concerned (controllink.Watcher.VHostConn). Each opens
+// a fresh channel: a 404 or 405 closes the channel it happened on, never
+// the connection.
 
-var errBackendDown = errors.New("backend is not up")
+var errBackendDown = controllink.ErrNotUp
 
-// conn returns the watcher's connection to backend and its generation.
-func (e *Engine) conn(backend string) (*amqp.Connection, uint64, error) {
-	c, gen := e.opts.Watcher.Conn(backend)
-	if c == nil {
-		return nil, 0, fmt.Errorf("backend %s: %w", backend, errBackendDown)
-	}
-	return c, gen, nil
+// conn returns the watcher's connection to backend in vhost and its
+// generation; the watcher logs a vhost that a backend refuses.
+func (e *Engine) conn(backend, vhost string) (*amqp.Connection, uint64, error) {
+	return e.opts.Watcher.VHostConn(backend, vhost)
 }
 
 // withChannel runs f on a fresh channel of the watcher's connection to
-// backend, and closes the channel after.
-func (e *Engine) withChannel(backend string, f func(ch *amqp.Channel) error) error {
-	c, _, err := e.conn(backend)
+// backend in vhost, and closes the channel after.
+func (e *Engine) withChannel(backend, vhost string, f func(ch *amqp.Channel) error) error {
+	c, _, err := e.conn(backend, vhost)
 	if err != nil {
 		return err
 	}
 	ch, err := c.Channel()
 	if err != nil {
-		return fmt.Errorf("backend %s: opening a channel: %w", backend, err)
+		return fmt.Errorf("backend %s, vhost %q: opening a channel: %w", backend, vhost, err)
 	}
 	defer ch.Close()
 	return f(ch)
 }
 
-// inspect passive-declares queue on backend: its ready message and
+// inspect passive-declares queue id on backend: its ready message and
 // consumer counts. A missing queue is an *amqp.Error with code 404, an
 // exclusive queue of another connection one with 405.
-func (e *Engine) inspect(backend, queue string) (amqp.Queue, error) {
+func (e *Engine) inspect(backend string, id mirror.QueueID) (amqp.Queue, error) {
 	var q amqp.Queue
-	err := e.withChannel(backend, func(ch *amqp.Channel) error {
+	err := e.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
 		var err error
-		q, err = ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+		q, err = ch.QueueDeclarePassive(id.Name, false, false, false, false, nil)
 		return err
 	})
 	return q, err
 }
 
-// exists reports whether queue exists on backend without touching it: a
-// passive declare counts as a use of the queue and restarts its x-expires
-// timer (RabbitMQ 3.10 does), so a check by passive declare would keep an
-// expiring queue alive for ever, and queue.unbind answers unbind-ok for a
-// missing queue. A binding made and removed at once asks the broker's
-// binding table only: 404 when the queue is gone.
-func (e *Engine) exists(backend, queue string) (bool, error) {
+// exists reports whether queue id exists on backend without touching it:
+// a passive declare counts as a use of the queue and restarts its
+// x-expires timer (RabbitMQ 3.10 does), so a check by passive declare
+// would keep an expiring queue alive for ever, and queue.unbind answers
+// unbind-ok for a missing queue. A binding made and removed at once asks
+// the broker's binding table only: 404 when the queue is gone.
+func (e *Engine) exists(backend string, id mirror.QueueID) (bool, error) {
 	const probe = "amqp-mirror-existence-probe"
-	err := e.withChannel(backend, func(ch *amqp.Channel) error {
-		if err := ch.QueueBind(queue, probe, "amq.direct", false, nil); err != nil {
+	err := e.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
+		if err := ch.QueueBind(id.Name, probe, "amq.direct", false, nil); err != nil {
 			return err
 		}
-		return ch.QueueUnbind(queue, probe, "amq.direct", nil)
+		return ch.QueueUnbind(id.Name, probe, "amq.direct", nil)
 	})
 	switch {
 	case err == nil:
@@ -97,7 +97,7 @@ func (e *Engine) declareCopy(backend string, m mirror.QueueMeta) error {
 	if err != nil {
 		return fmt.Errorf("%s: arguments: %w", m.ID, err)
 	}
-	return e.withChannel(backend, func(ch *amqp.Channel) error {
+	return e.withChannel(backend, m.ID.VHost, func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(m.ID.Name, m.Durable, false, false, false, args); err != nil {
 			return fmt.Errorf("declaring a copy of %s on %s: %w", m.ID, backend, err)
 		}
@@ -114,11 +114,11 @@ func (e *Engine) declareCopy(backend string, m mirror.QueueMeta) error {
 	})
 }
 
-// deleteCopy deletes the copy of queue on backend; one already gone is
+// deleteCopy deletes the copy of queue id on backend; one already gone is
 // not an error.
-func (e *Engine) deleteCopy(backend, queue string) error {
-	err := e.withChannel(backend, func(ch *amqp.Channel) error {
-		_, err := ch.QueueDelete(queue, false, false, false)
+func (e *Engine) deleteCopy(backend string, id mirror.QueueID) error {
+	err := e.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(id.Name, false, false, false)
 		return err
 	})
 	if replyCode(err) == amqp.NotFound {
@@ -140,7 +140,7 @@ func (e *Engine) buryCopies(id mirror.QueueID, backends []string) (bool, error) 
 	}
 	var errs []error
 	for _, b := range backends {
-		if err := e.deleteCopy(b, id.Name); err != nil {
+		if err := e.deleteCopy(b, id); err != nil {
 			errs = append(errs, fmt.Errorf("deleting the copy of deleted %s on %s: %w", id, b, err))
 			continue
 		}

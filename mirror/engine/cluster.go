@@ -323,7 +323,7 @@ func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
 		_, err := tr.t.Purge(ctx)
 		return err
 	}
-	return e.purgeCopy(e.opts.Node, id.Name)
+	return e.purgeCopy(e.opts.Node, id)
 }
 
 // purgeRemote empties a slave copy another node's proxy trims, through
@@ -335,7 +335,7 @@ func (e *Engine) purgeRemote(ctx context.Context, backend string, id mirror.Queu
 		return nil
 	}
 	e.log.Warn("the proxy beside a slave could not purge it; purging it directly", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
-	return e.purgeCopy(backend, id.Name)
+	return e.purgeCopy(backend, id)
 }
 
 // settleRemote hands the settles of the queue's slaves on other nodes to

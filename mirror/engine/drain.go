@@ -120,6 +120,28 @@ func (e *Engine) placeable() mirror.LiveSet {
 	return live
 }
 
+// placeableIn is placeable without the backends that refuse the proxy's
+// account in vhost (it is missing there, or the account lacks
+// permissions): no copy of that vhost's queues can be made or kept in
+// step there. Asking is cheap: the watcher keeps a connection per vhost,
+// and a refusal for a few seconds before it asks the broker again.
+func (e *Engine) placeableIn(vhost string) mirror.LiveSet {
+	live := e.placeable()
+	for b := range live {
+		if !e.accepts(b, vhost) {
+			delete(live, b)
+		}
+	}
+	return live
+}
+
+// accepts reports whether the proxy's account can work in vhost on
+// backend.
+func (e *Engine) accepts(backend, vhost string) bool {
+	_, _, err := e.opts.Watcher.VHostConn(backend, vhost)
+	return err == nil
+}
+
 // Drained returns the drained backends, sorted.
 func (e *Engine) Drained() []string { return e.drained.list() }
 
@@ -243,7 +265,7 @@ func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 	// trimmer is on the proxy beside the backend, which stops it when it
 	// sees the record.
 	e.stopTrimmer(id, backend)
-	if err := e.deleteCopy(backend, id.Name); err != nil {
+	if err := e.deleteCopy(backend, id); err != nil {
 		log.Warn("drain: slave dropped; cannot delete its copy", "err", err)
 	} else {
 		log.Info("drain: slave dropped, copy deleted")

@@ -7,7 +7,8 @@
 //
 // The proxy does the work that needs a client (declares, binds, publishes,
 // consumes on the client's own backend links); the engine does the rest on
-// the proxy's own connections, those of the controllink.Watcher.
+// the proxy's own connections, those of the controllink.Watcher, each in
+// the vhost of the queue or exchange concerned (Watcher.VHostConn).
 //
 // # Goroutines and locks
 //

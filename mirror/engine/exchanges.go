@@ -27,8 +27,8 @@ func (e *Engine) LookupExchange(id mirror.ExchangeID) (mirror.ExchangeMeta, bool
 // (a passive declare answers 404), asked before a client's first declare
 // of it through the proxy: there, every binding it will have is made
 // through a proxy. A backend that is down, or does not answer clearly, is
-// not in the list; nor is any backend for a vhost other than the one of
-// the engine's own connection to it.
+// not in the list; nor is one that refuses the proxy's account in the
+// exchange's vhost.
 func (e *Engine) ExchangeAbsent(ctx context.Context, id mirror.ExchangeID) []string {
 	var absent []string
 	live := e.live()
@@ -36,10 +36,7 @@ func (e *Engine) ExchangeAbsent(ctx context.Context, id mirror.ExchangeID) []str
 		if !live.Has(b.Name) || ctx.Err() != nil {
 			continue
 		}
-		if uri, err := amqp.ParseURI(b.URL); err != nil || uri.Vhost != id.VHost {
-			continue
-		}
-		err := e.withChannel(b.Name, func(ch *amqp.Channel) error {
+		err := e.withChannel(b.Name, id.VHost, func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclarePassive(id.Name, "direct", false, false, false, false, nil)
 		})
 		if replyCode(err) == amqp.NotFound {

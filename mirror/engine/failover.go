@@ -195,7 +195,7 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 				_, err = tr.t.Purge(ctx)
 				cancel()
 			} else {
-				err = e.purgeCopy(backend, id.Name)
+				err = e.purgeCopy(backend, id)
 			}
 		}
 		if err == nil {

@@ -34,7 +34,7 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	if err != nil {
 		return mirror.QueueMeta{}, fmt.Errorf("placing %s: %w", q.ID, err)
 	}
-	live := e.placeable() // never on a drained backend (drain.go)
+	live := e.placeableIn(q.ID.VHost) // never on a drained backend (drain.go)
 	candidates := e.backends
 	if def.HAMode == config.HANodes {
 		// Master on a named backend where one is up: a master elsewhere
@@ -121,7 +121,7 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 			break
 		}
 		for _, s := range m.Slaves {
-			if err := e.deleteCopy(s.Backend, id.Name); err != nil && !errors.Is(err, errBackendDown) {
+			if err := e.deleteCopy(s.Backend, id); err != nil && !errors.Is(err, errBackendDown) {
 				e.log.Debug("cannot delete a slave copy again", "queue", id.Name, "backend", s.Backend, "err", err)
 			}
 		}
@@ -185,7 +185,7 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 			} else if !e.trimsHere(backend) {
 				err = e.purgeRemote(ctx, backend, id) // cluster.go
 			} else {
-				err = e.purgeCopy(backend, id.Name)
+				err = e.purgeCopy(backend, id)
 			}
 			if err != nil {
 				e.log.Warn("cannot purge a slave copy", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
@@ -195,9 +195,9 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 	wg.Wait()
 }
 
-func (e *Engine) purgeCopy(backend, queue string) error {
-	return e.withChannel(backend, func(ch *amqp.Channel) error {
-		_, err := ch.QueuePurge(queue, false)
+func (e *Engine) purgeCopy(backend string, id mirror.QueueID) error {
+	return e.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
+		_, err := ch.QueuePurge(id.Name, false)
 		return err
 	})
 }

@@ -17,11 +17,17 @@ import (
 // a plan that changes something touches a backend.
 func (e *Engine) reconcileAll() {
 	// Drained backends count as down here: no slave is added there, and a
-	// master kept there is left alone until undrain (drain.go).
-	live := e.placeable()
+	// master kept there is left alone until undrain (drain.go); so do the
+	// backends that refuse the proxy's account in the queue's vhost.
+	placeable := make(map[string]mirror.LiveSet)
 	for _, m := range e.opts.Store.List() {
 		if e.ctx.Err() != nil {
 			return
+		}
+		live, ok := placeable[m.ID.VHost]
+		if !ok {
+			live = e.placeableIn(m.ID.VHost)
+			placeable[m.ID.VHost] = live
 		}
 		def, _ := e.definition(m.ID)
 		plan := mirror.Reconcile(m, def, e.backends, live)
@@ -48,7 +54,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 			// A new slave starts empty: a copy left there (an old master
 			// back after a promotion, a slave dropped while its backend
 			// was down) is stale.
-			err = e.purgeCopy(b, plan.Meta.ID.Name)
+			err = e.purgeCopy(b, plan.Meta.ID)
 		}
 		if err != nil {
 			log.Warn("cannot add a slave; retrying later", "backend", b, "err", err)
@@ -89,7 +95,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 	}
 	for _, b := range plan.Drop {
 		e.stopTrimmer(written.ID, b)
-		if err := e.deleteCopy(b, written.ID.Name); err != nil {
+		if err := e.deleteCopy(b, written.ID); err != nil {
 			log.Warn("cannot delete a dropped copy", "backend", b, "err", err)
 			continue
 		}
@@ -105,7 +111,7 @@ func (e *Engine) checkExpired() {
 		if !m.AutoDelete && !hasKey(m.Arguments, "x-expires") || !live.Has(m.Master) || !e.coordinates(m) {
 			continue
 		}
-		if ok, err := e.exists(m.Master, m.ID.Name); ok || err != nil {
+		if ok, err := e.exists(m.Master, m.ID); ok || err != nil {
 			continue
 		}
 		e.forget(m, "its master deleted itself")
@@ -117,7 +123,7 @@ func (e *Engine) checkExpired() {
 func (e *Engine) forget(m mirror.QueueMeta, why string) {
 	e.stopQueue(m.ID)
 	for _, s := range m.Slaves {
-		if err := e.deleteCopy(s.Backend, m.ID.Name); err != nil {
+		if err := e.deleteCopy(s.Backend, m.ID); err != nil {
 			e.log.Warn("cannot delete a slave copy", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", s.Backend, "err", err)
 		}
 	}
@@ -163,7 +169,7 @@ func (e *Engine) checkBacklog(m mirror.QueueMeta) {
 	if syncing {
 		return
 	}
-	q, err := e.inspect(m.Master, m.ID.Name)
+	q, err := e.inspect(m.Master, m.ID)
 	if err != nil {
 		return
 	}

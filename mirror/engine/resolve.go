@@ -48,13 +48,13 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 	var copies []found
 	var errs []error
 	for _, b := range e.backends {
-		if !live.Has(b) {
-			continue
+		if !live.Has(b) || !e.accepts(b, id.VHost) {
+			continue // a backend refusing the vhost cannot be asked, nor hold a copy the proxy can mirror
 		}
 		if err := ctx.Err(); err != nil {
 			return mirror.QueueMeta{}, false, err
 		}
-		q, err := e.inspect(b, id.Name)
+		q, err := e.inspect(b, id)
 		switch replyCode(err) {
 		case 0:
 			if err != nil {

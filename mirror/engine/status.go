@@ -19,8 +19,9 @@ func (e *Engine) CountUnackedWith(f func(vhost string) map[mirror.QueueID]int) {
 // with what its master's broker says now (messages ready and consumers,
 // -1 when the master cannot be asked), with unacked the messages clients of
 // the proxies hold unacknowledged (-1 without: asking the other proxies
-// takes a round trip to each), its policy and the slaves a sync copies to
-// now. It is `ctl list_queues`.
+// takes a round trip to each), its policy, the slaves a sync copies to
+// now and the backends that refuse the proxy's account in its vhost. It is
+// `ctl list_queues`.
 func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]mirror.QueueStatus, error) {
 	var out []mirror.QueueStatus
 	var counts map[mirror.QueueID]int
@@ -37,10 +38,15 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]
 		}
 		_, policy := e.definition(m.ID)
 		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: e.syncing(m.ID)}
+		for _, b := range e.backends {
+			if e.opts.Watcher.Refuses(b, m.ID.VHost) {
+				st.Refused = append(st.Refused, b)
+			}
+		}
 		if known {
 			st.MessagesUnacked = counts[m.ID]
 		}
-		if q, err := e.inspect(m.Master, m.ID.Name); err == nil {
+		if q, err := e.inspect(m.Master, m.ID); err == nil {
 			st.MessagesReady, st.Consumers = q.Messages, q.Consumers
 			if known {
 				st.Messages = q.Messages + st.MessagesUnacked

@@ -296,7 +296,7 @@ func (e *Engine) expectCopies(id mirror.QueueID, targets []string) (func(), erro
 // copyFromSlave copies the queue from the synchronised slave on source to
 // the slave on target (controllink.Trimmer.CopyTo).
 func (e *Engine) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, target string, batch int) (int, error) {
-	dst, err := e.dialSync(target)
+	dst, err := e.dialSync(target, m.ID.VHost)
 	if err != nil {
 		return 0, err
 	}
@@ -319,14 +319,14 @@ func (e *Engine) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, 
 // file). It holds the messages in memory meanwhile: the master's ready
 // count at the start, at most.
 func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets []string, batch int) (copyCount, error) {
-	src, err := e.dialSync(m.Master)
+	src, err := e.dialSync(m.Master, m.ID.VHost)
 	if err != nil {
 		return copyCount{}, err
 	}
 	defer src.Close()
 	var dsts []*amqp.Connection
 	for _, t := range targets {
-		c, err := e.dialSync(t)
+		c, err := e.dialSync(t, m.ID.VHost)
 		if err != nil {
 			return copyCount{}, err
 		}
@@ -365,18 +365,23 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, byGet, holds, progress)
 }
 
-// dialSync opens a connection of the proxy's own to backend for one sync.
+// dialSync opens a connection of the proxy's own to backend in vhost for
+// one sync.
 // A sync never uses the watcher's connection: RabbitMQ throttles a
 // connection that publishes fast (credit flow), and the watcher's probes
 // on a throttled connection would go unanswered long enough to call the
 // backend down.
-func (e *Engine) dialSync(backend string) (*amqp.Connection, error) {
+func (e *Engine) dialSync(backend, vhost string) (*amqp.Connection, error) {
 	for _, b := range e.opts.Backends {
 		if b.Name != backend {
 			continue
 		}
+		url, err := controllink.WithVHost(b.URL, vhost)
+		if err != nil {
+			return nil, fmt.Errorf("backend %s: %w", backend, err)
+		}
 		dialer := &net.Dialer{Timeout: e.opts.OperationTimeout}
-		conn, err := amqp.DialConfig(b.URL, amqp.Config{
+		conn, err := amqp.DialConfig(url, amqp.Config{
 			TLSClientConfig: b.TLS,
 			Heartbeat:       10 * time.Second,
 			Locale:          "en_US",
@@ -392,7 +397,7 @@ func (e *Engine) dialSync(backend string) (*amqp.Connection, error) {
 			Properties: amqp.Table{"connection_name": "amqp-mirror sync"},
 		})
 		if err != nil {
-			return nil, fmt.Errorf("backend %s: connecting for a sync: %w", backend, err)
+			return nil, fmt.Errorf("backend %s, vhost %q: connecting for a sync: %w", backend, vhost, err)
 		}
 		return conn, nil
 	}

@@ -11,9 +11,9 @@ import (
 )
 
 // A trimmer per slave copy, on the watcher's connection to the slave's
-// backend. A trimmer lives as long as that connection: when the watcher
-// reconnects (the backend went down and came back), the trimmer is
-// replaced by one on the new connection.
+// backend in the queue's vhost. A trimmer lives as long as that
+// connection: when the watcher reconnects (the backend went down and came
+// back), the trimmer is replaced by one on the new connection.
 
 // startTrimmers starts the missing trimmers of m's slaves on live
 // backends.
@@ -29,9 +29,9 @@ func (e *Engine) ensureTrimmer(m mirror.QueueMeta, backend string) {
 	if !e.trimsHere(backend) {
 		return // another node's proxy trims it (cluster.go)
 	}
-	conn, gen := e.opts.Watcher.Conn(backend)
-	if conn == nil {
-		e.stopTrimmer(m.ID, backend) // its connection is gone with the backend
+	conn, gen, err := e.conn(backend, m.ID.VHost)
+	if err != nil {
+		e.stopTrimmer(m.ID, backend) // its connection is gone with the backend, or refused
 		return
 	}
 	e.mu.RLock()
@@ -193,7 +193,7 @@ func (e *Engine) copyGone(m mirror.QueueMeta, backend string) {
 	if _, recorded := e.opts.Store.Get(m.ID); !recorded {
 		return
 	}
-	exists, err := e.exists(m.Master, m.ID.Name)
+	exists, err := e.exists(m.Master, m.ID)
 	if err != nil {
 		return
 	}

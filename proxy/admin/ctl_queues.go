@@ -31,6 +31,7 @@ var queueColumns = []queueColumn{
 	{"slaves", "the backends holding a mirror, in join order (oldest first)", func(q mirror.QueueStatus) any { return nonNil(slaveNames(q.Meta.Slaves)) }},
 	{"synchronised_slaves", "the slaves holding every message the master holds, in join order", func(q mirror.QueueStatus) any { return nonNil(q.Meta.SynchronisedSlaves()) }},
 	{"syncing_slaves", "the slaves a synchronisation is copying to now", func(q mirror.QueueStatus) any { return nonNil(q.Syncing) }},
+	{"refused", "the backends that refuse the proxy's own account in the queue's vhost (the vhost is missing there, or the account lacks permissions): no copy is placed there until they accept", func(q mirror.QueueStatus) any { return nonNil(q.Refused) }},
 	{"consumers", "consumers on the master", func(q mirror.QueueStatus) any { return count(q.Consumers) }},
 	{"policy", "the effective policy's name, empty for none", func(q mirror.QueueStatus) any { return q.Policy }},
 }
