@@ -424,6 +424,7 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 	}
 	if m.cluster != nil {
 		m.cluster.HandleSettles(m.engine.SettleLocal)
+		m.cluster.HandleRejects(m.engine.RejectLocal)
 		m.cluster.HandlePurges(m.engine.PurgeLocal)
 		m.cluster.HandleSyncs(m.engine.SyncLocal)
 		m.cluster.HandleWaitApplied(m.engine.WaitApplied)

@@ -350,3 +350,38 @@ func TestMirrorDeadLettering(t *testing.T) {
 	}
 	awaitHeld(t, 30*time.Second, map[string]map[string]int{target: onEvery(0, backends...)})
 }
+
+// TestMirrorTransactionalRequeueKeepsSlaves: a nack with requeue inside a transaction gives
+// the messages back to the master at tx.commit, and leaves every slave copy of them in place.
+func TestMirrorTransactionalRequeueKeepsSlaves(t *testing.T) {
+	t.Parallel()
+	const messages = 4
+	queue := queueName(t)
+	p := startMirrorProxy(t, "")
+	setPolicy(t, p, "transactional-requeue", exactly(queue), `{"ha-mode":"all"}`)
+	conn := dialURL(t, p.url("guest", "guest"))
+	declareMirrored(t, p, conn, queue, true, nil)
+	publishConfirmed(t, conn, queue, messages, func(i int) amqp.Publishing {
+		return amqp.Publishing{Body: fmt.Appendf(nil, "requeued %d", i)}
+	})
+	all := map[string]map[string]int{queue: onEvery(messages, mirrorBackends()...)}
+	awaitHeld(t, 30*time.Second, all)
+	ch, deliveries := takeDeliveries(t, conn, queue, messages)
+	if err := ch.Tx(); err != nil {
+		t.Fatalf("tx.select: %v", err)
+	}
+	if err := deliveries[len(deliveries)-1].Nack(true, true); err != nil {
+		t.Fatalf("basic.nack: %v", err)
+	}
+	if err := ch.TxCommit(); err != nil {
+		t.Fatalf("tx.commit: %v", err)
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatalf("channel.close: %v", err)
+	}
+	awaitHeld(t, 30*time.Second, all)
+	if got := len(consumeAcked(t, conn, queue, messages)); got != messages {
+		t.Errorf("consumed %d messages after the requeue, want %d", got, messages)
+	}
+	awaitHeld(t, 30*time.Second, map[string]map[string]int{queue: onEvery(0, mirrorBackends()...)})
+}

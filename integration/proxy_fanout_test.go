@@ -102,6 +102,8 @@ func (m *fixedPlacement) Bound(_ context.Context, id mirror.QueueID, b mirror.Bi
 	return nil
 }
 
+func (m *fixedPlacement) Reject(id mirror.QueueID, ids []mirror.MessageID) { m.Settle(id, ids) }
+
 func (m *fixedPlacement) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -100,6 +100,45 @@
 // generation, backend tag), so a tag handed out before a failover can never
 // settle a message delivered after it.
 //
+// # Dead-lettering
+//
+// RabbitMQ's mirrored queues dead-letter on the master and publish the
+// dead-lettered message to every copy of its targets. Here each broker
+// dead-letters only into its own copies of the targets, and a target's
+// master may be on any broker, so a message dead-lettered by the source's
+// master alone would reach a slave of the target (held by its trimmer,
+// seen by no consumer) and miss the target's master. The design is
+// therefore that every broker holding a copy of the message dead-letters
+// that copy itself, for the same reason: then each broker puts one copy
+// into its own copy of each target, and the target's copies stay equal
+// whichever broker masters it.
+//
+//   - expired (x-message-ttl, expiration): every broker expires its own
+//     copy; the trimmers give back the copies they hold once the TTL has
+//     passed (a broker never expires a delivery it waits an ack for).
+//   - rejected (basic.reject, basic.nack without requeue, also inside a
+//     transaction at its commit): the master's broker dead-letters the
+//     client's rejection; the proxy tells the slaves' trimmers, which
+//     reject their copies without requeue instead of acking them
+//     (Trimmer.Reject; in a cluster the rejection travels to the proxy
+//     beside the slave like an ack's settle).
+//   - maxlen (x-max-length, x-max-length-bytes, drop-head): not
+//     replicated. RabbitMQ counts only ready messages towards the limit
+//     and the trimmers hold the slave copies unacknowledged, so a slave's
+//     broker never drops; the master's broker drops (and dead-letters into
+//     its own copies of the targets) messages nobody tells the proxy of.
+//     The slaves keep such a message, and the targets' copies on other
+//     brokers never get it.
+//   - delivery_limit: x-delivery-limit is a quorum queue's; classic queues,
+//     which are what is mirrored, ignore it.
+//
+// A dead-lettered message keeps its headers, the identity header
+// included, so the trimmers of a target's slaves key it, and match it
+// with the settlements of the target's master, like any publish. Each
+// broker writes its own x-death: the same queue, reason, exchange and
+// routing keys on every copy (a copy a sync brought to a slave has those
+// of the sync's publish), and its own clock's time.
+//
 // Each client connection reaches each backend through a backend link of its
 // own, opened lazily with the client's credentials (kept in memory for the
 // connection's life and never logged, as RabbitMQ's shovels keep theirs),
@@ -355,7 +394,9 @@
 // Expired messages (x-message-ttl, expiration) leave the slaves too: a
 // trimmer gives back, with a requeue, a copy it holds past the message's
 // TTL, and the slave's broker expires it and dead-letters it into its own
-// copy of the target queue.
+// copy of the target queue. Messages a client rejects without requeue are
+// rejected on the slaves too, and dead-lettered there (see
+// "Dead-lettering").
 //
 // A channel the client never put in confirm mode is put in confirm mode
 // towards the backends by the proxy at its first publish to several

@@ -58,6 +58,9 @@ type channelState struct {
 	// if it rolls back (the broker never applied those acks).
 	transactional bool
 	txSettled     []tagEntry
+	// txTrims says, for each of txSettled, what its commit does to the
+	// slave copies.
+	txTrims []trimKind
 	// tx is the transaction the proxy keeps itself, on a channel in its own
 	// confirm mode (txemulated.go).
 	tx emulatedTx

@@ -297,9 +297,10 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		if key == frames.TxRollbackKey {
 			ch.tags.restore(ch.txSettled)
 		} else {
-			c.trimSettled(ch.txSettled)
+			c.trimSettled(ch.txSettled, ch.txTrims)
 		}
 		ch.txSettled = ch.txSettled[:0]
+		ch.txTrims = ch.txTrims[:0]
 		ch.mu.Unlock()
 		return c.onOpenLinks(ch, f, true)
 	case frames.BasicRecoverAsyncKey:
@@ -331,12 +332,29 @@ func (c *clientConn) openChannel(ch *channelState, f frames.Frame, home *link) e
 	return nil
 }
 
+// trimKind is what settling a delivery does to the slave copies of its
+// message.
+type trimKind uint8
+
+const (
+	trimNone   trimKind = iota // requeued: the copies stay
+	trimAck                    // acked: the copies are acked
+	trimReject                 // rejected without requeue: the copies are rejected too, to be dead-lettered
+)
+
 // settle passes a client's basic.ack, basic.nack or basic.reject to the
 // backends of the deliveries it settles, with their own delivery tags; the
 // slave copies of the messages it removes from their masters are trimmed.
 func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag uint64, multiple, requeue bool) error {
+	kind := trimNone
+	switch {
+	case key == frames.BasicAckKey:
+		kind = trimAck
+	case !requeue:
+		kind = trimReject
+	}
 	var trims *[]trimmed
-	if c.srv.opts.Mirror != nil && (key == frames.BasicAckKey || !requeue) {
+	if c.srv.opts.Mirror != nil && kind != trimNone {
 		ch.trims = ch.trims[:0]
 		trims = &ch.trims
 	}
@@ -346,6 +364,11 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 		trims = nil // trimmed at tx.commit, from txSettled
 	}
 	acks, settled, ok := ch.tags.settle(tag, multiple, ch.acks[:0], transactional, ch.txSettled, trims)
+	if transactional {
+		for range settled[len(ch.txSettled):] {
+			ch.txTrims = append(ch.txTrims, kind)
+		}
+	}
 	ch.acks, ch.txSettled = acks, settled
 	ch.mu.Unlock()
 	if !ok {
@@ -355,7 +378,7 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 		return nil
 	}
 	if trims != nil && len(*trims) > 0 {
-		c.trim(*trims)
+		c.trim(*trims, kind == trimReject)
 	}
 	if len(acks) == 1 && acks[0].backendTag == tag && acks[0].multiple == multiple {
 		if l := c.linkAt(acks[0].backend); l != nil && l.gen == acks[0].gen {
@@ -387,23 +410,25 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 }
 
 // trimSettled trims the mirrored messages among tx-settled entries, at
-// commit.
-func (c *clientConn) trimSettled(entries []tagEntry) {
+// commit, each as kinds says.
+func (c *clientConn) trimSettled(entries []tagEntry, kinds []trimKind) {
 	if c.srv.opts.Mirror == nil {
 		return
 	}
-	var trims []trimmed
-	for _, e := range entries {
-		if e.queue != nil {
-			trims = append(trims, trimmed{queue: e.queue, id: e.id})
+	for _, kind := range []trimKind{trimAck, trimReject} {
+		var trims []trimmed
+		for i, e := range entries {
+			if e.queue != nil && kinds[i] == kind {
+				trims = append(trims, trimmed{queue: e.queue, id: e.id})
+			}
 		}
+		c.trim(trims, kind == trimReject)
 	}
-	c.trim(trims)
 }
 
 // trim tells the engine which messages left their masters, one call per
-// queue.
-func (c *clientConn) trim(trims []trimmed) {
+// queue: rejected without requeue (reject) or acked.
+func (c *clientConn) trim(trims []trimmed, reject bool) {
 	for len(trims) > 0 {
 		q := trims[0].queue
 		ids := c.trimIDs[:0]
@@ -415,7 +440,11 @@ func (c *clientConn) trim(trims []trimmed) {
 				rest = append(rest, t)
 			}
 		}
-		c.srv.opts.Mirror.Settle(q.id, ids)
+		if reject {
+			c.srv.opts.Mirror.Reject(q.id, ids)
+		} else {
+			c.srv.opts.Mirror.Settle(q.id, ids)
+		}
 		c.trimIDs = ids
 		trims = rest
 	}

@@ -70,6 +70,12 @@ type Mirror interface {
 	// on the ack path and must not block on the network; ids is valid only
 	// during the call.
 	Settle(id mirror.QueueID, ids []mirror.MessageID)
+	// Reject is Settle for messages a client rejected (basic.reject,
+	// basic.nack) without requeue: the master's broker dead-letters its
+	// copies, and the slaves reject theirs the same way, so that each
+	// broker dead-letters its own copy into its own copies of the target
+	// queues.
+	Reject(id mirror.QueueID, ids []mirror.MessageID)
 	// Missed says that the slave copy on backend of queue (of every queue
 	// with a synchronised slave there, when queue is nil: a publish to an
 	// exchange) may lack a publish: the backend nacked it, the client's

@@ -39,10 +39,12 @@ const peerBatch = 512
 // peerMessage is one message on the wire. A batch is a JSON array of them.
 type peerMessage struct {
 	// Settles: the messages of queue (VHost, Name) whose master copies are
-	// gone; IDs are their identities, 16 bytes each, concatenated.
-	VHost string `json:"v,omitempty"`
-	Name  string `json:"q,omitempty"`
-	IDs   []byte `json:"ids,omitempty"`
+	// gone; IDs are their identities, 16 bytes each, concatenated. Reject:
+	// a client rejected them without requeue.
+	VHost  string `json:"v,omitempty"`
+	Name   string `json:"q,omitempty"`
+	IDs    []byte `json:"ids,omitempty"`
+	Reject bool   `json:"r,omitempty"`
 	// Or a message of Kind for a handler set with Handle.
 	Kind    string          `json:"k,omitempty"`
 	From    string          `json:"f,omitempty"`
@@ -65,6 +67,7 @@ type peerState struct {
 	addrs    atomic.Pointer[map[string]string]
 	backends atomic.Pointer[map[string]string]
 	settle   atomic.Pointer[func(mirror.QueueID, []mirror.MessageID)]
+	reject   atomic.Pointer[func(mirror.QueueID, []mirror.MessageID)]
 	handlers sync.Map // kind -> func(from string, payload []byte)
 	calls    sync.Map // kind -> callHandler
 	dropped  atomic.Uint64
@@ -75,6 +78,12 @@ type peerState struct {
 // before it is set are dropped.
 func (c *Cluster) HandleSettles(f func(mirror.QueueID, []mirror.MessageID)) {
 	c.peers.settle.Store(&f)
+}
+
+// HandleRejects is HandleSettles for the messages clients rejected without
+// requeue (engine.RejectLocal).
+func (c *Cluster) HandleRejects(f func(mirror.QueueID, []mirror.MessageID)) {
+	c.peers.reject.Store(&f)
 }
 
 // Handle sets the function that receives peer messages of kind sent with
@@ -89,6 +98,16 @@ func (c *Cluster) Handle(kind string, f func(from string, payload []byte)) {
 // dropped (that proxy's trimmer is gone with it, and its channel's
 // unacknowledged messages are back in the copy).
 func (c *Cluster) SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID) {
+	c.sendSettles(backend, id, ids, false)
+}
+
+// SendRejects is SendSettles for messages a client rejected without
+// requeue: the proxy beside backend rejects its slave's copies.
+func (c *Cluster) SendRejects(backend string, id mirror.QueueID, ids []mirror.MessageID) {
+	c.sendSettles(backend, id, ids, true)
+}
+
+func (c *Cluster) sendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID, reject bool) {
 	node := (*c.peers.backends.Load())[backend]
 	if node == "" || node == c.cfg.NodeName {
 		return
@@ -97,7 +116,7 @@ func (c *Cluster) SendSettles(backend string, id mirror.QueueID, ids []mirror.Me
 	for _, m := range ids {
 		raw = append(raw, m[:]...)
 	}
-	c.enqueue(node, peerMessage{VHost: id.VHost, Name: id.Name, IDs: raw})
+	c.enqueue(node, peerMessage{VHost: id.VHost, Name: id.Name, IDs: raw, Reject: reject})
 }
 
 // Send sends a message of kind to the proxy named node, best effort. It
@@ -229,6 +248,9 @@ func (c *Cluster) servePeer(conn net.Conn) {
 				continue
 			}
 			f := c.peers.settle.Load()
+			if m.Reject {
+				f = c.peers.reject.Load()
+			}
 			if f == nil || len(m.IDs)%len(mirror.MessageID{}) != 0 {
 				continue
 			}

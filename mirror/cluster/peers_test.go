@@ -15,42 +15,57 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
-// TestSettlesReachTheProxyBesideTheSlave sends settles for the copies on
-// rabbit2 and rabbit3 from rabbit1: each arrives at the proxy beside that
-// backend only, in order, and settles for rabbit1's own backend go nowhere.
+// TestSettlesReachTheProxyBesideTheSlave sends settles and rejections
+// for the copies on rabbit2 and rabbit3 from rabbit1: each arrives at the
+// proxy beside that backend only, in order, at the handler of its kind,
+// and those for rabbit1's own backend go nowhere.
 func TestSettlesReachTheProxyBesideTheSlave(t *testing.T) {
 	nodes := startCluster(t, 3)
 	var mu sync.Mutex
-	got := map[string][]mirror.MessageID{}
+	settled, rejected := map[string][]mirror.MessageID{}, map[string][]mirror.MessageID{}
+	queue := mirror.QueueID{VHost: "/", Name: "queue_1"}
 	for _, n := range nodes {
 		name := n.cfg.NodeName
-		n.HandleSettles(func(id mirror.QueueID, ids []mirror.MessageID) {
-			if id != (mirror.QueueID{VHost: "/", Name: "queue_1"}) {
-				t.Errorf("%s: settles for %v, want queue_1 in /", name, id)
+		record := func(into map[string][]mirror.MessageID) func(mirror.QueueID, []mirror.MessageID) {
+			return func(id mirror.QueueID, ids []mirror.MessageID) {
+				if id != queue {
+					t.Errorf("%s: settles for %v, want queue_1 in /", name, id)
+				}
+				mu.Lock()
+				into[name] = append(into[name], ids...)
+				mu.Unlock()
 			}
-			mu.Lock()
-			got[name] = append(got[name], ids...)
-			mu.Unlock()
-		})
+		}
+		n.HandleSettles(record(settled))
+		n.HandleRejects(record(rejected))
 	}
-	queue := mirror.QueueID{VHost: "/", Name: "queue_1"}
-	var want []mirror.MessageID
-	for i := range 1000 {
-		var id mirror.MessageID
-		copy(id[:], fmt.Sprintf("message-%08d", i))
-		want = append(want, id)
-	}
-	for i := 0; i < len(want); i += 10 {
+	var wantSettled, wantRejected []mirror.MessageID
+	for i := 0; i < 1000; i += 10 {
+		batch := make([]mirror.MessageID, 10)
+		for j := range batch {
+			copy(batch[j][:], fmt.Sprintf("message-%08d", i+j))
+		}
+		reject := i%30 == 0
 		for _, backend := range []string{"rabbit1", "rabbit2", "rabbit3"} {
-			nodes[0].SendSettles(backend, queue, want[i:i+10])
+			if reject {
+				nodes[0].SendRejects(backend, queue, batch)
+			} else {
+				nodes[0].SendSettles(backend, queue, batch)
+			}
+		}
+		if reject {
+			wantRejected = append(wantRejected, batch...)
+		} else {
+			wantSettled = append(wantSettled, batch...)
 		}
 	}
 	testutil.Eventually(t, 10*time.Second, func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, name := range []string{"rabbit2", "rabbit3"} {
-			if len(got[name]) != len(want) {
-				return fmt.Errorf("%s got %d settles, want %d", name, len(got[name]), len(want))
+			if len(settled[name]) != len(wantSettled) || len(rejected[name]) != len(wantRejected) {
+				return fmt.Errorf("%s got %d settles and %d rejections, want %d and %d",
+					name, len(settled[name]), len(rejected[name]), len(wantSettled), len(wantRejected))
 			}
 		}
 		return nil
@@ -58,12 +73,13 @@ func TestSettlesReachTheProxyBesideTheSlave(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, name := range []string{"rabbit2", "rabbit3"} {
-		if !slices.Equal(got[name], want) {
-			t.Errorf("%s: settles arrived changed or out of order", name)
+		if !slices.Equal(settled[name], wantSettled) || !slices.Equal(rejected[name], wantRejected) {
+			t.Errorf("%s: settles or rejections arrived changed or out of order", name)
 		}
 	}
-	if len(got["rabbit1"]) != 0 {
-		t.Errorf("rabbit1 got %d settles for its own backend, want none (its engine settles them itself)", len(got["rabbit1"]))
+	if len(settled["rabbit1"])+len(rejected["rabbit1"]) != 0 {
+		t.Errorf("rabbit1 got %d settles and %d rejections for its own backend, want none (its engine settles them itself)",
+			len(settled["rabbit1"]), len(rejected["rabbit1"]))
 	}
 	if d := nodes[0].PeersDropped(); d != 0 {
 		t.Errorf("dropped %d peer messages, want 0", d)

@@ -166,8 +166,9 @@ func publishExpiring(t *testing.T, conn *amqp.Connection, queue string, from, to
 }
 
 // deadLettered takes every message from queue and counts them by identity,
-// checking that each was dead-lettered from source because it expired.
-func deadLettered(t *testing.T, conn *amqp.Connection, queue, source string) map[int]int {
+// checking that each was dead-lettered from source for reason ("expired",
+// "rejected").
+func deadLettered(t *testing.T, conn *amqp.Connection, queue, source, reason string) map[int]int {
 	t.Helper()
 	ch, err := conn.Channel()
 	if err != nil {
@@ -186,9 +187,9 @@ func deadLettered(t *testing.T, conn *amqp.Connection, queue, source string) map
 		value, _ := d.Headers[mirror.IdentityHeader].(string)
 		id, _ := mirror.ParseMessageID(value)
 		got[int(binary.BigEndian.Uint64(id[8:]))]++
-		if d.Headers["x-first-death-queue"] != source || d.Headers["x-first-death-reason"] != "expired" {
-			t.Errorf("message %s: x-first-death-queue %v, x-first-death-reason %v; want %s, expired",
-				d.Body, d.Headers["x-first-death-queue"], d.Headers["x-first-death-reason"], source)
+		if d.Headers["x-first-death-queue"] != source || d.Headers["x-first-death-reason"] != reason {
+			t.Errorf("message %s: x-first-death-queue %v, x-first-death-reason %v; want %s, %s",
+				d.Body, d.Headers["x-first-death-queue"], d.Headers["x-first-death-reason"], source, reason)
 		}
 	}
 }
@@ -274,7 +275,7 @@ func TestTrimmerGivesBackExpiredMessages(t *testing.T) {
 			if left := remaining(t, conn, source); len(left) != tt.wantHeld {
 				t.Errorf("%d messages left on the slave (%v), want %d", len(left), left, tt.wantHeld)
 			}
-			if got := deadLettered(t, conn, target, source); !maps.Equal(got, tt.want) {
+			if got := deadLettered(t, conn, target, source, "expired"); !maps.Equal(got, tt.want) {
 				t.Errorf("dead-lettered %v, want %v", got, tt.want)
 			}
 		})

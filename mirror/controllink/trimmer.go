@@ -7,7 +7,9 @@
 // master: it consumes the slave's copy and holds every delivery
 // unacknowledged, keyed by the message's identity (mirror.IdentityHeader),
 // until the master's copy of that message is gone (acked, or rejected
-// without requeue, by a client); then it acks the slave's copy. A message
+// without requeue, by a client); then it acks the slave's copy, or rejects
+// it without requeue for the slave's broker to dead-letter it as the
+// master's did (see "Dead-lettering" in mirror/doc.go). A message
 // without that header (it was on the broker before the proxy, or was
 // published past it) is keyed by its content (mirror.ContentID), so that
 // adopted queues are trimmed too. Holding is
@@ -205,10 +207,11 @@ type outstandingTag struct {
 
 // settlement is an identity settled at the master whose slave copy has
 // not arrived: when (for ForgetAfter) and how many times (content
-// identities can stand for several messages).
+// identities can stand for several messages), rejects of them rejections.
 type settlement struct {
-	at    time.Time
-	count int
+	at      time.Time
+	count   int
+	rejects int
 }
 
 type pendingAck struct {
@@ -218,6 +221,9 @@ type pendingAck struct {
 	// message settled at the master, so a lost channel must not turn it
 	// into a settlement.
 	duplicate bool
+	// reject: the master's copy was rejected without requeue, so this one
+	// is too, for the slave's broker to dead-letter it (see Reject).
+	reject bool
 }
 
 // StartTrimmer starts trimming queue (on the broker conn is connected to).
@@ -252,24 +258,34 @@ func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Tr
 
 // Settle records that the master's copies of ids are gone: the slave's
 // copies are acked as soon as the trimmer holds them, batched (AckDelay).
-func (t *Trimmer) Settle(ids ...mirror.MessageID) {
+func (t *Trimmer) Settle(ids ...mirror.MessageID) { t.settle(ids, false) }
+
+// Reject records that a client rejected the master's copies of ids
+// without requeue: the slave's copies are rejected the same way, as soon
+// as the trimmer holds them, so that the slave's broker dead-letters each
+// into its own copies of the target queues, as the master's broker did
+// (with the queue's x-dead-letter-exchange; without one, a rejection
+// drops the message as an ack would).
+func (t *Trimmer) Reject(ids ...mirror.MessageID) { t.settle(ids, true) }
+
+func (t *Trimmer) settle(ids []mirror.MessageID, reject bool) {
 	t.mu.Lock()
 	before := len(t.toAck)
 	for _, id := range ids {
 		delete(t.deadlines, id)
 		if tag, ok := t.held[id]; ok {
 			delete(t.held, id)
-			t.toAck = append(t.toAck, pendingAck{tag: tag, id: id})
+			t.toAck = append(t.toAck, pendingAck{tag: tag, id: id, reject: reject})
 			t.rememberTrimmed(id)
 			continue
 		}
 		if tags := t.byContent[id]; len(tags) > 0 {
-			t.toAck = append(t.toAck, pendingAck{tag: tags[0], id: id})
+			t.toAck = append(t.toAck, pendingAck{tag: tags[0], id: id, reject: reject})
 			t.dropContent(id)
 			continue
 		}
 		t.missed++
-		t.addSettled(id, time.Now())
+		t.addSettled(id, time.Now(), reject)
 	}
 	after := len(t.toAck)
 	t.mu.Unlock()
@@ -703,14 +719,18 @@ func (t *Trimmer) hold(tag uint64, id mirror.MessageID, byContent bool) bool {
 	defer t.mu.Unlock()
 	t.outstanding = append(t.outstanding, outstandingTag{tag: tag})
 	if s, gone := t.settled[id]; gone {
+		reject := s.rejects > 0
 		if s.count <= 1 {
 			delete(t.settled, id)
 		} else {
 			s.count--
+			if reject {
+				s.rejects--
+			}
 			t.settled[id] = s
 		}
 		t.missed-- // it was not missing after all, only late
-		t.toAck = append(t.toAck, pendingAck{tag: tag, id: id})
+		t.toAck = append(t.toAck, pendingAck{tag: tag, id: id, reject: reject})
 		if !byContent {
 			t.rememberTrimmed(id)
 		}
@@ -833,10 +853,13 @@ func (t *Trimmer) ExpectCopies(on bool) {
 }
 
 // addSettled records one settlement whose slave copy has not arrived.
-func (t *Trimmer) addSettled(id mirror.MessageID, at time.Time) {
+func (t *Trimmer) addSettled(id mirror.MessageID, at time.Time, reject bool) {
 	s := t.settled[id]
 	s.at = at
 	s.count++
+	if reject {
+		s.rejects++
+	}
 	t.settled[id] = s
 }
 
@@ -885,19 +908,17 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 	t.toAck = nil
 	nacks := t.toNack
 	t.toNack = nil
-	// A delivery given back is gone from the channel's unacknowledged ones
-	// like one acked on its own: a multiple ack may cover its tag but must
-	// not name it.
+	// A delivery given back or rejected is gone from the channel's
+	// unacknowledged ones like one acked on its own: a multiple ack may
+	// cover its tag but must not name it.
 	for _, tag := range nacks {
-		i, found := slices.BinarySearchFunc(t.outstanding, tag, func(o outstandingTag, tag uint64) int {
-			return compareTags(o.tag, tag)
-		})
-		if found {
-			t.outstanding[i].acked = true
-			t.outstanding[i].sent = true
-		}
+		t.markSent(tag)
 	}
 	for _, a := range acks {
+		if a.reject {
+			t.markSent(a.tag)
+			continue
+		}
 		i, found := slices.BinarySearchFunc(t.outstanding, a.tag, func(o outstandingTag, tag uint64) int {
 			return compareTags(o.tag, tag)
 		})
@@ -947,7 +968,7 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 	// The others are acked on their own; they stay outstanding (behind a
 	// delivery not acked yet) and must not be named by a later multiple ack.
 	for _, a := range acks {
-		if covered(a.tag) {
+		if a.reject || covered(a.tag) {
 			continue
 		}
 		i, found := slices.BinarySearchFunc(t.outstanding, a.tag, func(o outstandingTag, tag uint64) int {
@@ -959,13 +980,21 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 	}
 	t.mu.Unlock()
 
-	// The nacks go first: the multiple ack may cover their tags, and would
-	// ack them if they were still unacknowledged.
+	// The nacks and rejections go first: the multiple ack may cover their
+	// tags, and would ack them if they were still unacknowledged.
 	for _, ref := range nacks {
 		if err := t.channelFor(ch, ref).Nack(tagOf(ref), false, true); err != nil {
 			// The channel is gone, and with it every delivery it held
 			// went back to the queue: just what the nack was for.
 			return t.requeueAcks(acks, fmt.Errorf("nack %d: %w", tagOf(ref), err))
+		}
+	}
+	for _, a := range acks {
+		if !a.reject {
+			continue
+		}
+		if err := t.channelFor(ch, a.tag).Nack(tagOf(a.tag), false, false); err != nil {
+			return t.requeueAcks(acks, fmt.Errorf("reject %d: %w", tagOf(a.tag), err))
 		}
 	}
 	for _, upTo := range multiples {
@@ -974,7 +1003,7 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 		}
 	}
 	for _, a := range acks {
-		if covered(a.tag) {
+		if a.reject || covered(a.tag) {
 			continue
 		}
 		if err := t.channelFor(ch, a.tag).Ack(tagOf(a.tag), false); err != nil {
@@ -983,6 +1012,18 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 	}
 	t.closeEmpty()
 	return nil
+}
+
+// markSent marks an outstanding delivery settled on its own (given back
+// or rejected), so that no multiple ack names it.
+func (t *Trimmer) markSent(ref uint64) {
+	i, found := slices.BinarySearchFunc(t.outstanding, ref, func(o outstandingTag, tag uint64) int {
+		return compareTags(o.tag, tag)
+	})
+	if found {
+		t.outstanding[i].acked = true
+		t.outstanding[i].sent = true
+	}
 }
 
 // channelFor is the channel a delivery reference belongs to: current when
@@ -1004,7 +1045,7 @@ func (t *Trimmer) requeueAcks(acks []pendingAck, err error) error {
 	now := time.Now()
 	for _, a := range acks {
 		if !a.duplicate {
-			t.addSettled(a.id, now)
+			t.addSettled(a.id, now, a.reject)
 			t.missed++ // its delivery comes again and takes this back
 		}
 	}
@@ -1021,7 +1062,7 @@ func (t *Trimmer) forgetChannel() {
 	now := time.Now()
 	for _, a := range t.toAck {
 		if !a.duplicate {
-			t.addSettled(a.id, now)
+			t.addSettled(a.id, now, a.reject)
 			t.missed++ // its delivery comes again and takes this back
 		}
 	}

@@ -229,6 +229,77 @@ func TestTrimmerRemovesSettledMessages(t *testing.T) {
 	}
 }
 
+// TestTrimmerRejectsWhatTheMasterRejected: on a real broker, the copies
+// of messages rejected at the master are rejected without requeue, so
+// that the slave's broker dead-letters each once; acked ones are not
+// dead-lettered, even when one multiple ack covers the rejected tags.
+func TestTrimmerRejectsWhatTheMasterRejected(t *testing.T) {
+	const total = 20
+	tests := []struct {
+		name        string
+		rejectFirst bool // the rejections reach the trimmer before the copies
+	}{
+		{name: "rejected after the copies arrived"},
+		{name: "rejected before the copies arrived", rejectFirst: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn := dial(t)
+			target := declare(t, conn)
+			source := declareWith(t, conn, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target})
+			tr, err := StartTrimmer(dial(t), source, TrimmerOptions{Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			var acked, rejected []mirror.MessageID
+			want := map[int]int{}
+			for n := range total - 2 { // the last two stay held
+				if n%3 == 1 {
+					rejected = append(rejected, messageID(n))
+					want[n] = 1
+				} else {
+					acked = append(acked, messageID(n))
+				}
+			}
+			settle := func() {
+				tr.Reject(rejected...)
+				tr.Settle(acked...)
+			}
+			if tt.rejectFirst {
+				settle()
+			}
+			publish(t, conn, source, total)
+			if !tt.rejectFirst {
+				testutil.Eventually(t, 10*time.Second, func() error {
+					if held, _ := tr.Stats(); held != total {
+						return fmt.Errorf("trimmer holds %d, want %d", held, total)
+					}
+					return nil
+				})
+				settle()
+			}
+			testutil.Eventually(t, 20*time.Second, func() error {
+				ready, err := readyCount(conn, target)
+				if err != nil {
+					return err
+				}
+				if held, waiting := tr.Stats(); held != 2 || waiting != 0 || ready != len(want) {
+					return fmt.Errorf("trimmer holds %d, %d waiting, %d dead-lettered; want 2, 0, %d", held, waiting, ready, len(want))
+				}
+				return nil
+			})
+			tr.Close()
+			if left := remaining(t, conn, source); !maps.Equal(left, map[int]bool{total - 2: true, total - 1: true}) {
+				t.Errorf("left on the slave: %v, want the last two", left)
+			}
+			if got := deadLettered(t, conn, target, source, "rejected"); !maps.Equal(got, want) {
+				t.Errorf("dead-lettered %v, want %v", got, want)
+			}
+		})
+	}
+}
+
 func TestTrimmerSurvivesConsumerTimeout(t *testing.T) {
 	if err := shortenChannelTick(); err != nil {
 		t.Fatalf("making the broker check consumer_timeout often: %v", err)

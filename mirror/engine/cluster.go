@@ -46,6 +46,9 @@ type Peers interface {
 	// beside that backend. It never blocks (it is on the client's ack
 	// path) and does not keep ids.
 	SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID)
+	// SendRejects is SendSettles for messages a client rejected without
+	// requeue (RejectLocal there).
+	SendRejects(backend string, id mirror.QueueID, ids []mirror.MessageID)
 	// PurgeSlave asks the proxy beside backend to empty its slave copy
 	// of the queue through its trimmer (PurgeLocal there), and waits.
 	PurgeSlave(ctx context.Context, backend string, id mirror.QueueID) error
@@ -122,6 +125,17 @@ func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID) {
 	if qs := e.queues[id]; qs != nil {
 		for _, tr := range qs.trimmers {
 			tr.t.Settle(ids...)
+		}
+	}
+	e.mu.RUnlock()
+}
+
+// RejectLocal is Reject for the slave copies this proxy trims.
+func (e *Engine) RejectLocal(id mirror.QueueID, ids []mirror.MessageID) {
+	e.mu.RLock()
+	if qs := e.queues[id]; qs != nil {
+		for _, tr := range qs.trimmers {
+			tr.t.Reject(ids...)
 		}
 	}
 	e.mu.RUnlock()
@@ -338,9 +352,9 @@ func (e *Engine) purgeRemote(ctx context.Context, backend string, id mirror.Queu
 	return e.purgeCopy(backend, id)
 }
 
-// settleRemote hands the settles of the queue's slaves on other nodes to
-// their proxies.
-func (e *Engine) settleRemote(id mirror.QueueID, ids []mirror.MessageID) {
+// settleRemote hands the settles (rejections with reject) of the queue's
+// slaves on other nodes to their proxies.
+func (e *Engine) settleRemote(id mirror.QueueID, ids []mirror.MessageID, reject bool) {
 	if !e.clustered() {
 		return
 	}
@@ -349,7 +363,11 @@ func (e *Engine) settleRemote(id mirror.QueueID, ids []mirror.MessageID) {
 		return
 	}
 	for _, s := range m.Slaves {
-		if s.Backend != e.opts.Node {
+		switch {
+		case s.Backend == e.opts.Node:
+		case reject:
+			e.opts.Peers.SendRejects(s.Backend, id, ids)
+		default:
 			e.opts.Peers.SendSettles(s.Backend, id, ids)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 type noPeers struct{}
 
 func (noPeers) SendSettles(string, mirror.QueueID, []mirror.MessageID)   {}
+func (noPeers) SendRejects(string, mirror.QueueID, []mirror.MessageID)   {}
 func (noPeers) PurgeSlave(context.Context, string, mirror.QueueID) error { return nil }
 func (noPeers) SyncSlave(context.Context, string, mirror.QueueID) error  { return nil }
 func (noPeers) WaitApplied(context.Context, uint64) error                { return nil }

@@ -264,5 +264,14 @@ func (e *Engine) changeBindings(ctx context.Context, id mirror.QueueID, change f
 // acks for its own goroutine.
 func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 	e.SettleLocal(id, ids)
-	e.settleRemote(id, ids) // cluster.go
+	e.settleRemote(id, ids, false) // cluster.go
+}
+
+// Reject tells the trimmers of a queue's slaves that a client rejected
+// the master's copies of ids without requeue: they reject their copies
+// the same way, so that every copy is dead-lettered by its own broker
+// (see "Dead-lettering" in mirror/doc.go). It never waits on the network.
+func (e *Engine) Reject(id mirror.QueueID, ids []mirror.MessageID) {
+	e.RejectLocal(id, ids)
+	e.settleRemote(id, ids, true)
 }
