@@ -113,15 +113,16 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("serve", `Usage: amqp-mirror serve [--config FILE] [flags]
 
 Runs the proxy: clients connect to listen.amqp (and listen.amqps with TLS).
-Each client connection reaches its home backend (the node backend, or the
-first one listed) and, with several backends, the others as its queues need
-them, with the client's own credentials. Queues are mirrored by their
-policies (ctl list_policies --explain); queue_master_locator places new
-masters. failover_grace is how long the proxy's own probe of each backend
-waits for an answer before it counts the backend down and its queues fail
-over (a reset or refused connection counts at once). With cluster.bind set
-(and node), the proxy joins the sidecar cluster: it gossips with the proxies
-of cluster.join and votes in their shared metadata log.
+Each client connection reaches its home backend (the node backend when it is
+up, else the first one listed that is up) and, with several backends, the
+others as its queues need them, with the client's own credentials. Queues
+are mirrored by their policies (ctl list_policies --explain);
+queue_master_locator places new masters. failover_grace is how long the
+proxy's own probe of each backend waits for an answer before it counts the
+backend down and its queues fail over (a reset or refused connection counts
+at once). With cluster.bind set (and node), the proxy joins the sidecar
+cluster: it gossips with the proxies of cluster.join and votes in their
+shared metadata log.
 
 Every config key can also be set by a flag named after its key path, or by an
 environment variable AMQP_MIRROR_<KEY> (dots as underscores); flags win over
@@ -202,6 +203,7 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 		return err
 	}
 	mirroring.countUnacked(srv.Unacked)
+	mirroring.listUnrecorded(srv.UnrecordedQueues)
 
 	var listeners []net.Listener
 	closeListeners := func() {
@@ -441,6 +443,17 @@ func (m *mirroring) countUnacked(f func(vhost string) map[mirror.QueueID]int) {
 	}
 	if m.cluster != nil {
 		m.cluster.HandleUnacked(f)
+	}
+}
+
+// listUnrecorded lets list_queues, here and asked by other proxies, show
+// the exclusive and server-named queues this proxy's clients declared.
+func (m *mirroring) listUnrecorded(f func(vhost string) []mirror.UnrecordedQueue) {
+	if m.engine != nil {
+		m.engine.ListUnrecordedWith(f)
+	}
+	if m.cluster != nil {
+		m.cluster.HandleUnrecorded(f)
 	}
 }
 

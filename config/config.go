@@ -497,7 +497,7 @@ func applyFlags(c *Config, flags *pflag.FlagSet) []error {
 // below the minimum 4096) rather than pflag's parse error.
 func RegisterFlags(fs *pflag.FlagSet) {
 	d := Default()
-	fs.String("node", d.Node, "the backend this proxy sits beside (sidecar mode); clients are served by it (default: the first backend)")
+	fs.String("node", d.Node, "the backend this proxy sits beside (sidecar mode); clients are served by it when it is up (default: the first backend up)")
 	fs.String("listen.amqp", d.Listen.AMQP, "AMQP listener address")
 	fs.String("listen.amqps", d.Listen.AMQPS, "AMQPS listener address (default 0.0.0.0:5671 when TLS is set)")
 	fs.String("listen.admin", d.Listen.Admin, "admin API and /metrics address; empty disables it")

@@ -35,7 +35,7 @@ func TestCtlQueuesWithoutMirroring(t *testing.T) {
 		{"sync_queue", []string{"sync_queue", "-p", "/", "orders"}, 65, []string{off}},
 		{"cancel_sync_queue", []string{"cancel_sync_queue", "orders"}, 65, []string{off}},
 		{"unknown column", []string{"list_queues", "name", "pids"}, 64,
-			[]string{`unknown column(s) "pids": valid columns are name, messages, messages_ready, messages_unacknowledged, master, slaves, synchronised_slaves, syncing_slaves, refused, consumers, policy`}},
+			[]string{`unknown column(s) "pids": valid columns are name, messages, messages_ready, messages_unacknowledged, master, slaves, synchronised_slaves, syncing_slaves, refused, consumers, policy, exclusive`}},
 		{"no queue name", []string{"sync_queue"}, 64, []string{"expected 1 argument(s), found 0"}},
 	}
 	for _, tc := range tests {

@@ -42,7 +42,7 @@ var integrationParts = [][]string{
 		"TestCLIReloadAppliesPolicyChanges", "TestCLIReloadRefusesWhatItCannotApply",
 		"TestCLIServeLogsConnectionsWithoutPasswords", "TestCLIShutdownSignals", "TestCLIHelp", "TestCLIBackendDown", "TestCLIServesAMQPS", "TestCLIMetrics",
 		"TestCtlDrain",
-		"TestCtlQueuesWithoutMirroring", "TestCtlQueuesMirrored",
+		"TestCtlQueuesWithoutMirroring", "TestCtlQueuesMirrored", "TestCtlQueuesListsUnmirroredQueues",
 		"TestComposeTopologyOnNetworkNamespaces",
 		"TestComposeBrokersAreSingleOfficialNodes", "TestComposeProxiesAreBuiltFromTheDockerfile", "TestComposeMountsExist",
 		"TestComposeConfigsAreValid", "TestComposePorts", "TestDockerfile", "TestDockerignoreKeepsTheBuildInputs", "TestComposeConfigCommand",
@@ -57,10 +57,10 @@ var integrationParts = [][]string{
 		"TestMirrorInOtherVHosts",
 	},
 	{ // failover: the chaos tests (~150 s, master and slave kills), syncs
-		// chaos_test.go, proxy_failover_test.go
+		// chaos_test.go, proxy_failover_test.go, proxy_home_test.go
 		"TestChaosMasterKilledRepeatedly", "TestChaosSlaveKilled",
 		"TestChaosMasterFrozen", "TestChaosCancelOnFailover", "TestChaosWhenSyncedNoPromotion",
-		"TestFailoverMasterKilled", "TestFailoverMasterStoppedCleanly",
+		"TestFailoverMasterKilled", "TestFailoverMasterStoppedCleanly", "TestHomeIsABackendThatIsUp",
 		// mirror_sync_test.go, mirror_adopt_autodelete_test.go, proxy_own_confirms_test.go
 		"TestMirrorSlaveSynchronisation", "TestMirrorSyncUnderLoad", "TestMirrorAdoption",
 		"TestSyncKeepsAnAdoptedAutoDeleteQueue",

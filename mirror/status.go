@@ -28,4 +28,20 @@ type QueueStatus struct {
 	// queue's vhost (the vhost is missing there, or the account lacks
 	// permissions in it): the policy places no copy there until they accept.
 	Refused []string `json:"refused,omitempty"`
+	// Exclusive is set for an exclusive queue: it lives on its connection's
+	// home backend alone, is never mirrored, and its broker tells only that
+	// connection its counts (-1 here).
+	Exclusive bool `json:"exclusive"`
+}
+
+// UnrecordedQueue is a queue declared through a proxy that the metadata
+// log does not record: an exclusive queue, or a server-named one before a
+// client names it (then it is adopted). It lives on one backend, the home
+// of the connection that declared it, and is never mirrored. The proxies
+// report theirs for list_queues as long as the declaring connection's
+// link to that backend lasts.
+type UnrecordedQueue struct {
+	ID        QueueID `json:"id"`
+	Backend   string  `json:"backend"`
+	Exclusive bool    `json:"exclusive,omitempty"`
 }

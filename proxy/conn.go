@@ -30,6 +30,9 @@ type clientConn struct {
 	log     *slog.Logger
 	client  *socket
 	backend *socket // the home link's socket; nil until the handshake dialled it
+	// homeIdx is the backend the handshake chose as home (connectHome);
+	// the handshake's goroutine sets it before open returns.
+	homeIdx int
 
 	// ctx ends with the connection; calls to the engine run under it.
 	ctx       context.Context
@@ -67,6 +70,9 @@ type clientConn struct {
 	// unrecorded remembers where exclusive queues of other connections
 	// are (see locate).
 	unrecorded map[string]mirror.QueueMeta
+	// declared are the queues this connection declared that the log does
+	// not record, for list_queues.
+	declared declaredQueues
 	// linkChanges counts links opened and lost, so that what was decided
 	// about them (publishRoute) is decided again.
 	linkChanges atomic.Uint64
@@ -93,9 +99,9 @@ type clientConn struct {
 	// backendClosed is set when the backend connection ended its close
 	// handshake, so teardown need not send connection.close to it.
 	backendClosed bool
-	// links are the connection's backend links by backend index (0 is the
-	// home link); nil where none is open. linkGens counts each backend's
-	// links, linkFailedAt is when a link to it last failed.
+	// links are the connection's backend links by backend index; nil
+	// where none is open. linkGens counts each backend's links,
+	// linkFailedAt is when a link to it last failed.
 	links        []*link
 	linkGens     []uint64
 	linkFailedAt []time.Time
@@ -166,16 +172,16 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 			"user", c.user, "vhost", c.vhost, "duration", time.Since(c.started).Round(time.Millisecond))
 		return false, reason
 	}
-	home := newLink(0, c.srv.opts.Backend.Name, 1, c.backend)
+	home := newLink(c.homeIdx, c.srv.backends[c.homeIdx].Name, 1, c.backend)
 	c.mu.Lock()
 	c.opened = time.Now()
 	c.backendLoopRunning = true
-	c.links[0] = home
-	c.linkGens[0] = 1
+	c.links[c.homeIdx] = home
+	c.linkGens[c.homeIdx] = 1
 	c.setHome(home)
 	c.mu.Unlock()
 	c.log = c.log.With("user", c.user, "vhost", c.vhost)
-	c.log.Info("connection opened", "backend", c.srv.opts.Backend.Name,
+	c.log.Info("connection opened", "backend", home.name,
 		"frame_max", c.frameMax, "heartbeat", c.clientHeartbeat)
 	return true, ReasonUnknown
 }
@@ -346,9 +352,9 @@ func (c *clientConn) backendLost(err error) {
 	c.mu.Lock()
 	c.backendClosed = true // nothing to say goodbye to
 	c.mu.Unlock()
-	text := fmt.Sprintf("CONNECTION_FORCED - backend %s connection lost: %s", c.srv.opts.Backend.Name, failureKind(err))
+	text := fmt.Sprintf("CONNECTION_FORCED - backend %s connection lost: %s", c.homeName(), failureKind(err))
 	if c.closeInProgress() == closeNone {
-		c.log.Warn("backend connection lost", "backend", c.srv.opts.Backend.Name, "err", err)
+		c.log.Warn("backend connection lost", "backend", c.homeName(), "err", err)
 	}
 	// Close the socket only after the close began, so that the backend
 	// loop's read error, which follows, does not replace this reason.
@@ -358,6 +364,15 @@ func (c *clientConn) backendLost(err error) {
 	} else {
 		c.backend.conn.Close()
 	}
+}
+
+// homeName names the home backend: the home link's, or during the
+// handshake the backend it is talking to.
+func (c *clientConn) homeName() string {
+	if home := c.home.Load(); home != nil {
+		return home.name
+	}
+	return c.srv.backends[c.homeIdx].Name
 }
 
 // errMissedHeartbeats is how the heartbeat checks report a silent backend.

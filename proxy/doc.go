@@ -7,8 +7,10 @@
 //
 // Each client connection (clientConn) has a link (link.go) to each backend it
 // needs: the home link, opened during the handshake with the client's
-// credentials and vhost, and, with mirroring (a Mirror is configured), links
-// to the other backends, opened on first need with the same credentials.
+// credentials and vhost to the first backend that answers (Options.Backend
+// first, none the engine counts down), and, with mirroring (a Mirror is
+// configured), links to the other backends, opened on first need with the
+// same credentials.
 // Client channel N is channel N on every link it is open on; it opens on a
 // link when a method first needs it there, and the proxy repeats on it what
 // the client set (prefetch, confirm or transaction mode). One goroutine reads
@@ -70,7 +72,7 @@
 // never held during a system call (the writer releases it around each
 // write), and nothing else is taken under it; nor under boundaryQueue.mu,
 // which guards the link loops' writes that wait for the client loop to be
-// between messages (boundary.go).
+// between messages (boundary.go), nor under declaredQueues.mu (declared.go).
 // Per-frame state that both read loops check (close state, channel lookup)
 // is atomic.
 package proxy

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"time"
 
@@ -38,29 +39,11 @@ func (c *clientConn) handshake() error {
 		return fmt.Errorf("reading protocol header: %w", err)
 	}
 
-	backendConn, err := c.dialBackend(c.srv.opts.Backend, deadline)
+	f, err := c.connectHome(deadline)
 	if err != nil {
-		return c.refuseUnavailable(err)
+		return err
 	}
-	c.mu.Lock()
-	c.backend = newSocket(backendConn)
-	tornDown := c.tornDown.Load()
-	c.mu.Unlock()
-	if tornDown { // shutdown raced with the dial
-		backendConn.Close()
-		return errors.New("proxy shutting down")
-	}
-	backendConn.SetDeadline(deadline)
-
-	if err := c.backend.sendProtocolHeader(); err != nil {
-		return c.refuseUnavailable(err)
-	}
-
-	// connection.start, relayed as the backend sent it.
-	f, err := c.expectBackend(frames.ConnectionStartKey)
-	if err != nil {
-		return c.refuseUnavailable(err)
-	}
+	// connection.start, relayed as the home backend sent it.
 	if err := c.client.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
 		return err
 	}
@@ -224,6 +207,82 @@ func (c *clientConn) negotiate(offer frames.ConnectionTune, tuneOk *frames.Conne
 	return nil
 }
 
+// connectHome chooses the connection's home backend and returns its
+// connection.start. The backends are tried in the server's order (the
+// node beside this proxy first, then the others as configured), leaving out
+// those the engine counts down; one that cannot be dialled, or sends no
+// connection.start in time, gives way to the next. Until the client has
+// seen a connection.start nothing ties it to a backend, so the choice is
+// invisible to it; from then on every answer, a refused login or vhost
+// included, is the chosen backend's.
+func (c *clientConn) connectHome(deadline time.Time) (frames.Frame, error) {
+	var failures []string
+	for i, b := range c.srv.backends {
+		if m := c.srv.opts.Mirror; m != nil && m.BackendDown(b.Name) {
+			failures = append(failures, fmt.Sprintf("backend %s counted down", b.Name))
+			continue
+		}
+		c.homeIdx = i
+		f, err := c.startHome(b, deadline, i == len(c.srv.backends)-1)
+		if err == nil {
+			return f, nil
+		}
+		if c.tornDown.Load() {
+			return f, err
+		}
+		c.mu.Lock()
+		c.linkFailedAt[i] = time.Now()
+		c.mu.Unlock()
+		failures = append(failures, fmt.Sprintf("backend %s unavailable: %v", b.Name, err))
+		c.log.Debug("home backend unavailable; trying the next", "backend", b.Name, "err", err)
+	}
+	text := strings.Join(failures, "; ")
+	if len(failures) > 1 {
+		text = "no backend available (" + text + ")"
+	}
+	return frames.Frame{}, c.refuse(errors.New(text))
+}
+
+// startHome dials backend b and reads its connection.start. Unless b is
+// the last backend to try, dial and start share one DialTimeout, so that a
+// broker that accepts but does not answer (frozen, booting) leaves the next
+// one the rest of the handshake.
+func (c *clientConn) startHome(b Backend, deadline time.Time, last bool) (frames.Frame, error) {
+	startBy := deadline
+	if !last {
+		startBy = minTime(deadline, time.Now().Add(c.srv.opts.DialTimeout))
+	}
+	conn, err := c.dialBackend(b, startBy)
+	if err != nil {
+		return frames.Frame{}, err
+	}
+	sock := newSocket(conn)
+	c.mu.Lock()
+	tornDown := c.tornDown.Load()
+	if !tornDown {
+		c.backend = sock
+	}
+	c.mu.Unlock()
+	if tornDown { // shutdown raced with the dial
+		conn.Close()
+		return frames.Frame{}, errors.New("proxy shutting down")
+	}
+	conn.SetDeadline(startBy)
+	f, err := frames.Frame{}, sock.sendProtocolHeader()
+	if err == nil {
+		f, err = c.expectBackend(frames.ConnectionStartKey)
+	}
+	if err != nil {
+		c.mu.Lock()
+		c.backend = nil
+		c.mu.Unlock()
+		conn.Close()
+		return f, err
+	}
+	conn.SetDeadline(deadline)
+	return f, nil
+}
+
 func (c *clientConn) dialBackend(b Backend, deadline time.Time) (net.Conn, error) {
 	ctx, cancel := context.WithDeadline(context.Background(), minTime(deadline, time.Now().Add(c.srv.opts.DialTimeout)))
 	defer cancel()
@@ -258,7 +317,12 @@ func (c *clientConn) dialBackend(b Backend, deadline time.Time) (net.Conn, error
 // proxy sends its own start, waits for start-ok and then closes with 320
 // CONNECTION_FORCED and a text that names the backend and the cause.
 func (c *clientConn) refuseUnavailable(cause error) error {
-	err := fmt.Errorf("backend %s unavailable: %w", c.srv.opts.Backend.Name, cause)
+	return c.refuse(fmt.Errorf("backend %s unavailable: %w", c.homeName(), cause))
+}
+
+// refuse ends the handshake with 320 CONNECTION_FORCED and err's text, as
+// refuseUnavailable says.
+func (c *clientConn) refuse(err error) error {
 	c.mu.Lock()
 	c.reason, c.detail = ReasonBackendUnavailable, err.Error()
 	if c.backend != nil {
@@ -302,7 +366,7 @@ func (c *clientConn) loginDropped(cause error) error {
 	c.backendClosed = true
 	c.mu.Unlock()
 	c.backend.conn.Close()
-	return fmt.Errorf("backend %s closed the connection after start-ok (credentials refused): %w", c.srv.opts.Backend.Name, cause)
+	return fmt.Errorf("backend %s closed the connection after start-ok (credentials refused): %w", c.homeName(), cause)
 }
 
 // backendHungUp reports read errors that mean the backend closed the socket.

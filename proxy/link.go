@@ -10,7 +10,7 @@ import (
 )
 
 // link is a client connection's connection to one backend. The home link
-// (index 0) is the one the handshake opened; with mirroring, links to the
+// is the one the handshake opened (connectHome); with mirroring, links to the
 // other backends open when the connection first needs them, with the
 // client's own credentials, so that every broker authenticates and
 // authorises the client as always. The credentials (the client's start-ok

@@ -76,13 +76,13 @@ func (c *clientConn) reach(ch *channelState, backends ...string) []*link {
 	return out
 }
 
-// reachAll returns every backend's link with the channel open on it, the
-// home link first.
+// reachAll returns every backend's link with the channel open on it, in
+// backend order.
 func (c *clientConn) reachAll(ch *channelState) []*link {
 	return c.reach(ch, c.srv.backendNames...)
 }
 
-// openLinks returns the links the channel is open on, the home link first.
+// openLinks returns the links the channel is open on, in backend order.
 func (c *clientConn) openLinks(ch *channelState) []*link {
 	out := ch.reachable[:0]
 	for _, l := range c.allLinks() {
@@ -229,7 +229,12 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 	wantReply := !q.noWait
 	if q.queue == "" || q.exclusive {
 		// Server-named and exclusive queues live where the client is.
-		c.sendTo(ch, f, c.bindAtHome(ch, key, q, wantReply), c.homeOnly(), wantReply)
+		home := c.homeOnly()
+		after := c.bindAtHome(ch, key, q, wantReply)
+		if key == frames.QueueDeclareKey && !q.passive && len(home) > 0 {
+			after = c.declaredAt(home[0], q, wantReply)
+		}
+		c.sendTo(ch, f, after, home, wantReply)
 		return nil
 	}
 	id := mirror.QueueID{VHost: c.vhost, Name: q.queue}
@@ -337,6 +342,7 @@ func (c *clientConn) deleteQueue(ch *channelState, f frames.Frame, meta mirror.Q
 		ctx, cancel := c.mirrorContext()
 		c.srv.opts.Mirror.Deleted(ctx, meta.ID)
 		cancel()
+		c.declared.forget(meta.ID.Name)
 		for _, l := range others {
 			l.expect(ch.id, nil)
 			if err := l.sock.writeMethod(ch.id, &frames.QueueDelete{Queue: meta.ID.Name}); err != nil {

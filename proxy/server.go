@@ -29,11 +29,13 @@ type Backend struct {
 // Options configure a Server. Every field is taken as given; DefaultOptions
 // has RabbitMQ's defaults.
 type Options struct {
-	// Backend is the home backend: where each client's handshake goes (the
+	// Backend is the home backend each client's handshake tries first (the
 	// broker beside this proxy in sidecar mode).
 	Backend Backend
 	// Others are the other backends, which clients reach through the
-	// mirroring engine; empty without mirroring.
+	// mirroring engine; empty without mirroring. A handshake that cannot
+	// reach Backend, or finds the engine counting it down, goes to the
+	// first of them that answers, in this order.
 	Others []Backend
 	// Mirror is the replication engine; nil serves Backend alone.
 	Mirror Mirror
@@ -104,8 +106,8 @@ type Server struct {
 	closed    bool
 	connWG    sync.WaitGroup
 
-	// backends are the home backend and the others, by index; backendIndex
-	// finds them by name.
+	// backends are Backend and the others, by index, in the order the
+	// handshake tries them; backendIndex finds them by name.
 	backends     []Backend
 	backendIndex map[string]int
 	backendNames []string

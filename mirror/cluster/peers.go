@@ -458,42 +458,91 @@ func (c *Cluster) HandleUnacked(f func(vhost string) map[mirror.QueueID]int) {
 // answers up. It fails when one of them does not answer before ctx ends
 // (forwardTimeout without a deadline): the sum would be short.
 func (c *Cluster) Unacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error) {
-	payload, err := json.Marshal(vhost)
+	sum := make(map[mirror.QueueID]int)
+	err := c.askEveryone(ctx, unackedCall, vhost, func(node string, raw []byte) error {
+		var counts []queueCount
+		if err := json.Unmarshal(raw, &counts); err != nil {
+			return fmt.Errorf("decoding %s's counts: %w", node, err)
+		}
+		for _, qc := range counts {
+			sum[mirror.QueueID{VHost: qc.VHost, Name: qc.Name}] += qc.Count
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("counting unacknowledged messages: %w", err)
+	}
+	return sum, nil
+}
+
+// unrecordedCall is the kind of the call that asks a proxy for the queues
+// its clients declared that the metadata log does not record.
+const unrecordedCall = "unrecorded"
+
+// HandleUnrecorded sets the function that lists, for other proxies'
+// list_queues, the queues of a vhost this proxy's clients declared that
+// the log does not record (proxy.Server.UnrecordedQueues).
+func (c *Cluster) HandleUnrecorded(f func(vhost string) []mirror.UnrecordedQueue) {
+	c.peers.calls.Store(unrecordedCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+		var vhost string
+		if err := json.Unmarshal(payload, &vhost); err != nil {
+			return nil, fmt.Errorf("decoding a listing request: %w", err)
+		}
+		return json.Marshal(f(vhost))
+	}))
+}
+
+// Unrecorded asks every other alive proxy, at once, for the queues of
+// vhost ("" for all) its clients declared that the log does not record.
+// When one does not answer before ctx ends it returns the others' queues
+// with the error.
+func (c *Cluster) Unrecorded(ctx context.Context, vhost string) ([]mirror.UnrecordedQueue, error) {
+	var all []mirror.UnrecordedQueue
+	err := c.askEveryone(ctx, unrecordedCall, vhost, func(node string, raw []byte) error {
+		var queues []mirror.UnrecordedQueue
+		if err := json.Unmarshal(raw, &queues); err != nil {
+			return fmt.Errorf("decoding %s's queues: %w", node, err)
+		}
+		all = append(all, queues...)
+		return nil
+	})
+	if err != nil {
+		return all, fmt.Errorf("listing unrecorded queues: %w", err)
+	}
+	return all, nil
+}
+
+// askEveryone sends a call of kind with request to every other alive
+// proxy at once and hands each answer to take, one at a time, on the
+// calling goroutine. The error names the proxies that did not answer or
+// whose answer take refused.
+func (c *Cluster) askEveryone(ctx context.Context, kind string, request any, take func(node string, raw []byte) error) error {
+	payload, err := json.Marshal(request)
+	if err != nil {
+		return err
 	}
 	addrs := *c.peers.addrs.Load()
 	type answer struct {
-		counts []queueCount
-		err    error
+		node string
+		raw  []byte
+		err  error
 	}
 	answers := make(chan answer, len(addrs))
 	for node := range addrs {
 		go func() {
-			raw, err := c.call(ctx, node, unackedCall, payload)
-			var a answer
-			if a.err = err; err == nil {
-				if err := json.Unmarshal(raw, &a.counts); err != nil {
-					a.err = fmt.Errorf("decoding %s's counts: %w", node, err)
-				}
-			}
-			answers <- a
+			raw, err := c.call(ctx, node, kind, payload)
+			answers <- answer{node: node, raw: raw, err: err}
 		}()
 	}
-	sum := make(map[mirror.QueueID]int)
 	var errs []error
 	for range addrs {
 		a := <-answers
+		if a.err == nil {
+			a.err = take(a.node, a.raw)
+		}
 		if a.err != nil {
 			errs = append(errs, a.err)
-			continue
-		}
-		for _, qc := range a.counts {
-			sum[mirror.QueueID{VHost: qc.VHost, Name: qc.Name}] += qc.Count
 		}
 	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("counting unacknowledged messages: %w", errors.Join(errs...))
-	}
-	return sum, nil
+	return errors.Join(errs...)
 }

@@ -144,3 +144,48 @@ func TestPurgeSlaveWaitsForTheProxyBesideIt(t *testing.T) {
 		t.Error("PurgeSlave for a backend without a proxy: got nil, want an error")
 	}
 }
+
+// TestListingsAskEveryOtherProxy: Unrecorded gathers the queues every
+// other proxy lists, and Unacked adds up their counts; a proxy that cannot
+// answer makes an error, with the others' queues still returned.
+func TestListingsAskEveryOtherProxy(t *testing.T) {
+	nodes := startCluster(t, 3)
+	q2 := mirror.UnrecordedQueue{ID: mirror.QueueID{VHost: "/", Name: "amq.gen-2"}, Backend: "rabbit2", Exclusive: true}
+	q3 := mirror.UnrecordedQueue{ID: mirror.QueueID{VHost: "/", Name: "reply-3"}, Backend: "rabbit3"}
+	orders := mirror.QueueID{VHost: "/", Name: "orders"}
+	for i, q := range map[int]mirror.UnrecordedQueue{1: q2, 2: q3} {
+		nodes[i].HandleUnrecorded(func(vhost string) []mirror.UnrecordedQueue {
+			if vhost != "/" {
+				t.Errorf("asked for vhost %q, want /", vhost)
+			}
+			return []mirror.UnrecordedQueue{q}
+		})
+		nodes[i].HandleUnacked(func(string) map[mirror.QueueID]int { return map[mirror.QueueID]int{orders: i} })
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		got, err := nodes[0].Unrecorded(ctx, "/")
+		if err != nil {
+			return err
+		}
+		slices.SortFunc(got, func(a, b mirror.UnrecordedQueue) int { return strings.Compare(a.ID.Name, b.ID.Name) })
+		if want := []mirror.UnrecordedQueue{q2, q3}; !slices.Equal(got, want) {
+			return fmt.Errorf("Unrecorded: got %v, want %v", got, want)
+		}
+		return nil
+	})
+	counts, err := nodes[0].Unacked(ctx, "/")
+	if err != nil || counts[orders] != 3 {
+		t.Errorf("Unacked: got %v, %v; want orders: 3", counts, err)
+	}
+
+	nodes[2].peers.calls.Delete(unrecordedCall)
+	got, err := nodes[0].Unrecorded(ctx, "/")
+	if err == nil || !strings.Contains(err.Error(), "rabbit3") {
+		t.Errorf("Unrecorded with rabbit3 not answering: got error %v, want one naming rabbit3", err)
+	}
+	if want := []mirror.UnrecordedQueue{q2}; !slices.Equal(got, want) {
+		t.Errorf("Unrecorded with rabbit3 not answering: got %v, want rabbit2's %v", got, want)
+	}
+}

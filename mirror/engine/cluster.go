@@ -59,6 +59,10 @@ type Peers interface {
 	// of vhost its clients hold unacknowledged, and adds them up; an error
 	// when one did not answer.
 	Unacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error)
+	// Unrecorded asks every other live proxy for the queues of vhost its
+	// clients declared that the log does not record; with an error when
+	// one did not answer, the others' queues.
+	Unrecorded(ctx context.Context, vhost string) ([]mirror.UnrecordedQueue, error)
 	// WaitApplied returns once every other live proxy has applied the
 	// metadata log up to index (bounded: an error names those that did
 	// not answer in time).

@@ -14,6 +14,9 @@ func (noPeers) SendRejects(string, mirror.QueueID, []mirror.MessageID)   {}
 func (noPeers) PurgeSlave(context.Context, string, mirror.QueueID) error { return nil }
 func (noPeers) SyncSlave(context.Context, string, mirror.QueueID) error  { return nil }
 func (noPeers) WaitApplied(context.Context, uint64) error                { return nil }
+func (noPeers) Unrecorded(context.Context, string) ([]mirror.UnrecordedQueue, error) {
+	return nil, nil
+}
 func (noPeers) Unacked(context.Context, string) (map[mirror.QueueID]int, error) {
 	return nil, nil
 }

@@ -97,6 +97,9 @@ type Engine struct {
 	// unacked counts what this proxy's clients hold unacknowledged
 	// (CountUnackedWith).
 	unacked atomic.Pointer[func(vhost string) map[mirror.QueueID]int]
+	// unrecorded lists the queues this proxy's clients declared that the
+	// log does not record (ListUnrecordedWith).
+	unrecorded atomic.Pointer[func(vhost string) []mirror.UnrecordedQueue]
 
 	// paused is set while the proxy is paused in a partition's minority,
 	// resumed is when it last served again, in Unix nanoseconds

@@ -20,8 +20,9 @@ func (e *Engine) CountUnackedWith(f func(vhost string) map[mirror.QueueID]int) {
 // -1 when the master cannot be asked), with unacked the messages clients of
 // the proxies hold unacknowledged (-1 without: asking the other proxies
 // takes a round trip to each), its policy, the slaves a sync copies to
-// now and the backends that refuse the proxy's account in its vhost. It is
-// `ctl list_queues`.
+// now and the backends that refuse the proxy's account in its vhost; then
+// the exclusive and server-named queues clients declared, which the log
+// does not record (unrecordedStatus). It is `ctl list_queues`.
 func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]mirror.QueueStatus, error) {
 	var out []mirror.QueueStatus
 	var counts map[mirror.QueueID]int
@@ -54,7 +55,11 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]
 		}
 		out = append(out, st)
 	}
-	return out, nil
+	unrecorded, err := e.unrecordedStatus(ctx, vhost, counts, known)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, unrecorded...), nil
 }
 
 // unackedAskTimeout bounds how long list_queues waits for the other

@@ -17,7 +17,7 @@ import (
 type queueColumn struct {
 	name        string
 	description string
-	value       func(q mirror.QueueStatus) any // string, []string or *int
+	value       func(q mirror.QueueStatus) any // string, []string, *int or bool
 }
 
 // queueColumns are the columns list_queues can show, in the order its help
@@ -34,6 +34,7 @@ var queueColumns = []queueColumn{
 	{"refused", "the backends that refuse the proxy's own account in the queue's vhost (the vhost is missing there, or the account lacks permissions): no copy is placed there until they accept", func(q mirror.QueueStatus) any { return nonNil(q.Refused) }},
 	{"consumers", "consumers on the master", func(q mirror.QueueStatus) any { return count(q.Consumers) }},
 	{"policy", "the effective policy's name, empty for none", func(q mirror.QueueStatus) any { return q.Policy }},
+	{"exclusive", "true for an exclusive queue: never mirrored; messages and consumers empty (its broker tells its owner only)", func(q mirror.QueueStatus) any { return q.Exclusive }},
 }
 
 // defaultQueueColumns starts with rabbitmqctl's own default (name,
@@ -118,7 +119,7 @@ var (
 	listQueuesCommand = command{
 		usage: "list_queues [-p VHOST] [--formatter table|json] [COLUMN ...]",
 		brief: "lists queues with their master, slaves and synchronised slaves",
-		summary: "Lists the queues of a vhost that the proxy knows, one line each, tab-separated with a\nheader line (--formatter json: an array of objects keyed by column). Lists of backends\nare shown as [rabbit2, rabbit3]. COLUMN is one or more of:\n" +
+		summary: "Lists the queues of a vhost that the proxies know: those declared or used through them,\nexclusive queues too (never mirrored). One line each, tab-separated with a\nheader line (--formatter json: an array of objects keyed by column). Lists of backends\nare shown as [rabbit2, rabbit3]. COLUMN is one or more of:\n" +
 			columnHelp() + "Default: " + strings.Join(defaultQueueColumns, " ") + ".",
 		moreArgs: true,
 		check:    checkQueueColumns,

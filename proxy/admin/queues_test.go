@@ -338,7 +338,7 @@ func TestCtlListQueues(t *testing.T) {
 			`[{"name":"jobs & tasks","consumers":1,"policy":"two","pid":"rabbit3"}]` + "\n", ""},
 		{"json, no queues", []string{"--formatter", "json", "list_queues", "-p", "empty"}, 0, "[]\n", ""},
 		{"unknown column", []string{"list_queues", "name", "pids", "state"}, ExitUsage, "",
-			`Error: unknown column(s) "pids", "state": valid columns are name, messages, messages_ready, messages_unacknowledged, master, slaves, synchronised_slaves, syncing_slaves, refused, consumers, policy`},
+			`Error: unknown column(s) "pids", "state": valid columns are name, messages, messages_ready, messages_unacknowledged, master, slaves, synchronised_slaves, syncing_slaves, refused, consumers, policy, exclusive`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
