@@ -112,6 +112,10 @@ func (m *fixedPlacement) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 
 func (m *fixedPlacement) BackendDown(string) bool { return false }
 
+// No backend is known to run a direct reply-to name's node: replies are
+// dropped.
+func (m *fixedPlacement) ReplyBackend(context.Context, string) (string, bool) { return "", false }
+
 func (m *fixedPlacement) Missed(string, *mirror.QueueID) {}
 
 // No exchange is recorded: every exchange publish goes to every backend.

@@ -93,6 +93,8 @@ var integrationParts = [][]string{
 		// mirror_test.go, mirror_clients_test.go, client_test.go, harness_test.go, split_test.go
 		"TestMirrorAllPublishConsumeTrim", "TestMirrorPolicyPlacement", "TestMirrorRestartKeepsQueues",
 		"TestMirrorMultipleAckAcrossMasters", "TestMirrorPropertiesUnchanged", "TestMirrorPriorityQueue", "TestMirrorDeadLettering",
+		// mirror_replyto_test.go
+		"TestMirrorDirectReplyTo", "TestMirrorDirectReplyToPika",
 		// sidecar_routing_test.go
 		"TestSidecarBindingRoutesThroughEveryProxyAtOnce",
 		"TestAmqp091PublishConfirmConsumeAck", "TestPikaPublishesAmqp091Consumes",

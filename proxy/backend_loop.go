@@ -192,7 +192,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		}
 		ch.mu.Lock()
 		cons, known := ch.consumers[d.ConsumerTag]
-		stale := known && cons.link != l.idx || !known && ch.orphaned[d.ConsumerTag]
+		stale := known && cons.link != l.idx && !ch.isReplyConsumer(d.ConsumerTag) || !known && ch.orphaned[d.ConsumerTag]
 		if !known {
 			cons = ch.consumers[""]
 		}

@@ -53,6 +53,9 @@ type channelState struct {
 	// cancels them.
 	consumers map[string]consumer
 	orphaned  map[string]bool
+	// replyTag is the tag of the consumer of amq.rabbitmq.reply-to, which
+	// consumes on every link the channel is open on (replyto.go).
+	replyTag string
 	// transactional is set once the client sent tx.select. txSettled holds
 	// the deliveries the client settled in the open transaction, restored
 	// if it rolls back (the broker never applied those acks).

@@ -267,9 +267,11 @@ func (c *clientConn) openLink(i int) (*link, error) {
 
 // ensureChannel opens client channel ch on link l if it is not open there,
 // and repeats on it what the client set on the channel (prefetch, confirm
-// or transaction mode), swallowing the replies. The client loop calls it,
-// and the failover of consumers with the client loop held (sendMu).
+// or transaction mode, a consumer of amq.rabbitmq.reply-to), swallowing the
+// replies. The client loop calls it, and the failover of consumers with the
+// client loop held (sendMu).
 func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
+	replyTag := ch.replyConsumerTag()
 	l.mu.Lock()
 	lc := l.channelLocked(ch.id)
 	if lc.open {
@@ -292,6 +294,9 @@ func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	if tx {
 		lc.replies = append(lc.replies, nil)
 	}
+	if replyTag != "" {
+		lc.replies = append(lc.replies, nil) // consume-ok
+	}
 	l.mu.Unlock()
 
 	w := l.sock
@@ -310,6 +315,11 @@ func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	}
 	if tx {
 		if err := w.writeMethod(ch.id, &frames.TxSelect{}); err != nil {
+			return err
+		}
+	}
+	if replyTag != "" {
+		if err := w.writeMethod(ch.id, replyConsume(replyTag)); err != nil {
 			return err
 		}
 	}

@@ -95,4 +95,10 @@ type Mirror interface {
 	// alive: a frozen broker's sockets stay open, and whatever it says after
 	// its queues were promoted away must not reach a client.
 	BackendDown(backend string) bool
+	// ReplyBackend returns the backend whose broker runs node, the Erlang
+	// node of a direct reply-to name (mirror.ReplyToNode): the only broker
+	// that can deliver a reply to it. It may ask backends it has not asked
+	// before (one round trip each); ok is false when no live backend runs
+	// node.
+	ReplyBackend(ctx context.Context, node string) (backend string, ok bool)
 }

@@ -187,6 +187,10 @@ func encodeTable(t frames.Table) []byte {
 // locate returns where a queue lives: from the metadata log, or found on
 // the backends (adopted). ok is false when no backend has it.
 func (c *clientConn) locate(name string) (mirror.QueueMeta, bool) {
+	if mirror.IsReplyTo(name) {
+		// No backend holds it; a passive declare of it would count as found.
+		return mirror.QueueMeta{}, false
+	}
 	id := mirror.QueueID{VHost: c.vhost, Name: name}
 	if m, ok := c.srv.opts.Mirror.Lookup(id); ok {
 		return m, true
@@ -227,6 +231,9 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		return err
 	}
 	wantReply := !q.noWait
+	if mirror.IsReplyTo(q.queue) {
+		return c.replyQueueMethod(ch, f, key, q, wantReply)
+	}
 	if q.queue == "" || q.exclusive {
 		// Server-named and exclusive queues live where the client is.
 		home := c.homeOnly()
@@ -479,6 +486,9 @@ func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) erro
 	if err := d.Decode(args); err != nil {
 		return err
 	}
+	if d.Queue == mirror.ReplyToQueue && c.srv.opts.Mirror != nil {
+		return c.consumeReplyTo(ch, f, d)
+	}
 	target, ref, ok := c.masterOf(ch, d.Queue, f)
 	if !ok {
 		return nil
@@ -562,6 +572,7 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 		forget(nil)
 		forget = nil
 	}
+	c.cancelReplyTo(ch, d.ConsumerTag, targets)
 	c.sendTo(ch, f, forget, targets, !d.NoWait)
 	return nil
 }
@@ -732,6 +743,9 @@ func (c *clientConn) newRoute(ch *channelState, p *frames.BasicPublish) *publish
 // queueRoute decides, or recalls, where a publish to the default exchange
 // goes: every copy of the queue its routing key names.
 func (c *clientConn) queueRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
+	if mirror.IsReplyTo(p.RoutingKey) {
+		return c.replyRoute(ch, p)
+	}
 	r := &ch.route
 	meta, found := c.srv.opts.Mirror.Lookup(mirror.QueueID{VHost: c.vhost, Name: p.RoutingKey})
 	if r.targets != nil && r.exchange == "" && r.key == p.RoutingKey && r.confirming == ch.confirming.Load() &&

@@ -24,8 +24,9 @@
 //
 // Lock order: Engine.mu before a Trimmer's own lock (Settle is called under
 // a read lock of mu) and the Store's; rebuildMu (the Lookup snapshot),
-// negMu (Resolve's negative cache) and evMu (backend events) are taken
-// alone. Nothing does network I/O while holding any of them.
+// negMu (Resolve's negative cache), evMu (backend events) and replies.mu
+// (each backend's node for direct reply-to) are taken alone. Nothing does
+// network I/O while holding any of them.
 package engine
 
 import (
@@ -109,6 +110,8 @@ type Engine struct {
 
 	negMu    sync.Mutex
 	negative map[mirror.QueueID]time.Time // queues no backend had, until when
+
+	replies replyNodes // each backend's Erlang node, for direct reply-to
 
 	mu     sync.RWMutex
 	queues map[mirror.QueueID]*queueState
