@@ -51,6 +51,8 @@ var integrationParts = [][]string{
 		"TestExchangeRoutingAlternateExchangeCopiesStayEqual", "TestExchangeRoutingReachesEveryKindOfDestination",
 		// proxy_errors_test.go
 		"TestProxyErrorsBackendGoesAway", "TestProxyErrorsClientVanishes", "TestProxyErrorsHeartbeats", "TestProxyErrorsRefusedLogin",
+		// mirror_channel_test.go
+		"TestMirrorRecoverThenSettleEverything", "TestMirrorNackRequeueThenGet",
 	},
 	{ // failover: the chaos tests (~150 s, master and slave kills), syncs
 		// chaos_test.go, proxy_failover_test.go

@@ -227,8 +227,11 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		return err
 	}
 	wantReply := !q.noWait
-	if q.queue == "" || q.exclusive {
-		// Server-named and exclusive queues live where the client is.
+	if q.queue == "" || q.exclusive && !q.passive {
+		// Server-named and exclusive queues live where the client is. A
+		// passive declare names a queue that exists, wherever it lives,
+		// and the broker reads none of its other flags: its count is the
+		// master's, exclusive flag or not.
 		c.sendTo(ch, f, c.bindAtHome(ch, key, q, wantReply), c.homeOnly(), wantReply)
 		return nil
 	}
