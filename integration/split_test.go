@@ -55,6 +55,8 @@ var integrationParts = [][]string{
 		"TestProxyErrorsBackendGoesAway", "TestProxyErrorsClientVanishes", "TestProxyErrorsHeartbeats", "TestProxyErrorsRefusedLogin",
 		// mirror_vhost_test.go
 		"TestMirrorInOtherVHosts",
+		// mirror_channel_test.go
+		"TestMirrorRecoverThenSettleEverything", "TestMirrorNackRequeueThenGet",
 	},
 	{ // failover: the chaos tests (~150 s, master and slave kills), syncs
 		// chaos_test.go, proxy_failover_test.go, proxy_home_test.go

@@ -107,7 +107,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		return c.linkClosesChannel(ch, l, f)
 	case frames.BasicRecoverOkKey:
 		ch.mu.Lock()
-		ch.tags.dropAll()
+		ch.tags.dropFrom(l.idx)
 		ch.mu.Unlock()
 	case frames.ChannelCloseOkKey: // the answer to the client's close
 		if err := l.closeOkArrived(ch.id); err != nil {

@@ -234,8 +234,11 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 	if mirror.IsReplyTo(q.queue) {
 		return c.replyQueueMethod(ch, f, key, q, wantReply)
 	}
-	if q.queue == "" || q.exclusive {
-		// Server-named and exclusive queues live where the client is.
+	if q.queue == "" || q.exclusive && !q.passive {
+		// Server-named and exclusive queues live where the client is. A
+		// passive declare names a queue that exists, wherever it lives,
+		// and the broker reads none of its other flags: its count is the
+		// master's, exclusive flag or not.
 		home := c.homeOnly()
 		after := c.bindAtHome(ch, key, q, wantReply)
 		if key == frames.QueueDeclareKey && !q.passive && len(home) > 0 {

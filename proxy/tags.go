@@ -175,11 +175,31 @@ func (d *deliveryTags) restore(entries []tagEntry) {
 	sort.Slice(d.pending, func(i, j int) bool { return d.pending[i].proxyTag < d.pending[j].proxyTag })
 }
 
-// dropAll forgets every outstanding delivery: after basic.recover the
-// broker redelivers them with new tags, and the old tags are void.
+// dropAll forgets every outstanding delivery: after basic.recover-async
+// the brokers redeliver them with new tags, and the old tags are void.
 func (d *deliveryTags) dropAll() {
 	d.pending = d.pending[:0]
 	d.live = 0
+}
+
+// dropFrom forgets the outstanding deliveries that came from backend, when
+// its broker answers basic.recover: it requeued them all, and what it
+// delivers after its recover-ok carries new tags. Deliveries from other
+// backends stay, whenever their recover-ok comes: a channel open on several
+// links gets one recover-ok from each, and the master's redeliveries may
+// reach the proxy before a slave's recover-ok does.
+func (d *deliveryTags) dropFrom(backend int) {
+	kept := d.pending[:0]
+	for _, e := range d.pending {
+		switch {
+		case e.settled:
+		case e.backend == backend:
+			d.live--
+		default:
+			kept = append(kept, e)
+		}
+	}
+	d.pending = kept
 }
 
 // outstanding is the number of deliveries awaiting the client's ack.

@@ -133,6 +133,40 @@ func TestDeliveryTagsRestoreAfterRollback(t *testing.T) {
 	}
 }
 
+// TestDeliveryTagsRecoverOkDropsOneBackend: basic.recover reaches every
+// link of the channel, and each link's recover-ok voids only the tags of
+// its own deliveries. The master's redeliveries may come before a slave's
+// recover-ok; they stay outstanding, and ack 0 multiple settles them.
+func TestDeliveryTagsRecoverOkDropsOneBackend(t *testing.T) {
+	const master, slave = 0, 1
+	var d deliveryTags
+	d.deliver(delivered{backend: master, backendTag: 1}, true)
+	d.deliver(delivered{backend: master, backendTag: 2}, true)
+	d.deliver(delivered{backend: slave, backendTag: 1}, true)
+	d.settle(2, false, nil, false, nil, nil)
+
+	d.dropFrom(master) // the master's recover-ok
+	d.deliver(delivered{backend: master, backendTag: 3}, true)
+	d.deliver(delivered{backend: master, backendTag: 4}, true)
+	if got := d.outstanding(); got != 3 {
+		t.Fatalf("after the master's recover-ok and its two redeliveries: got %d outstanding, want 3", got)
+	}
+	d.dropFrom(slave) // the slave's recover-ok, after the master's redeliveries
+	if got := d.outstanding(); got != 2 {
+		t.Fatalf("after the slave's recover-ok: got %d outstanding, want the 2 redeliveries", got)
+	}
+	if _, _, ok := d.settle(1, false, nil, false, nil, nil); ok {
+		t.Errorf("a tag from before the recover settles; want it refused")
+	}
+	acks, _, ok := d.settle(0, true, nil, false, nil, nil)
+	if want := []backendAck{{backend: master, backendTag: 4, multiple: true}}; !ok || !reflect.DeepEqual(acks, want) {
+		t.Errorf("ack 0 multiple: got %+v ok=%v, want %+v", acks, ok, want)
+	}
+	if got := d.outstanding(); got != 0 {
+		t.Errorf("after ack 0 multiple: got %d outstanding, want 0", got)
+	}
+}
+
 func TestDeliveryTagsSteadyStateDoesNotAllocate(t *testing.T) {
 	var d deliveryTags
 	var acks []backendAck
