@@ -1,8 +1,7 @@
 // Package mirror is amqp-mirror's replication engine: it gives queues on
 // plain, unclustered AMQP 0-9-1 brokers the behaviour of RabbitMQ 3.x's
-// classic mirrored queues. This comment is the architecture; the code that
-// carries it out arrives issue by issue, and the comment says which parts
-// exist (see "Status" at the end).
+// classic mirrored queues. This comment is the architecture; "Where it
+// lives", at the end, says which package carries out each part.
 //
 // # Roles
 //
@@ -81,8 +80,8 @@
 //
 // # Deliver and ack path
 //
-// Consumers consume from the master only: the master fixes the order
-// (seed rule 7). When a client acks, or rejects without requeue, the proxy
+// Consumers consume from the master only: the master fixes the order, as
+// in RabbitMQ's mirroring. When a client acks, or rejects without requeue, the proxy
 // removes the same message from every slave. It does so with a trimmer per
 // slave copy: a consumer of the proxy's own (the backend URL's account, not
 // a client's) that holds the slave's deliveries unacknowledged, keyed by
@@ -198,7 +197,7 @@
 // a failure. For every queue mastered there, the oldest live synchronised
 // slave becomes master and the epoch rises; with no synchronised slave,
 // ha-promote-on-failure decides (default always: promote the oldest slave,
-// and messages only the old master held are lost, as the seed says), or
+// and messages only the old master held are lost, as in RabbitMQ), or
 // after a clean stop ha-promote-on-shutdown (default when-synced: the queue
 // waits for its master). The new master requeues every
 // message clients had not acked, even if the ack was in flight, with
@@ -297,10 +296,10 @@
 // and consistency across a network partition that splits the proxies into
 // minorities, which refuse to promote rather than diverge.
 //
-// # Status
+// # Where it lives
 //
-// Built: the configuration and policy matching (package config), and the
-// pure decisions of this package:
+// The configuration and policy matching are package config. The pure
+// decisions are this package's:
 //
 //   - placement.go: ResolveLocator (x-queue-master-locator argument, then
 //     policy, then config, default min-masters) and Placement.Master
@@ -317,7 +316,7 @@
 //   - sync.go: Backlog.CaughtUp (a manual slave is synchronised once the
 //     master's backlog at its join is settled) and MarkSynchronised.
 //
-// Built and tested against real brokers:
+// Carried out against real brokers:
 //
 //   - store.go: the metadata Store on a Raft log (single voter by default),
 //     surviving restarts, with conditional writes; serve opens it in
@@ -358,9 +357,10 @@
 // copy: after a partition heals, TCP can deliver to a rejoined copy,
 // purged meanwhile, publishes sent to it before the cut, which sit
 // anywhere in the master's backlog (a copy that ended at the first of
-// them left the slave hundreds of messages short). A copy that ended half
-// way is purged from the slaves before the next one. With a synchronised slave, new slaves are
-// copied from it one after another (Trimmer.CopyTo). Syncs run on
+// them would leave the slave short of the rest). A copy that ended half
+// way is purged from the slaves before the next one. With a synchronised
+// slave, new slaves are copied from it one after another
+// (Trimmer.CopyTo). Syncs run on
 // connections of their own, never the watcher's: RabbitMQ throttles a
 // connection that publishes fast, and probes waiting behind the throttle
 // would call the backend down. RabbitMQ sets the redelivered flag on
@@ -376,7 +376,7 @@
 // slave's trimmer never received a copy of. It can call a slave
 // synchronised early when clients held many messages at its join.
 //
-// Built in the proxy (package proxy): a link to each backend per client
+// In the proxy (package proxy): a link to each backend per client
 // connection with the client's credentials; declares, binds, purges and
 // deletes on every copy; publishes fanned out with the identity header,
 // confirmed once the master and the synchronised slaves confirmed;

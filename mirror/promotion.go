@@ -34,7 +34,7 @@ type Promotion struct {
 	From, To string
 	// Synchronised tells whether To was a synchronised slave. When it was
 	// not, messages only the old master held are lost (RabbitMQ's
-	// behaviour with ha-promote-on-*: always, as the seed describes), and
+	// behaviour with ha-promote-on-*: always), and
 	// the shell should say so in its log.
 	Synchronised bool
 	// Reason explains the decision in words, for logs and `ctl`.

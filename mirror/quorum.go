@@ -32,8 +32,8 @@ func (l LiveSet) Has(backend string) bool { return l[backend] }
 //
 // A master that is not live is left out (there is no link to send on); the
 // publish then reaches the slaves only, and DecideConfirm holds its confirm
-// until a promotion names a new master, as the seed requires of publishes
-// made while a slave is being promoted.
+// until a promotion names a new master: a publish made while a slave is
+// being promoted is confirmed once the new master holds it, or nacked.
 func AppendPublishTargets(dst []string, m *QueueMeta, live LiveSet) []string {
 	if live.Has(m.Master) {
 		dst = append(dst, m.Master)

@@ -31,13 +31,11 @@ import (
 // deliveries as they come), and come back flagged by the broker. Only when
 // a queue's epoch rises (a promotion) are the deliveries of the keepRecent
 // before it kept longer, for keepPromoted, since the new master may deliver
-// them only after its backlog. keepRecent was 10 s until a CI-like kill run
-// (TestSidecarNodeKilledRepeatedly) saw one message delivered again
-// unflagged through the same proxy two promotions after its first
-// delivery, which came more than 10 s before the first of them; by which
-// path the broker did not flag it is not found. A minute covers a kill
-// round there; at most maxRecent identities per queue (about 11 MB, reached
-// above some 2 200 deliveries a second) bound the memory.
+// them only after its backlog. keepRecent is a minute because a message
+// can come back unflagged more than 10 s after its first delivery, across
+// two promotions of a kill round (TestSidecarNodeKilledRepeatedly); at
+// most maxRecent identities per queue (about 11 MB, reached above some
+// 2 200 deliveries a second) bound the memory.
 //
 // A dead-lettered message (it carries x-death) is never flagged: one that
 // comes back to its queue through dead-lettering (a retry queue whose

@@ -415,9 +415,9 @@ func (e *Engine) dialSync(backend, vhost string) (*amqp.Connection, error) {
 // the master's queue reached the copy. After a partition heals, TCP
 // delivers to a rejoined copy, purged meanwhile, what a proxy's link had
 // sent it before the cut; those messages sit anywhere in the master's
-// backlog, and a copy that ended at the first of them (it did, taking it
-// for the first message that reached the new slave by fan-out) recorded a
-// slave synchronised that lacked the rest of the backlog (issue 9). What
+// backlog, and a copy that ended at the first of them, taking it for the
+// first message that reached the new slave by fan-out, would record a
+// slave synchronised that lacks the rest of the backlog. What
 // reading on costs: the messages published between the join and the
 // copy's start are held by the copy too, and given back redelivered.
 func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Connection, queue string, batch int, byGet bool, holds func(d amqp.Delivery, target int) bool, progress func(c copyCount, started time.Time, waits copyWaits)) (copyCount, error) {
