@@ -238,7 +238,7 @@ func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level 
 		pauseDone := make(chan struct{})
 		go func() {
 			defer close(pauseDone)
-			pauseInMinority(serveCtx, mirroring.cluster, srv, mirroring.engine, logger)
+			cluster.PauseInMinority(serveCtx, mirroring.cluster, pausing{srv, mirroring.engine}, logger)
 		}()
 		defer func() { cancelServe(); <-pauseDone }()
 	}
@@ -345,9 +345,10 @@ type mirroring struct {
 	engine *engine.Engine
 	others []proxy.Backend // the backends other than the home one
 	// cluster is the sidecar cluster (main_cluster.go), nil for a proxy
-	// alone; it owns store then. stopPolicies ends its policy gossip.
-	cluster      *cluster.Cluster
-	stopPolicies func()
+	// alone; it owns store then.
+	cluster *cluster.Cluster
+	// policyLog keeps the runtime policies in the metadata log.
+	policyLog *cluster.PolicyLog
 	// stopMembers ends handing serf's verdicts to the engine.
 	stopMembers func()
 }
@@ -410,11 +411,11 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 	}
 	// Runtime policies live in the metadata log (main_cluster.go), taken
 	// before the engine acts on any.
-	var writer policyWriter = m.store
+	var writer cluster.PolicyWriter = m.store
 	if m.cluster != nil {
 		writer = m.cluster
 	}
-	m.stopPolicies = startPolicyLog(writer, m.store, policies, logger)
+	m.policyLog = cluster.StartPolicyLog(writer, m.store, policies, logger)
 	m.engine = engine.New(opts)
 	// The first placements should see which backends are up: wait a moment
 	// for the watcher's first verdicts (a backend down is not an error).
@@ -430,7 +431,7 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 		m.cluster.HandlePurges(m.engine.PurgeLocal)
 		m.cluster.HandleSyncs(m.engine.SyncLocal)
 		m.cluster.HandleWaitApplied(m.engine.WaitApplied)
-		m.stopMembers = watchMembers(m.cluster, m.engine, cfg.Node)
+		m.stopMembers = cluster.WatchMembers(m.cluster, m.engine, cfg.Node)
 	}
 	return m, nil
 }
@@ -470,8 +471,8 @@ func (m *mirroring) close() {
 	if m.stopMembers != nil {
 		m.stopMembers()
 	}
-	if m.stopPolicies != nil {
-		m.stopPolicies()
+	if m.policyLog != nil {
+		m.policyLog.Close()
 	}
 	if m.engine != nil {
 		m.engine.Close()

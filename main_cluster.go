@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,12 +19,10 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
 	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
@@ -75,188 +72,6 @@ func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 	return c, nil
 }
 
-// minorityCheck is how often a sidecar proxy counts the members it sees.
-const minorityCheck = 250 * time.Millisecond
-
-// pauseInMinority pauses srv while this proxy sees no more than half of its
-// cluster's members alive (serf: a failed member still counts as a member),
-// and resumes it when a majority is back, as RabbitMQ's pause_minority
-// pauses a node. Two sides of a partition can then never both serve a
-// mirrored queue: at most one side has a majority. A member serf declared
-// failed whose raft port still completes a TCP handshake (answering) counts
-// as alive here: it is starved, not gone or cut off. While paused, the
-// engine records no backend loss (engine.SetPaused). It returns when ctx
-// ends.
-func pauseInMinority(ctx context.Context, c *cluster.Cluster, srv *proxy.Server, eng *engine.Engine, logger *slog.Logger) {
-	ticker := time.NewTicker(minorityCheck)
-	defer ticker.Stop()
-	paused, spared := false, false
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-		alive, total := 0, 0
-		var failed []cluster.Member
-		for _, m := range c.Members() {
-			switch m.Status {
-			case cluster.StatusAlive:
-				alive++
-				total++
-			case cluster.StatusFailed:
-				failed = append(failed, m)
-				total++
-			case cluster.StatusLeaving:
-				total++
-			}
-		}
-		if 2*alive <= total {
-			// With a node down, one false verdict on a live peer (a host so
-			// loaded that the peer missed serf's probes for a moment) would
-			// otherwise pause this proxy and disconnect its clients.
-			before := alive
-			alive += answering(failed)
-			if !spared && !paused && 2*before <= total && 2*alive > total {
-				logger.Warn("sidecar cluster: serf declares proxies failed that still answer on their raft port; not pausing", "alive", before, "answering", alive-before, "members", total)
-			}
-			spared = 2*alive > total
-		} else {
-			spared = false
-		}
-		minority := total > 0 && 2*alive <= total
-		switch {
-		case minority && !paused:
-			logger.Warn("sidecar cluster: this proxy sees a minority of the proxies; pausing (clients disconnected, new ones refused) until a majority is back", "alive", alive, "members", total)
-			eng.SetPaused(true)
-			srv.Pause()
-			paused = true
-		case !minority && paused:
-			// Not before this proxy's copy of the log has caught up: while it
-			// was cut off the majority may have promoted away from its node,
-			// and serving from the metadata of before would route publishes
-			// and consumers to a master since replaced.
-			wait, cancel := context.WithTimeout(ctx, resumeCatchUp)
-			err := c.Store().WaitLeader(wait)
-			cancel()
-			if err != nil {
-				logger.Warn("sidecar cluster: a majority of the proxies is back, but this proxy's metadata log has not caught up with the leader; staying paused", "alive", alive, "members", total, "err", err)
-				continue
-			}
-			logger.Info("sidecar cluster: a majority of the proxies is back and the metadata log caught up; serving again", "alive", alive, "members", total)
-			srv.Resume()
-			eng.SetPaused(false)
-			paused = false
-		}
-	}
-}
-
-// resumeCatchUp bounds one wait for the metadata log to catch up before a
-// paused proxy serves again; it tries again at the next check.
-const resumeCatchUp = 5 * time.Second
-
-// answerTimeout bounds answering's handshake with one member.
-const answerTimeout = 200 * time.Millisecond
-
-// answering counts the members whose raft port completes a TCP handshake
-// within answerTimeout, all asked at once. The kernel answers for the
-// proxy, so a proxy that is alive but starved of CPU answers, one that is
-// gone refuses, and one cut off by a partition does not answer at all.
-func answering(members []cluster.Member) int {
-	answers := make(chan bool, len(members))
-	for _, m := range members {
-		go func() {
-			conn, err := net.DialTimeout("tcp", m.Raft, answerTimeout)
-			if err == nil {
-				conn.Close()
-			}
-			answers <- err == nil
-		}()
-	}
-	count := 0
-	for range members {
-		if <-answers {
-			count++
-		}
-	}
-	return count
-}
-
-// memberCheck is how often a sidecar proxy hands serf's verdicts on the
-// other proxies to its engine: serf's own detection takes about a second
-// (mirror/cluster's doc), this adds at most a tenth of that.
-const memberCheck = 100 * time.Millisecond
-
-// memberFailedFor is how long serf must hold a proxy failed before its
-// node counts as failed. On an overloaded host serf declares live proxies
-// failed now and then and they refute it within a few hundred
-// milliseconds (seen: 0.1-0.3 s under a load of 40 on two cores); acting
-// on those would move masters away from healthy nodes. A real failure
-// stays, and is acted on about half a second after serf's verdict.
-const memberFailedFor = 500 * time.Millisecond
-
-// memberVerdicts is what watchMembers needs of the engine.
-type memberVerdicts interface {
-	MemberFailed(backend string)
-	MemberAlive(backend string)
-}
-
-// watchMembers hands serf's verdicts on the other proxies to the engine
-// until stop is called: a proxy serf holds failed for memberFailedFor
-// means its node (proxy and broker) failed, so its backend counts as down
-// on every survivor (engine.MemberFailed), and as the watcher sees it
-// again once serf sees the proxy alive. A member that left gracefully or
-// was forgotten leaves the verdict to the watcher.
-func watchMembers(c *cluster.Cluster, verdicts memberVerdicts, self string) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ticker := time.NewTicker(memberCheck)
-		defer ticker.Stop()
-		failedSince := map[string]time.Time{} // serf holds them failed, since
-		reported := map[string]bool{}         // told the engine they failed
-		for {
-			now := time.Now()
-			failedNow := map[string]bool{}
-			for _, m := range c.Members() {
-				if m.Name != self && m.Backend != "" && m.Status == cluster.StatusFailed {
-					failedNow[m.Backend] = true
-					if _, ok := failedSince[m.Backend]; !ok {
-						failedSince[m.Backend] = now
-					}
-				}
-			}
-			for backend := range failedSince {
-				if !failedNow[backend] { // alive again, left, or forgotten
-					delete(failedSince, backend)
-				}
-			}
-			for backend, since := range failedSince {
-				if !reported[backend] && now.Sub(since) >= memberFailedFor {
-					verdicts.MemberFailed(backend)
-					reported[backend] = true
-				}
-			}
-			for backend := range reported {
-				if _, failed := failedSince[backend]; !failed {
-					verdicts.MemberAlive(backend)
-					delete(reported, backend)
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-			}
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
-}
-
 // clusterEngineOptions wires the engine to the cluster: writes forwarded
 // to the leader, settles for other nodes' slaves delivered to them.
 func clusterEngineOptions(opts *engine.Options, c *cluster.Cluster) {
@@ -270,211 +85,6 @@ var (
 	_ engine.MetaWriter = (*cluster.Cluster)(nil)
 	_ engine.Peers      = (*cluster.Cluster)(nil)
 )
-
-// policyWriter records a change of the runtime policies in the metadata
-// log: the Store itself for a proxy alone, the cluster (which forwards it
-// to the leader) in a sidecar cluster. Both return once this proxy has
-// applied the change.
-type policyWriter interface {
-	ChangePolicies(ctx context.Context, change mirror.PolicyChange) (mirror.PolicyResult, error)
-}
-
-// policyLogTimeout bounds one runtime policy change (ctl set_policy and
-// friends): a proxy that cannot reach a majority answers with an error
-// within it instead of waiting for one.
-const policyLogTimeout = 5 * time.Second
-
-// policyLog keeps the runtime policies (set_policy, set_operator_policy
-// and their clears) in the metadata log, so that every proxy of a cluster
-// has the same ones, changed in the log's order, and a proxy alone keeps
-// them across restarts in its single-voter log. It is the PolicyStore's
-// PolicyLog; its goroutine hands the log's policies to the PolicyStore
-// whenever the log changes. Policies of the config file stay each proxy's
-// own.
-type policyLog struct {
-	writer   policyWriter
-	store    *mirror.Store
-	policies *config.PolicyStore
-	log      *slog.Logger
-
-	// importMu serialises the import with changes made through this
-	// proxy, so that none of them can reach the log before it.
-	importMu sync.Mutex
-	// pending are state_dir's runtime policies while they are still to be
-	// imported; nil once the log has runtime policies.
-	pending *mirror.RuntimePolicies
-}
-
-var _ config.PolicyLog = (*policyLog)(nil)
-
-// startPolicyLog moves the runtime policies of policies into the log
-// (store, written through writer). When the log has never recorded any,
-// those policies loaded from state_dir are imported once: at once when
-// the log has a leader (always for a proxy alone), else in the background
-// until it has, and in any case before a change made through this proxy.
-// Whichever proxy's import or change reaches the log first wins; a later
-// import is refused. stop ends the goroutine.
-func startPolicyLog(writer policyWriter, store *mirror.Store, policies *config.PolicyStore, logger *slog.Logger) (stop func()) {
-	l := &policyLog{writer: writer, store: store, policies: policies, log: logger.With("component", "runtime-policies")}
-	if filePolicies, fileOperator := policies.Runtime(); len(filePolicies)+len(fileOperator) > 0 {
-		l.pending = &mirror.RuntimePolicies{Policies: filePolicies, OperatorPolicies: fileOperator}
-	}
-	policies.UseLog(l)
-	changes, unsubscribe := store.Changes()
-	l.sync()
-	first, cancelFirst := context.WithTimeout(context.Background(), time.Second)
-	l.importPending(first)
-	cancelFirst()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer unsubscribe()
-		retry := time.NewTicker(time.Second)
-		defer retry.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case _, ok := <-changes:
-				if !ok {
-					return
-				}
-				l.sync()
-			case <-retry.C:
-				attempt, cancelAttempt := context.WithTimeout(ctx, policyLogTimeout)
-				l.importPending(attempt)
-				cancelAttempt()
-			}
-		}
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
-}
-
-// importPending writes the runtime policies loaded from state_dir to the
-// log if it has none yet, and then renames the file. An error leaves them
-// pending.
-func (l *policyLog) importPending(ctx context.Context) error {
-	l.importMu.Lock()
-	defer l.importMu.Unlock()
-	if l.pending == nil {
-		return nil
-	}
-	imported := false
-	if l.store.Policies().Index == 0 {
-		res, err := l.writer.ChangePolicies(ctx, mirror.PolicyChange{Op: mirror.PolicyImport, Import: l.pending})
-		if err != nil {
-			l.log.Debug("cannot import state_dir's runtime policies into the log yet; retrying", "err", err)
-			return fmt.Errorf("importing state_dir's runtime policies into the log: %w", err)
-		}
-		imported = res.Changed
-	}
-	if imported {
-		l.log.Info("runtime policies imported from state_dir into the metadata log", "policies", len(l.pending.Policies), "operator_policies", len(l.pending.OperatorPolicies))
-	} else {
-		l.log.Info("the metadata log already has runtime policies; state_dir's are not imported")
-	}
-	l.pending = nil
-	l.sync()
-	// Renamed, so that a restart cannot show the file's policies, stale
-	// by then, while the log is read.
-	if retired, err := l.policies.RetireFile(); err != nil {
-		l.log.Warn("cannot rename the runtime policies file, which the log replaces", "err", err)
-	} else if retired != "" {
-		l.log.Info("runtime policies file renamed; the metadata log holds them now", "file", retired)
-	}
-	return nil
-}
-
-// sync hands the log's runtime policies to the PolicyStore. A log that has
-// never recorded any leaves the store as it is (state_dir's until the
-// import).
-func (l *policyLog) sync() {
-	rp := l.store.Policies()
-	if rp.Index == 0 {
-		return
-	}
-	if err := l.policies.SetRuntime(rp.Index, rp.Policies, rp.OperatorPolicies); err != nil {
-		l.log.Warn("some runtime policies of the log cannot be applied here", "err", err)
-	}
-}
-
-// policyRetry is how long a change waits before it tries again when the
-// log had no leader.
-const policyRetry = 100 * time.Millisecond
-
-// changeRetrying records c, trying again while the log has no leader
-// until ctx ends: an election (a leader lost, a loaded host) lasts about a
-// second, and a ctl command during one should wait for it rather than
-// fail. A proxy on a minority side fails when ctx ends. A change the log
-// refused without committing is tried again; one that may have committed
-// (ErrLeadershipLost is also ErrNotLeader) is one that a second attempt
-// repeats harmlessly for a set, and for a clear finds the policy already
-// gone (ErrPolicyNotFound, as for a clear made twice).
-func (l *policyLog) changeRetrying(ctx context.Context, c mirror.PolicyChange) error {
-	for {
-		_, err := l.writer.ChangePolicies(ctx, c)
-		if err == nil || !errors.Is(err, mirror.ErrNotLeader) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(policyRetry):
-		}
-	}
-}
-
-// importPendingRetrying imports state_dir's policies before a change
-// made here, trying again while the log has no leader until ctx ends.
-func (l *policyLog) importPendingRetrying(ctx context.Context) error {
-	for {
-		err := l.importPending(ctx)
-		if err == nil || !errors.Is(err, mirror.ErrNotLeader) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(policyRetry):
-		}
-	}
-}
-
-// SetPolicy records a runtime policy in the log.
-func (l *policyLog) SetPolicy(p config.Policy, operator bool) error {
-	return l.change(mirror.PolicyChange{Op: mirror.PolicySet, Policy: &p, Operator: operator})
-}
-
-// ClearPolicy removes a runtime policy from the log.
-func (l *policyLog) ClearPolicy(vhost, name string, operator bool) error {
-	return l.change(mirror.PolicyChange{Op: mirror.PolicyClear, VHost: vhost, Name: name, Operator: operator})
-}
-
-func (l *policyLog) change(c mirror.PolicyChange) error {
-	ctx, cancel := context.WithTimeout(context.Background(), policyLogTimeout)
-	defer cancel()
-	err := l.importPendingRetrying(ctx)
-	if err == nil {
-		err = l.changeRetrying(ctx, c)
-	}
-	if err != nil {
-		switch {
-		case errors.Is(err, mirror.ErrNotLeader):
-			return fmt.Errorf("%w: runtime policies live in the proxies' replicated log, and this proxy cannot reach a majority of the proxies; nothing was changed (%v)", config.ErrNoMajority, err)
-		case errors.Is(err, context.DeadlineExceeded):
-			return fmt.Errorf("%w: no answer from the proxies' replicated log within %v; the change may or may not be made, list the policies to see (%v)", config.ErrNoMajority, policyLogTimeout, err)
-		}
-		return err
-	}
-	// The writer returns once this proxy applied the change: the store
-	// shows it before the ctl command returns.
-	l.sync()
-	return nil
-}
 
 // sidecarAddresses are the addresses of one demo proxy.
 type sidecarAddresses struct{ AMQP, Admin, Gossip, Raft string }
@@ -670,4 +280,22 @@ func (c *demoChild) stop(logger *slog.Logger) {
 		c.cmd.Process.Kill()
 		<-c.done
 	}
+}
+
+// pausing is what a proxy in a minority pauses: the engine first, so that
+// it records no backend loss while clients are cut off, then the clients;
+// resuming goes the other way.
+type pausing struct {
+	srv *proxy.Server
+	eng *engine.Engine
+}
+
+func (p pausing) Pause() {
+	p.eng.SetPaused(true)
+	p.srv.Pause()
+}
+
+func (p pausing) Resume() {
+	p.srv.Resume()
+	p.eng.SetPaused(false)
 }
