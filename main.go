@@ -10,13 +10,11 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -28,12 +26,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
-	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
-	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
-	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
+	"github.com/amqp-mirror/amqp-mirror/internal/node"
 	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
-	"github.com/amqp-mirror/amqp-mirror/proxy"
 	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
 )
 
@@ -150,11 +144,17 @@ file is refused and the running configuration stays.`, stdout)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := serve(ctx, cfg, fs, level, logger, nil); err != nil {
+	if err := node.Run(ctx, cfg, node.Options{Flags: fs, Level: level, Logger: logger, NotifyReload: notifyReload}); err != nil {
 		logger.Error("amqp-mirror stopped", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// notifyReload relays SIGHUP to reload, for node.Options.NotifyReload.
+func notifyReload(reload chan<- os.Signal) (stop func()) {
+	signal.Notify(reload, syscall.SIGHUP)
+	return func() { signal.Stop(reload) }
 }
 
 func newLogger(l config.Log, level *slog.LevelVar, w io.Writer) *slog.Logger {
@@ -163,389 +163,6 @@ func newLogger(l config.Log, level *slog.LevelVar, w io.Writer) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// serve runs the proxy until ctx ends, then shuts down gracefully. ready,
-// when set, receives the AMQP listener's address once it accepts.
-func serve(ctx context.Context, cfg *config.Config, flags *pflag.FlagSet, level *slog.LevelVar, logger *slog.Logger, ready func(amqpAddr string)) error {
-	store, err := config.OpenPolicyStore(cfg.StateDir, cfg.Policies, cfg.OperatorPolicies)
-	if err != nil {
-		return err
-	}
-	backend, err := proxyBackend(cfg)
-	if err != nil {
-		return err
-	}
-	backendWatcher := controllink.NewWatcher(watchedBackends(cfg), controllink.WatcherOptions{Grace: cfg.FailoverGrace, Logger: logger})
-	defer backendWatcher.Close()
-	// Closed in reverse order after the proxy's shutdown: the engine (its
-	// trimmers and syncs), then the metadata store, then the watcher whose
-	// connections the engine used.
-	mirroring, err := startMirroring(ctx, cfg, store, backendWatcher, logger)
-	if err != nil {
-		return err
-	}
-	defer mirroring.close()
-	srv, err := proxy.New(proxy.Options{
-		Backend:          backend,
-		Others:           mirroring.others,
-		Mirror:           mirroring.mirror(),
-		ClientNode:       cfg.Node,
-		Logger:           logger,
-		HandshakeTimeout: cfg.HandshakeTimeout,
-		DialTimeout:      5 * time.Second,
-		Heartbeat:        cfg.Heartbeat,
-		FrameMax:         uint32(cfg.FrameMax),
-		ChannelMax:       uint16(cfg.ChannelMax),
-		CloseTimeout:     5 * time.Second,
-	})
-	if err != nil {
-		return err
-	}
-	mirroring.countUnacked(srv.Unacked)
-	mirroring.listUnrecorded(srv.UnrecordedQueues)
-
-	var listeners []net.Listener
-	closeListeners := func() {
-		for _, ln := range listeners {
-			ln.Close()
-		}
-	}
-	ln, err := net.Listen("tcp", cfg.Listen.AMQP)
-	if err != nil {
-		return fmt.Errorf("listen.amqp: %w", err)
-	}
-	listeners = append(listeners, ln)
-	if cfg.Listen.TLS.Cert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.Listen.TLS.Cert, cfg.Listen.TLS.Key)
-		if err != nil {
-			closeListeners()
-			return fmt.Errorf("listen.tls: %w", err)
-		}
-		tlsLn, err := tls.Listen("tcp", cfg.Listen.AMQPS, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
-		if err != nil {
-			closeListeners()
-			return fmt.Errorf("listen.amqps: %w", err)
-		}
-		listeners = append(listeners, tlsLn)
-	}
-
-	serveCtx, cancelServe := context.WithCancel(context.Background())
-	defer cancelServe()
-	if mirroring.cluster != nil {
-		// pause_minority: a proxy cut off from most of its cluster stops
-		// serving until it sees a majority again (main_cluster.go).
-		pauseDone := make(chan struct{})
-		go func() {
-			defer close(pauseDone)
-			cluster.PauseInMinority(serveCtx, mirroring.cluster, pausing{srv, mirroring.engine}, logger)
-		}()
-		defer func() { cancelServe(); <-pauseDone }()
-	}
-	go func() {
-		if mirroring.engine != nil {
-			return // the engine takes the watcher's events
-		}
-		// With one backend nothing acts on backend events: the watcher
-		// logs them and its state feeds /metrics. Taking them keeps it
-		// probing.
-		for {
-			select {
-			case <-backendWatcher.Events():
-			case <-serveCtx.Done():
-				return
-			}
-		}
-	}()
-	errs := make(chan error, len(listeners)+1)
-	running := 0
-	if cfg.Listen.Admin != "" {
-		token, err := config.EnsureAdminToken(cfg)
-		if err != nil {
-			closeListeners()
-			return err
-		}
-		adminLn, err := net.Listen("tcp", cfg.Listen.Admin)
-		if err != nil {
-			closeListeners()
-			return fmt.Errorf("listen.admin: %w", err)
-		}
-		var adminOpts []admin.Option
-		if mirroring.engine != nil {
-			adminOpts = append(adminOpts, admin.WithQueues(mirroring.engine))
-		}
-		adminSrv := admin.NewServer(store, token, logger, adminOpts...)
-		srv.RegisterMetrics(adminSrv.Registry())
-		registerBackendMetrics(adminSrv.Registry(), cfg, backendWatcher)
-		running++
-		go func() { errs <- adminSrv.Serve(serveCtx, adminLn) }()
-		logger.Info("admin API listening", "addr", adminLn.Addr().String())
-	}
-
-	watcher := config.NewWatcher(cfg, flags, store, logger, level)
-	if cfg.Path != "" {
-		if err := watcher.Start(serveCtx); err != nil {
-			logger.Warn("not watching the config file for changes", "err", err)
-		}
-	}
-	defer watcher.Close()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-
-	for _, l := range listeners {
-		running++
-		go func(l net.Listener) { errs <- srv.Serve(l) }(l)
-		logger.Info("AMQP listening", "addr", l.Addr().String(), "backend", backend.Name, "backend_addr", backend.Addr)
-	}
-	if ready != nil {
-		ready(ln.Addr().String())
-	}
-
-	var failure error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-hup:
-			logger.Info("SIGHUP: reloading the config file", "path", cfg.Path)
-			_ = watcher.Reload() // it logs its outcome, a refusal included
-		case err := <-errs:
-			running--
-			if err != nil && !errors.Is(err, proxy.ErrServerClosed) {
-				failure = err
-				break loop
-			}
-		}
-	}
-
-	logger.Info("shutting down", "timeout", cfg.ShutdownTimeout, "connections", srv.Stats().ConnectionsOpen.Load())
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		logger.Warn("shutdown timed out; remaining connections closed", "err", err)
-	}
-	cancelServe()
-	for ; running > 0; running-- {
-		<-errs
-	}
-	logger.Info("stopped")
-	return failure
-}
-
-// The replication engine is the proxy's Mirror.
-var _ proxy.Mirror = (*engine.Engine)(nil)
-
-// mirroring is what serve runs for several backends: the metadata store
-// and the engine. With one backend both are nil and the proxy passes
-// frames through.
-type mirroring struct {
-	store  *mirror.Store
-	engine *engine.Engine
-	others []proxy.Backend // the backends other than the home one
-	// cluster is the sidecar cluster (main_cluster.go), nil for a proxy
-	// alone; it owns store then.
-	cluster *cluster.Cluster
-	// policyLog keeps the runtime policies in the metadata log.
-	policyLog *cluster.PolicyLog
-	// stopMembers ends handing serf's verdicts to the engine.
-	stopMembers func()
-}
-
-// startMirroring opens the metadata store in state_dir/raft (a single
-// voter: the sidecar cluster adds voters to the same log) and starts the
-// engine, when more than one backend is configured.
-func startMirroring(ctx context.Context, cfg *config.Config, policies *config.PolicyStore, w *controllink.Watcher, logger *slog.Logger) (*mirroring, error) {
-	m := &mirroring{}
-	if len(cfg.Backends) < 2 {
-		return m, nil
-	}
-	home, err := proxyBackend(cfg)
-	if err != nil {
-		return nil, err
-	}
-	for _, b := range cfg.Backends {
-		if b.Name == home.Name {
-			continue
-		}
-		pb, err := backendAddress(b)
-		if err != nil {
-			return nil, err
-		}
-		m.others = append(m.others, pb)
-	}
-	nodeID := cfg.Node
-	if nodeID == "" {
-		nodeID = "proxy"
-	}
-	if sidecar(cfg) {
-		// A voter of the cluster's log in state_dir/raft (main_cluster.go).
-		if m.cluster, err = startCluster(ctx, cfg, logger, 30*time.Second); err != nil {
-			return nil, err
-		}
-		m.store = m.cluster.Store()
-	} else {
-		m.store, err = mirror.OpenStore(mirror.StoreConfig{Dir: filepath.Join(cfg.StateDir, "raft"), NodeID: nodeID, Logger: logger})
-		if err != nil {
-			return nil, err
-		}
-		waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		if err := m.store.WaitLeader(waitCtx); err != nil {
-			m.store.Close()
-			return nil, err
-		}
-	}
-	opts := engine.Options{
-		Backends: watchedBackends(cfg),
-		Node:     cfg.Node,
-		Locator:  cfg.QueueMasterLocator,
-		Store:    m.store,
-		Policies: policies,
-		Watcher:  w,
-		Logger:   logger,
-	}
-	if m.cluster != nil {
-		clusterEngineOptions(&opts, m.cluster)
-	}
-	// Runtime policies live in the metadata log (main_cluster.go), taken
-	// before the engine acts on any.
-	var writer cluster.PolicyWriter = m.store
-	if m.cluster != nil {
-		writer = m.cluster
-	}
-	m.policyLog = cluster.StartPolicyLog(writer, m.store, policies, logger)
-	m.engine = engine.New(opts)
-	// The first placements should see which backends are up: wait a moment
-	// for the watcher's first verdicts (a backend down is not an error).
-	startCtx, cancelStart := context.WithTimeout(ctx, 10*time.Second)
-	defer cancelStart()
-	if err := m.engine.Start(startCtx); err != nil {
-		m.close()
-		return nil, err
-	}
-	if m.cluster != nil {
-		m.cluster.HandleSettles(m.engine.SettleLocal)
-		m.cluster.HandleRejects(m.engine.RejectLocal)
-		m.cluster.HandlePurges(m.engine.PurgeLocal)
-		m.cluster.HandleSyncs(m.engine.SyncLocal)
-		m.cluster.HandleWaitApplied(m.engine.WaitApplied)
-		m.stopMembers = cluster.WatchMembers(m.cluster, m.engine, cfg.Node)
-	}
-	return m, nil
-}
-
-// countUnacked lets list_queues, here and asked by other proxies, count
-// the messages this proxy's clients hold unacknowledged.
-func (m *mirroring) countUnacked(f func(vhost string) map[mirror.QueueID]int) {
-	if m.engine != nil {
-		m.engine.CountUnackedWith(f)
-	}
-	if m.cluster != nil {
-		m.cluster.HandleUnacked(f)
-	}
-}
-
-// listUnrecorded lets list_queues, here and asked by other proxies, show
-// the exclusive and server-named queues this proxy's clients declared.
-func (m *mirroring) listUnrecorded(f func(vhost string) []mirror.UnrecordedQueue) {
-	if m.engine != nil {
-		m.engine.ListUnrecordedWith(f)
-	}
-	if m.cluster != nil {
-		m.cluster.HandleUnrecorded(f)
-	}
-}
-
-// mirror returns the engine as the proxy's Mirror, nil (not a nil
-// *engine.Engine) with one backend.
-func (m *mirroring) mirror() proxy.Mirror {
-	if m.engine == nil {
-		return nil
-	}
-	return m.engine
-}
-
-func (m *mirroring) close() {
-	if m.stopMembers != nil {
-		m.stopMembers()
-	}
-	if m.policyLog != nil {
-		m.policyLog.Close()
-	}
-	if m.engine != nil {
-		m.engine.Close()
-	}
-	if m.cluster != nil {
-		// Shutdown, not Leave: a stopped proxy keeps its vote and rejoins.
-		m.cluster.Shutdown()
-	} else if m.store != nil {
-		m.store.Close()
-	}
-}
-
-// proxyBackend is the backend client connections go to: the node this proxy
-// sits beside, or the first backend.
-func proxyBackend(cfg *config.Config) (proxy.Backend, error) {
-	b := cfg.Backends[0]
-	for _, candidate := range cfg.Backends {
-		if candidate.Name == cfg.Node {
-			b = candidate
-		}
-	}
-	return backendAddress(b)
-}
-
-// backendAddress is where the proxy dials a backend for its clients.
-func backendAddress(b config.Backend) (proxy.Backend, error) {
-	u, err := url.Parse(b.URL)
-	if err != nil {
-		// url.Error quotes the whole URL, password included.
-		return proxy.Backend{}, fmt.Errorf("backend %s: cannot parse %s", b.Name, config.RedactURL(b.URL))
-	}
-	backend := proxy.Backend{Name: b.Name, Addr: u.Host}
-	port := "5672"
-	if u.Scheme == "amqps" {
-		port = "5671"
-		backend.TLS = &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
-	}
-	if u.Port() == "" {
-		backend.Addr = net.JoinHostPort(u.Hostname(), port)
-	}
-	return backend, nil
-}
-
-// watchedBackends is every configured backend, reached with the proxy's own
-// account in its URL.
-func watchedBackends(cfg *config.Config) []controllink.Backend {
-	out := make([]controllink.Backend, 0, len(cfg.Backends))
-	for _, b := range cfg.Backends {
-		wb := controllink.Backend{Name: b.Name, URL: b.URL}
-		if u, err := url.Parse(b.URL); err == nil && u.Scheme == "amqps" {
-			wb.TLS = &tls.Config{ServerName: u.Hostname(), MinVersion: tls.VersionTLS12}
-		}
-		out = append(out, wb)
-	}
-	return out
-}
-
-// registerBackendMetrics publishes what the backend watcher knows.
-func registerBackendMetrics(m admin.Metrics, cfg *config.Config, w *controllink.Watcher) {
-	for _, b := range cfg.Backends {
-		labels := fmt.Sprintf("{backend=%q}", b.Name)
-		m.Gauge("amqp_mirror_backend_up"+labels, "1 while the proxy's own connection to the backend is open and the broker answers its probes.",
-			func() float64 {
-				if w.State(b.Name) == controllink.Up {
-					return 1
-				}
-				return 0
-			})
-		m.Gauge("amqp_mirror_backend_vhosts_refused"+labels, "Vhosts in which the backend refuses the proxy's own account (the vhost is missing there, or the account lacks permissions): nothing of those vhosts is mirrored there.",
-			func() float64 { return float64(len(w.RefusedVHosts(b.Name))) })
-		m.Counter("amqp_mirror_backend_down_total"+labels, "Times the backend was found down: connection refused or reset, clean shutdown, or no answer within failover_grace.",
-			func() float64 { return float64(w.Downs(b.Name)) })
-	}
 }
 
 // runCtl is `amqp-mirror ctl`; admin.Main parses its flags, which may
@@ -662,7 +279,7 @@ Try it (amqp-tools):
 Press Ctrl-C to stop.
 `, describeNodes(cluster), addr, cfg.Backends[0].Name, cfgPath, addr, addr, addr, self, cfgPath)
 	}
-	return serve(ctx, cfg, nil, level, logger, ready)
+	return node.Run(ctx, cfg, node.Options{Level: level, Logger: logger, Ready: ready, NotifyReload: notifyReload})
 }
 
 // demoAddress is an address the demo's proxy listens on and the flag that sets it.
