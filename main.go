@@ -14,20 +14,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/internal/demo"
 	"github.com/amqp-mirror/amqp-mirror/internal/node"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
 )
 
@@ -190,123 +185,13 @@ Ctrl-C; then stops everything it started.`, stdout)
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := demo(ctx, *nodes, *listen, *adminAddr, *dir, !*single && *nodes > 1, logger, stdout); err != nil {
+	opts := demo.Options{
+		Nodes: *nodes, Listen: *listen, Admin: *adminAddr, Dir: *dir, Sidecars: !*single && *nodes > 1,
+		Logger: logger, Stdout: stdout, NotifyReload: notifyReload,
+	}
+	if err := demo.Run(ctx, opts); err != nil {
 		logger.Error("demo failed", "err", err)
 		return 1
 	}
 	return 0
-}
-
-func demo(ctx context.Context, nodes int, listen, adminAddr, dir string, sidecars bool, logger *slog.Logger, stdout io.Writer) error {
-	if nodes < 1 {
-		return fmt.Errorf("--nodes %d: the demo needs at least one node", nodes)
-	}
-	// The proxy binds its ports only once the brokers are up, 10-20 s later: check them
-	// first, so that a port in use fails at once, before any broker starts.
-	addresses := []demoAddress{
-		{"the proxy's AMQP address", listen, "--listen"},
-		{"the admin API address", adminAddr, "--admin"},
-	}
-	var proxies []sidecarAddresses
-	if sidecars {
-		var err error
-		if proxies, err = demoSidecarAddresses(nodes, listen, adminAddr); err != nil {
-			return err
-		}
-		addresses = demoSidecarChecks(proxies)
-	}
-	if err := checkDemoAddresses(addresses); err != nil {
-		return err
-	}
-	if dir == "" {
-		tmp, err := os.MkdirTemp("", "amqp-mirror-demo-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(tmp)
-		dir = tmp
-	}
-	noun := "nodes"
-	if nodes == 1 {
-		noun = "node"
-	}
-	fmt.Fprintf(stdout, "Starting %d RabbitMQ %s under %s (10-20 s)...\n", nodes, noun, dir)
-	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	cluster, err := localbroker.Start(startCtx, localbroker.Options{Nodes: nodes, BaseDir: filepath.Join(dir, "nodes"), Logger: logger})
-	cancel()
-	if err != nil {
-		return err
-	}
-	defer cluster.Close()
-	if sidecars {
-		return demoSidecars(ctx, cluster, proxies, dir, logger, stdout) // main_cluster.go
-	}
-
-	cfgPath := filepath.Join(dir, "amqp-mirror.yaml")
-	var yaml strings.Builder
-	fmt.Fprintf(&yaml, "node: %s\nlisten:\n  amqp: %s\n  admin: %s\nstate_dir: %s\nbackends:\n",
-		cluster.Nodes()[0].Name, listen, adminAddr, filepath.Join(dir, "state"))
-	for _, n := range cluster.Nodes() {
-		fmt.Fprintf(&yaml, "  - name: %s\n    url: %s\n", n.Name, n.URL())
-	}
-	yaml.WriteString("policies:\n  - name: ha-queues\n    pattern: \"^queue_\"\n    apply-to: queues\n    definition:\n      ha-mode: all\n")
-	if err := os.WriteFile(cfgPath, []byte(yaml.String()), 0o644); err != nil {
-		return err
-	}
-	cfg, err := config.Load(cfgPath, nil)
-	if err != nil {
-		return err
-	}
-	level := new(slog.LevelVar)
-	self, err := os.Executable()
-	if err != nil {
-		self = "amqp-mirror"
-	}
-	ready := func(addr string) {
-		fmt.Fprintf(stdout, `
-amqp-mirror is running.
-
-  brokers:   %s
-  proxy:     amqp://guest:guest@%s   (in front of %s)
-  config:    %s
-
-Try it (amqp-tools):
-  amqp-declare-queue --url amqp://guest:guest@%s -q queue_1
-  amqp-publish --url amqp://guest:guest@%s -r queue_1 -b hello
-  amqp-get --url amqp://guest:guest@%s -q queue_1
-  %s ctl --config %s list_policies
-
-Press Ctrl-C to stop.
-`, describeNodes(cluster), addr, cfg.Backends[0].Name, cfgPath, addr, addr, addr, self, cfgPath)
-	}
-	return node.Run(ctx, cfg, node.Options{Level: level, Logger: logger, Ready: ready, NotifyReload: notifyReload})
-}
-
-// demoAddress is an address the demo's proxy listens on and the flag that sets it.
-type demoAddress struct{ what, address, flag string }
-
-// checkDemoAddresses fails when one of the addresses cannot be listened on, naming the flag
-// that changes it. The listeners close again at once: serve binds the addresses later. The
-// config wants fixed ports, so port 0 is refused here too rather than after the brokers.
-func checkDemoAddresses(addresses []demoAddress) error {
-	for _, a := range addresses {
-		_, port, err := net.SplitHostPort(a.address)
-		if number, convErr := strconv.Atoi(port); err != nil || convErr != nil || number < 1 || number > 65535 {
-			return fmt.Errorf("%s %s has no port from 1 to 65535; set one with %s HOST:PORT", a.what, a.address, a.flag)
-		}
-		listener, err := net.Listen("tcp", a.address)
-		if err != nil {
-			return fmt.Errorf("%s %s is not available; choose another with %s HOST:PORT: %w", a.what, a.address, a.flag, err)
-		}
-		listener.Close()
-	}
-	return nil
-}
-
-func describeNodes(c *localbroker.Cluster) string {
-	var parts []string
-	for _, n := range c.Nodes() {
-		parts = append(parts, fmt.Sprintf("%s=127.0.0.1:%d", n.Name, n.Port))
-	}
-	return strings.Join(parts, " ")
 }
