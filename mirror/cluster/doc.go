@@ -94,6 +94,16 @@
 // and serf merges the two views within its reconnect interval of 2s
 // (measured 0.3-2.1s).
 //
+// # What a proxy runs on the cluster
+//
+// PauseInMinority (pause.go) pauses a proxy that sees no more than half of
+// the members alive, counting a member serf holds failed as alive while
+// its raft port still answers. WatchMembers (verdicts.go) hands serf's
+// verdicts on the other proxies to the engine, once a failure has lasted
+// memberFailedFor. PolicyLog (policylog.go) keeps the runtime policies in
+// the metadata log, for a proxy alone (its single-voter mirror.Store) as
+// for a cluster.
+//
 // # Writes from any node
 //
 // A write (Cluster.Put, Cluster.Delete, and runtime policy changes:

@@ -1,10 +1,8 @@
-package main
+package cluster
 
 import (
 	"net"
 	"testing"
-
-	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 )
 
 // answering is what keeps a proxy from pausing when serf declares a live
@@ -22,18 +20,18 @@ func TestAnsweringCountsMembersWhoseRaftPortAccepts(t *testing.T) {
 	}
 	goneAddr := gone.Addr().String()
 	gone.Close()
-	alive := cluster.Member{Name: "rabbit2", Raft: listening.Addr().String()}
-	dead := cluster.Member{Name: "rabbit3", Raft: goneAddr}
+	alive := Member{Name: "rabbit2", Raft: listening.Addr().String()}
+	dead := Member{Name: "rabbit3", Raft: goneAddr}
 	cases := []struct {
 		name    string
-		members []cluster.Member
+		members []Member
 		want    int
 	}{
 		{"no failed members", nil, 0},
-		{"a listening raft port answers", []cluster.Member{alive}, 1},
-		{"a closed raft port does not", []cluster.Member{dead}, 0},
-		{"no raft address does not", []cluster.Member{{Name: "rabbit4"}}, 0},
-		{"each is asked", []cluster.Member{alive, dead, alive}, 2},
+		{"a listening raft port answers", []Member{alive}, 1},
+		{"a closed raft port does not", []Member{dead}, 0},
+		{"no raft address does not", []Member{{Name: "rabbit4"}}, 0},
+		{"each is asked", []Member{alive, dead, alive}, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,4 +1,4 @@
-package main
+package cluster
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
-	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 )
 
 func testPolicy(t *testing.T, name, pattern string) config.Policy {
@@ -65,10 +63,10 @@ func TestRuntimePoliciesReachEveryProxy(t *testing.T) {
 	filePolicy := func(name string) []config.Policy { return []config.Policy{testPolicy(t, name, "^file-")} }
 	stateDirs := []string{writeRuntimeFile(t, testPolicy(t, "old-1", "^old_")), writeRuntimeFile(t), writeRuntimeFile(t)}
 	var stores []*config.PolicyStore
-	var clusters []*cluster.Cluster
+	var clusters []*Cluster
 	var join []string
 	for i, name := range []string{"rabbit1", "rabbit2", "rabbit3"} {
-		c, err := cluster.Start(cluster.Config{
+		c, err := Start(Config{
 			NodeName: name, Bind: "127.0.0.1:0", RaftBind: "127.0.0.1:0", Join: join,
 			DataDir: t.TempDir(), BootstrapExpect: 3, Backend: name, Logger: logger,
 		})
@@ -90,8 +88,8 @@ func TestRuntimePoliciesReachEveryProxy(t *testing.T) {
 		if err := c.Store().WaitLeader(ctx); err != nil {
 			t.Fatal(err)
 		}
-		stop := startPolicyLog(c, c.Store(), stores[i], logger)
-		defer stop()
+		policyLog := StartPolicyLog(c, c.Store(), stores[i], logger)
+		defer policyLog.Close()
 	}
 	for i, s := range stores {
 		testutil.Eventually(t, 15*time.Second, func() error { return hasPolicies(s, fmt.Sprintf("file-%d", i+1), "old-1") })
@@ -162,8 +160,8 @@ func TestRuntimePoliciesSurviveRestartAlone(t *testing.T) {
 			store.Close()
 			t.Fatal(err)
 		}
-		stop := startPolicyLog(store, store, policies, logger)
-		return policies, store, func() { stop(); store.Close() }
+		policyLog := StartPolicyLog(store, store, policies, logger)
+		return policies, store, func() { policyLog.Close(); store.Close() }
 	}
 	logNames := func(s *mirror.Store) string {
 		var out []string
@@ -174,7 +172,7 @@ func TestRuntimePoliciesSurviveRestartAlone(t *testing.T) {
 	}
 
 	// A proxy alone has a leader at once: the import is done when
-	// startPolicyLog returns, before any change can overtake it.
+	// StartPolicyLog returns, before any change can overtake it.
 	policies, store, stop := start()
 	if got := logNames(store); got != "[old]" {
 		stop()
@@ -216,72 +214,4 @@ func hasPolicies(s *config.PolicyStore, want ...string) error {
 		return fmt.Errorf("policies %v, want %v", got, want)
 	}
 	return nil
-}
-
-// verdictRecorder records what watchMembers hands the engine.
-type verdictRecorder struct{ verdicts chan string }
-
-func (r verdictRecorder) MemberFailed(backend string) { r.record("failed " + backend) }
-func (r verdictRecorder) MemberAlive(backend string)  { r.record("alive " + backend) }
-
-// record never blocks: watchMembers must stop when the test ends.
-func (r verdictRecorder) record(v string) {
-	select {
-	case r.verdicts <- v:
-	default:
-	}
-}
-
-// A proxy killed without leaving is reported failed, by its backend's
-// name, within about a second of serf noticing; the proxy itself and the
-// live ones are never reported.
-func TestWatchMembersReportsAFailedProxy(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
-		goleak.IgnoreTopFunction("github.com/hashicorp/memberlist.(*Memberlist).probeNode"))
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var clusters []*cluster.Cluster
-	var join []string
-	for _, name := range []string{"rabbit1", "rabbit2", "rabbit3"} {
-		c, err := cluster.Start(cluster.Config{
-			NodeName: name, Bind: "127.0.0.1:0", RaftBind: "127.0.0.1:0", Join: join,
-			DataDir: t.TempDir(), BootstrapExpect: 3, Backend: name, Logger: logger,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Shutdown()
-		clusters = append(clusters, c)
-		join = []string{c.LocalMember().Gossip}
-	}
-	testutil.Eventually(t, 15*time.Second, func() error {
-		if n := len(clusters[0].Members()); n != 3 {
-			return fmt.Errorf("rabbit1 sees %d members, want 3", n)
-		}
-		return nil
-	})
-	recorder := verdictRecorder{verdicts: make(chan string, 16)}
-	stop := watchMembers(clusters[0], recorder, "rabbit1")
-	defer stop()
-
-	killed := time.Now()
-	clusters[2].Shutdown()
-	// On a loaded host serf may also suspect a live proxy for a moment
-	// (failed, then alive again); that is logged, not an error.
-	deadline := time.After(10 * time.Second)
-	for reported := false; !reported; {
-		select {
-		case got := <-recorder.verdicts:
-			switch {
-			case got == "failed rabbit3":
-				reported = true
-				t.Logf("rabbit3 reported failed %v after its proxy stopped", time.Since(killed))
-			case strings.HasSuffix(got, " rabbit1"):
-				t.Fatalf("the proxy's own node reported: %q", got)
-			default:
-				t.Logf("verdict on a live proxy under load: %q", got)
-			}
-		case <-deadline:
-			t.Fatal("rabbit3 not reported failed within 10s of its proxy stopping")
-		}
-	}
 }

@@ -1,0 +1,95 @@
+package node
+
+// The sidecar cluster: with cluster.bind set, the proxy joins the other
+// proxies (mirror/cluster: serf membership, a raft voter of the metadata
+// log) instead of keeping a single-voter log of its own, hands its engine
+// the cluster's forwarding writes and settle delivery, and pauses while it
+// sees a minority of them.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
+	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
+	"github.com/amqp-mirror/amqp-mirror/proxy"
+)
+
+// sidecar reports whether cfg makes this proxy a member of a sidecar
+// cluster.
+func sidecar(cfg *config.Config) bool { return cfg.Cluster.Bind != "" }
+
+// startCluster joins the sidecar cluster: the metadata log in
+// state_dir/raft with a voter per node. It waits up to leaderWait for the
+// log to have a leader; a proxy without one still starts (its mirrored
+// queues cannot be declared or failed over until a majority is there).
+func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, leaderWait time.Duration) (*cluster.Cluster, error) {
+	raftBind, raftAdvertise := cfg.Cluster.RaftAddresses()
+	c, err := cluster.Start(cluster.Config{
+		NodeName:        cfg.Node,
+		Bind:            cfg.Cluster.Bind,
+		Advertise:       cfg.Cluster.Advertise,
+		Join:            cfg.Cluster.Join,
+		RaftBind:        raftBind,
+		RaftAdvertise:   raftAdvertise,
+		DataDir:         filepath.Join(cfg.StateDir, "raft"),
+		BootstrapExpect: cfg.Cluster.BootstrapExpect,
+		AMQP:            cfg.Listen.AMQP,
+		Admin:           cfg.Listen.Admin,
+		Backend:         cfg.Node,
+		Logger:          logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster.bind %s: %w", cfg.Cluster.Bind, err)
+	}
+	logger.Info("sidecar cluster: waiting for the metadata log's leader", "node", cfg.Node, "bind", cfg.Cluster.Bind, "raft", raftBind, "join", cfg.Cluster.Join, "bootstrap_expect", cfg.Cluster.BootstrapExpect)
+	waitCtx, cancel := context.WithTimeout(ctx, leaderWait)
+	defer cancel()
+	if err := c.Store().WaitLeader(waitCtx); err != nil {
+		if ctx.Err() != nil {
+			c.Shutdown()
+			return nil, err
+		}
+		logger.Warn("sidecar cluster: no metadata leader yet; serving, but mirrored queues cannot change until a majority of the proxies is up", "waited", leaderWait)
+	} else {
+		leader, _ := c.Leader()
+		logger.Info("sidecar cluster: metadata log ready", "leader", leader.Name, "members", len(c.Members()))
+	}
+	return c, nil
+}
+
+// clusterEngineOptions wires the engine to the cluster: writes forwarded
+// to the leader, settles for other nodes' slaves delivered to them.
+func clusterEngineOptions(opts *engine.Options, c *cluster.Cluster) {
+	opts.Writer = c
+	opts.Peers = c
+}
+
+// The engine's settles arrive through the cluster, and the cluster gives
+// the engine those of other proxies.
+var (
+	_ engine.MetaWriter = (*cluster.Cluster)(nil)
+	_ engine.Peers      = (*cluster.Cluster)(nil)
+)
+
+// pausing is what a proxy in a minority pauses: the engine first, so that
+// it records no backend loss while clients are cut off, then the clients;
+// resuming goes the other way.
+type pausing struct {
+	srv *proxy.Server
+	eng *engine.Engine
+}
+
+func (p pausing) Pause() {
+	p.eng.SetPaused(true)
+	p.srv.Pause()
+}
+
+func (p pausing) Resume() {
+	p.srv.Resume()
+	p.eng.SetPaused(false)
+}
