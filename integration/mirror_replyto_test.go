@@ -1,6 +1,6 @@
 package integration
 
-// Direct reply-to (amq.rabbitmq.reply-to) with a mirrored request queue (issue 17, item 4):
+// Direct reply-to (amq.rabbitmq.reply-to) with a mirrored request queue:
 // the RPC pattern of every tutorial, through the proxy.
 
 import (
