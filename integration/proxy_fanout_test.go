@@ -11,8 +11,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 

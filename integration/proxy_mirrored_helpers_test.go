@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 

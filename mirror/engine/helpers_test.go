@@ -14,9 +14,9 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // brokers are three independent RabbitMQ nodes, started once for the
