@@ -21,9 +21,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/internal/admin"
 	"github.com/amqp-mirror/amqp-mirror/internal/demo"
 	"github.com/amqp-mirror/amqp-mirror/internal/node"
-	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
 )
 
 const usage = `amqp-mirror: an AMQP 0-9-1 proxy meant to add RabbitMQ-style classic mirrored

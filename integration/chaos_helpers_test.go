@@ -16,9 +16,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // The chaos tests kill, restart and freeze the shared nodes under load

@@ -12,7 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // systemPython is Debian's interpreter, which sees the python3-pika package; a python3

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // demoReadyLine is what the demo prints once its proxy listens.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // cluster is the package's three nodes, set once by TestMain before any test runs.

@@ -21,7 +21,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // mirrorBackends are the logical names of the shared cluster's nodes, which are also the

@@ -25,7 +25,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // TestExchangeRoutingAlternateExchangeCopiesStayEqual: a direct exchange whose one bound queue

@@ -11,8 +11,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
@@ -134,7 +135,7 @@ func (m *fixedPlacement) ExchangeBound(context.Context, mirror.ExchangeID, mirro
 	return nil
 }
 
-var errNoLeader = fmt.Errorf("recording the binding: %w", mirror.ErrNotLeader)
+var errNoLeader = fmt.Errorf("recording the binding: %w", store.ErrNotLeader)
 
 func (m *fixedPlacement) BoundUnrecorded(context.Context, mirror.ExchangeID, string) error {
 	m.mu.Lock()

@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
@@ -80,17 +80,17 @@ func startMirroredProxyWith(t testing.TB, home *localbroker.Node, opts mirroredO
 	if err != nil {
 		t.Fatalf("policies: %v", err)
 	}
-	store, err := mirror.OpenStore(mirror.StoreConfig{Dir: t.TempDir(), NodeID: "test", Logger: logger, ElectionTimeout: 100 * time.Millisecond})
+	metadata, err := store.Open(store.Config{Dir: t.TempDir(), NodeID: "test", Logger: logger, ElectionTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("metadata store: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := store.WaitLeader(ctx); err != nil {
+	if err := metadata.WaitLeader(ctx); err != nil {
 		t.Fatalf("metadata store: %v", err)
 	}
 	watcher := controllink.NewWatcher(watched, controllink.WatcherOptions{Logger: logger, Grace: opts.grace})
-	eng := engine.New(engine.Options{Backends: watched, Node: home.Name, Store: store, Policies: policies, Watcher: watcher, Logger: logger})
+	eng := engine.New(engine.Options{Backends: watched, Node: home.Name, Store: metadata, Policies: policies, Watcher: watcher, Logger: logger})
 	if err := eng.Start(ctx); err != nil {
 		t.Fatalf("engine: %v", err)
 	}
@@ -99,7 +99,7 @@ func startMirroredProxyWith(t testing.TB, home *localbroker.Node, opts mirroredO
 	t.Cleanup(func() {
 		eng.Close()
 		watcher.Close()
-		store.Close()
+		metadata.Close()
 	})
 	url, srv := startProxy(t, home, func(o *proxy.Options) {
 		o.Logger = logger

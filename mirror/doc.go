@@ -177,8 +177,8 @@
 // # Metadata
 //
 // Queue metadata (QueueMeta: master, slaves in join order, which are
-// synchronised, epoch) lives in a Raft log (Store: hashicorp/raft with
-// raft-boltdb under state_dir). A lone proxy is a single voter; the sidecar
+// synchronised, epoch) lives in a Raft log (package store: hashicorp/raft
+// with raft-boltdb under state_dir). A lone proxy is a single voter; the sidecar
 // cluster adds voters to the same log. Decisions are pure functions over a
 // QueueMeta read from the store; the result is written back conditionally
 // on the Version that was read, so of two proxies deciding at once one
@@ -214,7 +214,7 @@
 //
 // In sidecar mode one proxy runs beside each broker. Package cluster joins
 // them with serf (membership and failure detection, about a second) and
-// gives the metadata Store a Raft voter on every node, added and removed by
+// gives the metadata store a Raft voter on every node, added and removed by
 // the leader as members join and leave (a failed member keeps its vote, so
 // a partition cannot give two sides a majority). Serf gives no total order,
 // so the master and epoch of a queue change only through the log: a
@@ -268,7 +268,7 @@
 //
 // Writes from any proxy go through the leader of the log (cluster.Put).
 // Runtime policies (ctl set_policy and friends) are entries of the same
-// log (Store.ChangePolicies, forwarded to the leader like queue writes):
+// log (store.Store.ChangePolicies, forwarded to the leader like queue writes):
 // every proxy applies them in log order and its PolicyStore shows them;
 // the proxy that made a change shows it when ctl returns, the others
 // moments later. A proxy without a majority refuses a change rather than
@@ -276,7 +276,7 @@
 //
 // # Tombstones
 //
-// Deleting a queue leaves a tombstone in the log (Store.Tombstone: its
+// Deleting a queue leaves a tombstone in the log (store.Store.Tombstone: its
 // copies' backends, epoch and when), so that a broker that was down at the
 // time, and kept its copy, has that copy deleted instead of adopted as a
 // new queue: by the proxy beside it when that proxy starts again (the
@@ -284,7 +284,7 @@
 // by Resolve when a client names the queue and the copy holds messages (an
 // empty one may be a declare in progress). A queue the log never knew is
 // still adopted. Declaring the queue again removes its tombstone; the log
-// keeps the newest MaxTombstones.
+// keeps the newest store.MaxTombstones.
 //
 // # Guarantees
 //
@@ -318,9 +318,10 @@
 //
 // Carried out against real brokers:
 //
-//   - store.go: the metadata Store on a Raft log (single voter by default),
-//     surviving restarts, with conditional writes; serve opens it in
-//     state_dir/raft when more than one backend is configured;
+//   - store: the metadata Store on a Raft log (single voter by default),
+//     surviving restarts, with conditional writes, and the runtime
+//     policies, tombstones and voters kept in the same log; serve opens it
+//     in state_dir/raft when more than one backend is configured;
 //   - controllink: Watcher (each backend's liveness through the proxy's own
 //     connection: down at once on reset or clean shutdown, after
 //     failover_grace when frozen), Trimmer (a slave copy trimmed by the

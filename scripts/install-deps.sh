@@ -2,7 +2,7 @@
 # Installs the system packages the tests need, on Debian or Ubuntu. Idempotent: packages
 # already installed are left alone, and apt-get runs only when something is missing.
 #
-#   rabbitmq-server  the brokers the demo and the tests start (mirror/localbroker)
+#   rabbitmq-server  the brokers the demo and the tests start (internal/localbroker)
 #   amqp-specs       the AMQP 0-9-1 spec XML the codec generator reads
 #   python3-pika     the second client of the transparency tests
 #   amqp-tools       amqp-publish/amqp-consume, a third client

@@ -17,7 +17,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	harness "github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // The failover scenario kills the broker holding a mirrored queue's master, -failover-kills

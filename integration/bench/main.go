@@ -14,7 +14,7 @@
 // The last form compares two builds of the proxy in one run: build the bench of the older
 // commit to /tmp/old-bench and let it be the baseline target.
 //
-// Processes. The broker is one node started with mirror/localbroker (or an existing
+// Processes. The broker is one node started with internal/localbroker (or an existing
 // broker given by -amqp-url). The proxy runs in a separate process, as in a deployment:
 // the bench binary re-executes itself with the hidden flag -role=proxy, which runs
 // proxy.New and Serve and prints its listen address on stdout; the proxy ends when its
@@ -118,7 +118,7 @@ import (
 	"syscall"
 	"time"
 
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	harness "github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // config is every flag, parsed.

@@ -19,7 +19,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	harness "github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // The mirrored scenario's targets, the rows of its table in the order each round runs them.

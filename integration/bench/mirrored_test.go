@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	productconfig "github.com/amqp-mirror/amqp-mirror/config"
-	harness "github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	harness "github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // TestServerConfig: the config the mirrored scenario gives `amqp-mirror serve` loads

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"go.uber.org/goleak"
 )
 

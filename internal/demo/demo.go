@@ -1,5 +1,5 @@
 // Package demo runs amqp-mirror's demo: local, independent RabbitMQ nodes
-// (mirror/localbroker) and either one proxy in front of them, in this
+// (internal/localbroker) and either one proxy in front of them, in this
 // process, or an `amqp-mirror serve` process beside each, joined in a
 // sidecar cluster, until its context ends; then it stops everything it
 // started.
@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/internal/node"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
 )
 
 // Options are the demo's flags, and where it writes.

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
 // sidecarAddresses are the addresses of one of the demo's proxies.

@@ -7,9 +7,9 @@ import (
 	"net/url"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/internal/admin"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
-	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
 )
 
 // proxyBackend is the backend client connections go to: the node this proxy

@@ -11,6 +11,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
@@ -21,7 +22,7 @@ var _ proxy.Mirror = (*engine.Engine)(nil)
 // and the engine. With one backend both are nil and the proxy passes
 // frames through.
 type mirroring struct {
-	store  *mirror.Store
+	store  *store.Store
 	engine *engine.Engine
 	others []proxy.Backend // the backends other than the home one
 	// cluster is the sidecar cluster (sidecar.go), nil for a proxy
@@ -66,7 +67,7 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 		}
 		m.store = m.cluster.Store()
 	} else {
-		m.store, err = mirror.OpenStore(mirror.StoreConfig{Dir: filepath.Join(cfg.StateDir, "raft"), NodeID: nodeID, Logger: logger})
+		m.store, err = store.Open(store.Config{Dir: filepath.Join(cfg.StateDir, "raft"), NodeID: nodeID, Logger: logger})
 		if err != nil {
 			return nil, err
 		}

@@ -18,10 +18,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/internal/admin"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
-	"github.com/amqp-mirror/amqp-mirror/proxy/admin"
 )
 
 // Options is what Run takes beside the config.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Exchange records written through a follower reach the leader, and
@@ -39,7 +40,7 @@ func TestExchangeWritesAndWaitApplied(t *testing.T) {
 			t.Errorf("%s has %+v, %v after WaitApplied; want version %d", n.cfg.NodeName, got, ok, written.Version)
 		}
 	}
-	if _, err := follower.PutExchange(ctx, x, 0); !errors.Is(err, mirror.ErrConflict) {
+	if _, err := follower.PutExchange(ctx, x, 0); !errors.Is(err, store.ErrConflict) {
 		t.Errorf("forwarded exchange put with a stale version: err = %v, want ErrConflict", err)
 	}
 	if err := follower.DeleteExchange(ctx, x.ID, written.Version); err != nil {

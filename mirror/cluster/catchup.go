@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Catching up after a restart. A node that restarts has the metadata it
@@ -25,7 +25,7 @@ const appliedIndexCall = "applied-index"
 func (c *Cluster) handleAppliedIndex() {
 	c.peers.calls.Store(appliedIndexCall, callHandler(func(context.Context, []byte) ([]byte, error) {
 		if !c.store.IsLeader() {
-			return nil, mirror.ErrNotLeader
+			return nil, store.ErrNotLeader
 		}
 		return json.Marshal(c.store.AppliedIndex())
 	}))
@@ -36,7 +36,7 @@ func (c *Cluster) handleAppliedIndex() {
 func (c *Cluster) leaderAppliedIndex(ctx context.Context) (uint64, error) {
 	leader, ok := c.Leader()
 	if !ok {
-		return 0, fmt.Errorf("%w: no leader known among the members", mirror.ErrNotLeader)
+		return 0, fmt.Errorf("%w: no leader known among the members", store.ErrNotLeader)
 	}
 	payload, err := c.call(ctx, leader.Name, appliedIndexCall, nil)
 	if err != nil {

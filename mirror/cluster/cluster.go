@@ -16,7 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/hashicorp/serf/serf"
 
-	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Cluster is this proxy's membership in the sidecar cluster: a serf member
@@ -31,7 +31,7 @@ type Cluster struct {
 	cfg   Config
 	log   *slog.Logger
 	serf  *serf.Serf
-	store *mirror.Store
+	store *store.Store
 	// raftLayer dials other nodes' raft ports (wrapped in tests), for
 	// forwarded writes.
 	raftLayer raft.StreamLayer
@@ -82,7 +82,7 @@ func Start(cfg Config) (*Cluster, error) {
 		return nil, err
 	}
 	var c *Cluster // set before Start returns, so before any WaitLeader
-	store, err := mirror.OpenStore(mirror.StoreConfig{
+	metadata, err := store.Open(store.Config{
 		Dir:             cfg.DataDir,
 		NodeID:          cfg.NodeName,
 		Transport:       transport,
@@ -99,7 +99,7 @@ func Start(cfg Config) (*Cluster, error) {
 	c = &Cluster{
 		cfg:        cfg,
 		log:        log,
-		store:      store,
+		store:      metadata,
 		serfEvents: make(chan serf.Event, 256),
 		reconcile:  make(chan struct{}, 1),
 		reaped:     make(map[string]bool),
@@ -114,12 +114,12 @@ func Start(cfg Config) (*Cluster, error) {
 	base.call.Store(&serveCall)
 	c.handleAppliedIndex()
 	c.handleWaitApplied()
-	if voters, err := store.Voters(); err == nil && len(voters) > 0 {
+	if voters, err := metadata.Voters(); err == nil && len(voters) > 0 {
 		c.bootstrapped = true
 	}
 	c.serf, err = c.startSerf(string(transport.LocalAddr()))
 	if err != nil {
-		store.Close()
+		metadata.Close()
 		return nil, err
 	}
 	c.refreshPeers()
@@ -157,7 +157,7 @@ func newRaftTransport(cfg Config, log *slog.Logger) (*raft.NetworkTransport, *tc
 		Stream:  layer,
 		MaxPool: 3,
 		Timeout: 2 * time.Second,
-		Logger:  mirror.HCLogger(log.With("component", "raft-net"), "raft-net"),
+		Logger:  store.HCLogger(log.With("component", "raft-net"), "raft-net"),
 	})
 	return transport, base, layer, nil
 }
@@ -312,7 +312,7 @@ func (c *Cluster) wake() {
 }
 
 // Store is the metadata log this node votes in.
-func (c *Cluster) Store() *mirror.Store { return c.store }
+func (c *Cluster) Store() *store.Store { return c.store }
 
 // Members returns every member serf knows, this one included, sorted by
 // name.

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 func TestClusterFormsAndReplicates(t *testing.T) {
@@ -61,7 +61,7 @@ func TestClusterFormsAndReplicates(t *testing.T) {
 
 	for _, n := range without(nodes, leader) {
 		_, err := n.Store().Put(context.Background(), queueMeta("queue_2", "rabbit2"), 0)
-		if !errors.Is(err, mirror.ErrNotLeader) {
+		if !errors.Is(err, store.ErrNotLeader) {
 			t.Errorf("put on follower %s's own store: err = %v, want ErrNotLeader", n.cfg.NodeName, err)
 		}
 	}
@@ -83,10 +83,10 @@ func TestWritesFromFollowersReachTheLeader(t *testing.T) {
 	}
 	waitReplicated(t, nodes, written)
 
-	if _, err := follower.Put(ctx, queueMeta("queue_1", "rabbit3"), 0); !errors.Is(err, mirror.ErrConflict) {
+	if _, err := follower.Put(ctx, queueMeta("queue_1", "rabbit3"), 0); !errors.Is(err, store.ErrConflict) {
 		t.Errorf("forwarded put with a stale version: err = %v, want ErrConflict", err)
 	}
-	if err := follower.Delete(ctx, written.ID, written.Version+1); !errors.Is(err, mirror.ErrConflict) {
+	if err := follower.Delete(ctx, written.ID, written.Version+1); !errors.Is(err, store.ErrConflict) {
 		t.Errorf("forwarded delete with a wrong version: err = %v, want ErrConflict", err)
 	}
 	promoted := written.Clone()

@@ -1,6 +1,6 @@
 // Package cluster is the membership of the sidecar cluster: one proxy
 // beside each broker (a node), the proxies joined with serf, and the queue
-// metadata log (mirror.Store) with a raft voter on every node.
+// metadata log (store.Store) with a raft voter on every node.
 //
 // # What serf gives
 //
@@ -22,8 +22,8 @@
 // A write commits only when a majority of the voters stored it, there is
 // at most one leader per term, and every node applies the same writes in
 // the same order; writes are conditional on the version the writer read
-// (mirror.Store), so a decision taken on a stale read fails with
-// mirror.ErrConflict instead of overwriting a newer one. Reads are local
+// (store.Store), so a decision taken on a stale read fails with
+// store.ErrConflict instead of overwriting a newer one. Reads are local
 // and may lag the leader. A node that rejoins, after a crash or a
 // partition, receives what it missed from the leader (log entries or a
 // snapshot), never from gossip; after a restart its Store().WaitLeader
@@ -85,7 +85,7 @@
 // (a cut-off leader steps down after ElectionTimeout/2 without a quorum,
 // measured 0.31s; a cut-off follower forgets its leader after one to two
 // randomised heartbeat timeouts, measured 1.1-1.6s), and
-// every write there fails with mirror.ErrNotLeader. The proxy stops
+// every write there fails with store.ErrNotLeader. The proxy stops
 // serving mirrored queues while it is false, as RabbitMQ's pause_minority
 // does, and serves again when it turns true (Store().LeaderChanges tells
 // when to look). The majority side goes on: it elects a leader if the old
@@ -101,7 +101,7 @@
 // its raft port still answers. WatchMembers (verdicts.go) hands serf's
 // verdicts on the other proxies to the engine, once a failure has lasted
 // memberFailedFor. PolicyLog (policylog.go) keeps the runtime policies in
-// the metadata log, for a proxy alone (its single-voter mirror.Store) as
+// the metadata log, for a proxy alone (its single-voter store.Store) as
 // for a cluster.
 //
 // # Writes from any node

@@ -13,6 +13,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Writes from any node. Only the raft leader can commit, so a follower
@@ -35,14 +36,14 @@ type forwardRequest struct {
 	Exchange   *mirror.ExchangeMeta `json:"exchange,omitempty"`
 	ExchangeID mirror.ExchangeID    `json:"exchange_id,omitzero"`
 	Expect     uint64               `json:"expect"`
-	Policy     *mirror.PolicyChange `json:"policy,omitempty"`
+	Policy     *store.PolicyChange  `json:"policy,omitempty"`
 	Timeout    time.Duration        `json:"timeout"`
 }
 
 type forwardResponse struct {
 	Meta     *mirror.QueueMeta    `json:"meta,omitempty"`
 	Exchange *mirror.ExchangeMeta `json:"exchange,omitempty"`
-	Policy   *mirror.PolicyResult `json:"policy,omitempty"`
+	Policy   *store.PolicyResult  `json:"policy,omitempty"`
 	Error    string               `json:"error,omitempty"`
 	// Kind names a sentinel the error stands for, so that errors.Is works
 	// on the forwarding side: "conflict", "not_leader", "closed" or
@@ -53,7 +54,7 @@ type forwardResponse struct {
 // Put writes meta through the leader of the metadata log, on this node or
 // forwarded to it, if the queue's version is still expect (0: it must not
 // exist), and returns the record as written. Errors are those of
-// mirror.Store.Put: ErrConflict (read again, decide again), ErrNotLeader
+// store.Store.Put: ErrConflict (read again, decide again), ErrNotLeader
 // (no leader reachable: this node is on a minority side or an election is
 // under way).
 func (c *Cluster) Put(ctx context.Context, meta mirror.QueueMeta, expect uint64) (mirror.QueueMeta, error) {
@@ -114,23 +115,23 @@ func (c *Cluster) DeleteExchange(ctx context.Context, id mirror.ExchangeID, expe
 // leader, on this node or forwarded to it, and waits until this node has
 // applied it, so that this proxy's reads (and its PolicyStore, fed from
 // the log) show the change when it returns. Errors are those of
-// mirror.Store.ChangePolicies: ErrNotLeader when no majority is reachable
+// store.Store.ChangePolicies: ErrNotLeader when no majority is reachable
 // from here, config.ErrPolicyNotFound for a clear of a policy the log does
 // not have.
-func (c *Cluster) ChangePolicies(ctx context.Context, change mirror.PolicyChange) (mirror.PolicyResult, error) {
-	var res mirror.PolicyResult
+func (c *Cluster) ChangePolicies(ctx context.Context, change store.PolicyChange) (store.PolicyResult, error) {
+	var res store.PolicyResult
 	if c.store.IsLeader() {
 		var err error
 		if res, err = c.store.ChangePolicies(ctx, change); err != nil {
-			return mirror.PolicyResult{}, err
+			return store.PolicyResult{}, err
 		}
 	} else {
 		resp, err := c.forward(ctx, forwardRequest{Op: "policy", Policy: &change})
 		if err != nil {
-			return mirror.PolicyResult{}, fmt.Errorf("recording a runtime policy change (%s): %w", change.Op, err)
+			return store.PolicyResult{}, fmt.Errorf("recording a runtime policy change (%s): %w", change.Op, err)
 		}
 		if resp.Policy == nil {
-			return mirror.PolicyResult{}, fmt.Errorf("recording a runtime policy change (%s): the leader answered without a result", change.Op)
+			return store.PolicyResult{}, fmt.Errorf("recording a runtime policy change (%s): the leader answered without a result", change.Op)
 		}
 		res = *resp.Policy
 	}
@@ -153,7 +154,7 @@ func (c *Cluster) forward(ctx context.Context, req forwardRequest) (resp forward
 	}()
 	leaderID, leaderAddr := c.store.Leader()
 	if leaderAddr == "" {
-		return forwardResponse{}, fmt.Errorf("%w: no leader known", mirror.ErrNotLeader)
+		return forwardResponse{}, fmt.Errorf("%w: no leader known", store.ErrNotLeader)
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -165,7 +166,7 @@ func (c *Cluster) forward(ctx context.Context, req forwardRequest) (resp forward
 	}
 	conn, err := c.raftLayer.Dial(raft.ServerAddress(leaderAddr), req.Timeout)
 	if err != nil {
-		return forwardResponse{}, fmt.Errorf("%w: forwarding to leader %s at %s: %v", mirror.ErrNotLeader, leaderID, leaderAddr, err)
+		return forwardResponse{}, fmt.Errorf("%w: forwarding to leader %s at %s: %v", store.ErrNotLeader, leaderID, leaderAddr, err)
 	}
 	defer conn.Close()
 	// The context may end before the deadline: closing the connection
@@ -180,7 +181,7 @@ func (c *Cluster) forward(ctx context.Context, req forwardRequest) (resp forward
 		return forwardResponse{}, fmt.Errorf("encoding a forwarded write: %w", err)
 	}
 	if err := w.Flush(); err != nil {
-		return forwardResponse{}, fmt.Errorf("%w: forwarding to leader %s at %s: %v", mirror.ErrNotLeader, leaderID, leaderAddr, err)
+		return forwardResponse{}, fmt.Errorf("%w: forwarding to leader %s at %s: %v", store.ErrNotLeader, leaderID, leaderAddr, err)
 	}
 	if err := json.NewDecoder(conn).Decode(&resp); err != nil {
 		// The write may have committed: the caller must read again.
@@ -193,9 +194,9 @@ func (c *Cluster) forward(ctx context.Context, req forwardRequest) (resp forward
 		}
 		return resp, nil
 	case "conflict":
-		return resp, fmt.Errorf("%w (leader %s)", mirror.ErrConflict, leaderID)
+		return resp, fmt.Errorf("%w (leader %s)", store.ErrConflict, leaderID)
 	case "not_leader", "closed":
-		return resp, fmt.Errorf("%w: %s is no longer the leader: %s", mirror.ErrNotLeader, leaderID, resp.Error)
+		return resp, fmt.Errorf("%w: %s is no longer the leader: %s", store.ErrNotLeader, leaderID, resp.Error)
 	case "policy_not_found":
 		return resp, fmt.Errorf("%w (leader %s: %s)", config.ErrPolicyNotFound, leaderID, resp.Error)
 	}
@@ -246,7 +247,7 @@ func (c *Cluster) serveForward(conn net.Conn) {
 			err = errors.New("forwarded policy change without a change")
 			break
 		}
-		var res mirror.PolicyResult
+		var res store.PolicyResult
 		if res, err = c.store.ChangePolicies(ctx, *req.Policy); err == nil {
 			resp.Policy = &res
 		}
@@ -256,11 +257,11 @@ func (c *Cluster) serveForward(conn net.Conn) {
 	if err != nil {
 		resp.Error = err.Error()
 		switch {
-		case errors.Is(err, mirror.ErrConflict):
+		case errors.Is(err, store.ErrConflict):
 			resp.Kind = "conflict"
-		case errors.Is(err, mirror.ErrNotLeader):
+		case errors.Is(err, store.ErrNotLeader):
 			resp.Kind = "not_leader"
-		case errors.Is(err, mirror.ErrStoreClosed):
+		case errors.Is(err, store.ErrClosed):
 			resp.Kind = "closed"
 		case errors.Is(err, config.ErrPolicyNotFound):
 			resp.Kind = "policy_not_found"

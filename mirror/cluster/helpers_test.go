@@ -13,6 +13,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // testNode is one proxy of a test cluster.
@@ -239,12 +240,12 @@ func put(t *testing.T, n *testNode, meta mirror.QueueMeta) mirror.QueueMeta {
 		case err == nil:
 			written = w
 			return nil
-		case retried && errors.Is(err, mirror.ErrConflict):
+		case retried && errors.Is(err, store.ErrConflict):
 			if got, ok := n.Store().Get(meta.ID); ok && got.Master == meta.Master {
 				written = got
 				return nil
 			}
-		case errors.Is(err, mirror.ErrNotLeader):
+		case errors.Is(err, store.ErrNotLeader):
 			retried = true
 		}
 		return fmt.Errorf("put %s through %s: %w", meta.ID, n.cfg.NodeName, err)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // partition cuts all gossip and raft traffic between the two groups.
@@ -65,10 +65,10 @@ func TestPartitionMinorityCannotWrite(t *testing.T) {
 			t.Logf("%s knew it was a minority %v after the cut", isolated.cfg.NodeName, time.Since(cut))
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			if _, err := isolated.Store().Put(ctx, queueMeta("minority", isolated.cfg.NodeName), 0); !errors.Is(err, mirror.ErrNotLeader) {
+			if _, err := isolated.Store().Put(ctx, queueMeta("minority", isolated.cfg.NodeName), 0); !errors.Is(err, store.ErrNotLeader) {
 				t.Errorf("put on the minority side's store: err = %v, want ErrNotLeader", err)
 			}
-			if _, err := isolated.Put(ctx, queueMeta("minority", isolated.cfg.NodeName), 0); !errors.Is(err, mirror.ErrNotLeader) {
+			if _, err := isolated.Put(ctx, queueMeta("minority", isolated.cfg.NodeName), 0); !errors.Is(err, store.ErrNotLeader) {
 				t.Errorf("put through the minority side's cluster: err = %v, want ErrNotLeader", err)
 			}
 

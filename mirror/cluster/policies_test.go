@@ -10,7 +10,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 func haPolicy(t *testing.T, name, pattern string) *config.Policy {
@@ -22,7 +22,7 @@ func haPolicy(t *testing.T, name, pattern string) *config.Policy {
 	return &p
 }
 
-func policyNames(r mirror.RuntimePolicies) string {
+func policyNames(r store.RuntimePolicies) string {
 	var out []string
 	for _, p := range r.Policies {
 		out = append(out, p.Name)
@@ -32,9 +32,9 @@ func policyNames(r mirror.RuntimePolicies) string {
 
 // changePolicies changes the runtime policies through n, retrying while an
 // election on a loaded machine leaves no leader.
-func changePolicies(t *testing.T, n *testNode, change mirror.PolicyChange) mirror.PolicyResult {
+func changePolicies(t *testing.T, n *testNode, change store.PolicyChange) store.PolicyResult {
 	t.Helper()
-	var res mirror.PolicyResult
+	var res store.PolicyResult
 	testutil.Eventually(t, 10*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -54,7 +54,7 @@ func TestPolicyChangesFromAnyNode(t *testing.T) {
 	leader := waitLeader(t, nodes)
 	followers := without(nodes, leader)
 
-	set := changePolicies(t, followers[0], mirror.PolicyChange{Op: mirror.PolicySet, Policy: haPolicy(t, "ha-all", "^queue_")})
+	set := changePolicies(t, followers[0], store.PolicyChange{Op: store.PolicySet, Policy: haPolicy(t, "ha-all", "^queue_")})
 	written := time.Now()
 	if got := followers[0].Store().Policies(); got.Index != set.Index || policyNames(got) != "[ha-all]" {
 		t.Errorf("the follower that set the policy reads %s at index %d when the call returns, want [ha-all] at %d", policyNames(got), got.Index, set.Index)
@@ -69,8 +69,8 @@ func TestPolicyChangesFromAnyNode(t *testing.T) {
 	})
 	t.Logf("every node had the policy %v after the set returned", time.Since(written))
 
-	changePolicies(t, leader, mirror.PolicyChange{Op: mirror.PolicySet, Policy: haPolicy(t, "ha-two", "^two_")})
-	res := changePolicies(t, followers[1], mirror.PolicyChange{Op: mirror.PolicyClear, VHost: "/", Name: "ha-all"})
+	changePolicies(t, leader, store.PolicyChange{Op: store.PolicySet, Policy: haPolicy(t, "ha-two", "^two_")})
+	res := changePolicies(t, followers[1], store.PolicyChange{Op: store.PolicyClear, VHost: "/", Name: "ha-all"})
 	testutil.Eventually(t, 5*time.Second, func() error {
 		for _, n := range nodes {
 			if got := n.Store().Policies(); policyNames(got) != "[ha-two]" || got.Index != res.Index {
@@ -83,16 +83,16 @@ func TestPolicyChangesFromAnyNode(t *testing.T) {
 	tests := []struct {
 		name        string
 		through     *testNode
-		change      mirror.PolicyChange
+		change      store.PolicyChange
 		wantErr     error
 		wantChanged bool
 	}{
 		{name: "clear of a missing policy through a follower", through: followers[0],
-			change: mirror.PolicyChange{Op: mirror.PolicyClear, VHost: "/", Name: "ha-all"}, wantErr: config.ErrPolicyNotFound},
+			change: store.PolicyChange{Op: store.PolicyClear, VHost: "/", Name: "ha-all"}, wantErr: config.ErrPolicyNotFound},
 		{name: "clear of a missing policy on the leader", through: leader,
-			change: mirror.PolicyChange{Op: mirror.PolicyClear, VHost: "/", Name: "nope"}, wantErr: config.ErrPolicyNotFound},
+			change: store.PolicyChange{Op: store.PolicyClear, VHost: "/", Name: "nope"}, wantErr: config.ErrPolicyNotFound},
 		{name: "import once the log has policies", through: followers[1],
-			change: mirror.PolicyChange{Op: mirror.PolicyImport, Import: &mirror.RuntimePolicies{Policies: []config.Policy{*haPolicy(t, "old", "^old_")}}}},
+			change: store.PolicyChange{Op: store.PolicyImport, Import: &store.RuntimePolicies{Policies: []config.Policy{*haPolicy(t, "old", "^old_")}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -130,8 +130,8 @@ func TestPolicyChangeInMinorityFails(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	began := time.Now()
-	_, err := isolated.ChangePolicies(ctx, mirror.PolicyChange{Op: mirror.PolicySet, Policy: haPolicy(t, "minority", "^m_")})
-	if !errors.Is(err, mirror.ErrNotLeader) {
+	_, err := isolated.ChangePolicies(ctx, store.PolicyChange{Op: store.PolicySet, Policy: haPolicy(t, "minority", "^m_")})
+	if !errors.Is(err, store.ErrNotLeader) {
 		t.Fatalf("set_policy on the minority side: err = %v, want ErrNotLeader", err)
 	}
 	t.Logf("the minority's set_policy failed after %v: %v", time.Since(began), err)
@@ -203,7 +203,7 @@ func TestConcurrentPromotionsOneWins(t *testing.T) {
 		switch {
 		case err == nil:
 			won++
-		case !errors.Is(err, mirror.ErrConflict):
+		case !errors.Is(err, store.ErrConflict):
 			t.Errorf("%s's proposal: err = %v, want nil or ErrConflict", nodes[i].cfg.NodeName, err)
 		}
 	}

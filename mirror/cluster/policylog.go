@@ -9,20 +9,20 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // PolicyWriter records a change of the runtime policies in the metadata
-// log: the mirror.Store itself for a proxy alone, the Cluster (which
+// log: the store.Store itself for a proxy alone, the Cluster (which
 // forwards it to the leader) in a sidecar cluster. Both return once this
 // proxy has applied the change.
 type PolicyWriter interface {
-	ChangePolicies(ctx context.Context, change mirror.PolicyChange) (mirror.PolicyResult, error)
+	ChangePolicies(ctx context.Context, change store.PolicyChange) (store.PolicyResult, error)
 }
 
 var (
 	_ PolicyWriter = (*Cluster)(nil)
-	_ PolicyWriter = (*mirror.Store)(nil)
+	_ PolicyWriter = (*store.Store)(nil)
 )
 
 // policyLogTimeout bounds one runtime policy change (ctl set_policy and
@@ -39,7 +39,7 @@ const policyLogTimeout = 5 * time.Second
 // config file stay each proxy's own.
 type PolicyLog struct {
 	writer   PolicyWriter
-	store    *mirror.Store
+	store    *store.Store
 	policies *config.PolicyStore
 	log      *slog.Logger
 
@@ -48,7 +48,7 @@ type PolicyLog struct {
 	importMu sync.Mutex
 	// pending are state_dir's runtime policies while they are still to be
 	// imported; nil once the log has runtime policies.
-	pending *mirror.RuntimePolicies
+	pending *store.RuntimePolicies
 
 	cancel    context.CancelFunc
 	done      chan struct{}
@@ -58,19 +58,19 @@ type PolicyLog struct {
 var _ config.PolicyLog = (*PolicyLog)(nil)
 
 // StartPolicyLog moves the runtime policies of policies into the log
-// (store, written through writer). When the log has never recorded any,
+// (metadata, written through writer). When the log has never recorded any,
 // those policies loaded from state_dir are imported once: at once when
 // the log has a leader (always for a proxy alone), else in the background
 // until it has, and in any case before a change made through this proxy.
 // Whichever proxy's import or change reaches the log first wins; a later
 // import is refused.
-func StartPolicyLog(writer PolicyWriter, store *mirror.Store, policies *config.PolicyStore, logger *slog.Logger) *PolicyLog {
-	l := &PolicyLog{writer: writer, store: store, policies: policies, log: logger.With("component", "runtime-policies"), done: make(chan struct{})}
+func StartPolicyLog(writer PolicyWriter, metadata *store.Store, policies *config.PolicyStore, logger *slog.Logger) *PolicyLog {
+	l := &PolicyLog{writer: writer, store: metadata, policies: policies, log: logger.With("component", "runtime-policies"), done: make(chan struct{})}
 	if filePolicies, fileOperator := policies.Runtime(); len(filePolicies)+len(fileOperator) > 0 {
-		l.pending = &mirror.RuntimePolicies{Policies: filePolicies, OperatorPolicies: fileOperator}
+		l.pending = &store.RuntimePolicies{Policies: filePolicies, OperatorPolicies: fileOperator}
 	}
 	policies.UseLog(l)
-	changes, unsubscribe := store.Changes()
+	changes, unsubscribe := metadata.Changes()
 	l.sync()
 	first, cancelFirst := context.WithTimeout(context.Background(), time.Second)
 	l.importPending(first)
@@ -124,7 +124,7 @@ func (l *PolicyLog) importPending(ctx context.Context) error {
 	}
 	imported := false
 	if l.store.Policies().Index == 0 {
-		res, err := l.writer.ChangePolicies(ctx, mirror.PolicyChange{Op: mirror.PolicyImport, Import: l.pending})
+		res, err := l.writer.ChangePolicies(ctx, store.PolicyChange{Op: store.PolicyImport, Import: l.pending})
 		if err != nil {
 			l.log.Debug("cannot import state_dir's runtime policies into the log yet; retrying", "err", err)
 			return fmt.Errorf("importing state_dir's runtime policies into the log: %w", err)
@@ -173,7 +173,7 @@ const policyRetry = 100 * time.Millisecond
 func whileNoLeader(ctx context.Context, attempt func() error) error {
 	for {
 		err := attempt()
-		if err == nil || !errors.Is(err, mirror.ErrNotLeader) {
+		if err == nil || !errors.Is(err, store.ErrNotLeader) {
 			return err
 		}
 		select {
@@ -186,12 +186,12 @@ func whileNoLeader(ctx context.Context, attempt func() error) error {
 
 // SetPolicy records a runtime policy in the log.
 func (l *PolicyLog) SetPolicy(p config.Policy, operator bool) error {
-	return l.change(mirror.PolicyChange{Op: mirror.PolicySet, Policy: &p, Operator: operator})
+	return l.change(store.PolicyChange{Op: store.PolicySet, Policy: &p, Operator: operator})
 }
 
 // ClearPolicy removes a runtime policy from the log.
 func (l *PolicyLog) ClearPolicy(vhost, name string, operator bool) error {
-	return l.change(mirror.PolicyChange{Op: mirror.PolicyClear, VHost: vhost, Name: name, Operator: operator})
+	return l.change(store.PolicyChange{Op: store.PolicyClear, VHost: vhost, Name: name, Operator: operator})
 }
 
 // change imports state_dir's policies first, then records c. A change the
@@ -199,7 +199,7 @@ func (l *PolicyLog) ClearPolicy(vhost, name string, operator bool) error {
 // committed (ErrLeadershipLost is also ErrNotLeader) is one that a second
 // attempt repeats harmlessly for a set, and for a clear finds the policy
 // already gone (ErrPolicyNotFound, as for a clear made twice).
-func (l *PolicyLog) change(c mirror.PolicyChange) error {
+func (l *PolicyLog) change(c store.PolicyChange) error {
 	ctx, cancel := context.WithTimeout(context.Background(), policyLogTimeout)
 	defer cancel()
 	err := whileNoLeader(ctx, func() error { return l.importPending(ctx) })
@@ -211,7 +211,7 @@ func (l *PolicyLog) change(c mirror.PolicyChange) error {
 	}
 	if err != nil {
 		switch {
-		case errors.Is(err, mirror.ErrNotLeader):
+		case errors.Is(err, store.ErrNotLeader):
 			return fmt.Errorf("%w: runtime policies live in the proxies' replicated log, and this proxy cannot reach a majority of the proxies; nothing was changed (%v)", config.ErrNoMajority, err)
 		case errors.Is(err, context.DeadlineExceeded):
 			return fmt.Errorf("%w: no answer from the proxies' replicated log within %v; the change may or may not be made, list the policies to see (%v)", config.ErrNoMajority, policyLogTimeout, err)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 func testPolicy(t *testing.T, name, pattern string) config.Policy {
@@ -143,27 +143,27 @@ func TestRuntimePoliciesSurviveRestartAlone(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	stateDir := writeRuntimeFile(t, testPolicy(t, "old", "^old_"))
 	raftDir := t.TempDir()
-	start := func() (*config.PolicyStore, *mirror.Store, func()) {
+	start := func() (*config.PolicyStore, *store.Store, func()) {
 		t.Helper()
-		store, err := mirror.OpenStore(mirror.StoreConfig{Dir: raftDir, NodeID: "proxy", Logger: logger, ElectionTimeout: 100 * time.Millisecond})
+		metadata, err := store.Open(store.Config{Dir: raftDir, NodeID: "proxy", Logger: logger, ElectionTimeout: 100 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := store.WaitLeader(ctx); err != nil {
-			store.Close()
+		if err := metadata.WaitLeader(ctx); err != nil {
+			metadata.Close()
 			t.Fatal(err)
 		}
 		policies, err := config.OpenPolicyStore(stateDir, nil, nil)
 		if err != nil {
-			store.Close()
+			metadata.Close()
 			t.Fatal(err)
 		}
-		policyLog := StartPolicyLog(store, store, policies, logger)
-		return policies, store, func() { policyLog.Close(); store.Close() }
+		policyLog := StartPolicyLog(metadata, metadata, policies, logger)
+		return policies, metadata, func() { policyLog.Close(); metadata.Close() }
 	}
-	logNames := func(s *mirror.Store) string {
+	logNames := func(s *store.Store) string {
 		var out []string
 		for _, p := range s.Policies().Policies {
 			out = append(out, p.Name)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Voters follow membership as in Consul: serf says who exists, the raft
@@ -73,7 +73,7 @@ func (c *Cluster) reconcileVoters(members []Member) {
 		case m.Raft == "":
 			// Not a proxy of this cluster (no raft tag): never a voter.
 		case m.Status == StatusAlive && address[m.Name] != m.Raft:
-			c.changeVoters("adding voter", m.Name, c.store.AddVoter(mirror.Voter{ID: m.Name, Address: m.Raft}))
+			c.changeVoters("adding voter", m.Name, c.store.AddVoter(store.Voter{ID: m.Name, Address: m.Raft}))
 		case m.Status == StatusLeft && address[m.Name] != "" && m.Name != c.cfg.NodeName:
 			c.changeVoters("removing voter of a member that left", m.Name, c.store.RemoveVoter(m.Name))
 		}
@@ -145,7 +145,7 @@ func (c *Cluster) maybeBootstrap(members []Member) {
 	if expect == 0 {
 		return
 	}
-	var peers []mirror.Voter
+	var peers []store.Voter
 	for _, m := range members {
 		if m.Status != StatusAlive || m.Raft == "" {
 			continue
@@ -161,12 +161,12 @@ func (c *Cluster) maybeBootstrap(members []Member) {
 				"member", m.Name, "its_expect", m.Expect, "our_expect", expect)
 			return
 		}
-		peers = append(peers, mirror.Voter{ID: m.Name, Address: m.Raft})
+		peers = append(peers, store.Voter{ID: m.Name, Address: m.Raft})
 	}
 	if len(peers) < expect {
 		return
 	}
-	slices.SortFunc(peers, func(a, b mirror.Voter) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(peers, func(a, b store.Voter) int { return strings.Compare(a.ID, b.ID) })
 	if peers[0].ID != c.cfg.NodeName {
 		return // the lowest name bootstraps; this node waits to be contacted
 	}

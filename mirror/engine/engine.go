@@ -41,6 +41,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Options configure an Engine.
@@ -53,7 +54,7 @@ type Options struct {
 	Node string
 	// Locator is the configured queue_master_locator.
 	Locator config.Locator
-	Store   *mirror.Store
+	Store   *store.Store
 	// Writer writes the metadata; nil means Store. In a sidecar cluster it
 	// forwards writes to the raft leader (cluster.go).
 	Writer MetaWriter

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // What the proxy tells the engine about exchanges, so that a publish to
@@ -80,7 +81,7 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 			break
 		}
 		err := e.opts.Writer.DeleteExchange(ctx, id, x.Version)
-		if errors.Is(err, mirror.ErrConflict) {
+		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
 		if err != nil {
@@ -176,7 +177,7 @@ func (e *Engine) updateExchange(ctx context.Context, id mirror.ExchangeID, chang
 			expect = cur.Version
 		}
 		written, err := e.opts.Writer.PutExchange(ctx, next, expect)
-		if errors.Is(err, mirror.ErrConflict) {
+		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
 		if err != nil {
@@ -191,7 +192,7 @@ func (e *Engine) updateExchange(ctx context.Context, id mirror.ExchangeID, chang
 		e.appliedEverywhere(ctx, written.Version)
 		return nil
 	}
-	return fmt.Errorf("recording %s: %w (%d times)", id, mirror.ErrConflict, maxConflicts)
+	return fmt.Errorf("recording %s: %w (%d times)", id, store.ErrConflict, maxConflicts)
 }
 
 // Routing returns the routing table of the metadata as this proxy sees

@@ -6,6 +6,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Backend events in the metadata: a master lost is replaced by its oldest
@@ -232,7 +233,7 @@ func (e *Engine) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirror
 		ctx, cancel := e.opContext()
 		written, err := e.opts.Writer.Put(ctx, next, m.Version)
 		cancel()
-		if errors.Is(err, mirror.ErrConflict) {
+		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
 		if err == nil {
@@ -240,5 +241,5 @@ func (e *Engine) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirror
 		}
 		return written, err
 	}
-	return mirror.QueueMeta{}, mirror.ErrConflict
+	return mirror.QueueMeta{}, store.ErrConflict
 }

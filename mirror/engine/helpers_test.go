@@ -14,9 +14,10 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
-	"github.com/amqp-mirror/amqp-mirror/mirror/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // brokers are three independent RabbitMQ nodes, started once for the
@@ -37,7 +38,7 @@ func quietLogger() *slog.Logger {
 // harness is an engine on the three brokers, as serve builds it.
 type harness struct {
 	engine   *Engine
-	store    *mirror.Store
+	store    *store.Store
 	policies *config.PolicyStore
 	watcher  *controllink.Watcher
 	dir      string // the store's directory
@@ -73,7 +74,7 @@ func newHarnessWith(t *testing.T, dir string, policies *config.PolicyStore, chan
 	}
 	h := &harness{policies: policies, dir: dir}
 	var err error
-	h.store, err = mirror.OpenStore(mirror.StoreConfig{Dir: dir, NodeID: "test", Logger: quietLogger(), ElectionTimeout: 100 * time.Millisecond})
+	h.store, err = store.Open(store.Config{Dir: dir, NodeID: "test", Logger: quietLogger(), ElectionTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +321,7 @@ func readyOn(t *testing.T, backend, queue string) int {
 }
 
 // expectMeta waits until the store's record of id satisfies check.
-func expectMeta(t *testing.T, s *mirror.Store, id mirror.QueueID, check func(m mirror.QueueMeta, ok bool) error) mirror.QueueMeta {
+func expectMeta(t *testing.T, s *store.Store, id mirror.QueueID, check func(m mirror.QueueMeta, ok bool) error) mirror.QueueMeta {
 	t.Helper()
 	var got mirror.QueueMeta
 	testutil.Eventually(t, 30*time.Second, func() error {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // What the proxy tells the engine about queues its clients declare, use
@@ -94,7 +95,7 @@ func (e *Engine) countMasters() map[string]int {
 // another client or proxy), the stored record is returned.
 func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.QueueMeta, error) {
 	written, err := e.opts.Writer.Put(ctx, q, 0)
-	if errors.Is(err, mirror.ErrConflict) {
+	if errors.Is(err, store.ErrConflict) {
 		if stored, ok := e.opts.Store.Get(q.ID); ok {
 			return stored, nil
 		}
@@ -126,7 +127,7 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 			}
 		}
 		err := e.opts.Writer.Delete(ctx, id, m.Version)
-		if errors.Is(err, mirror.ErrConflict) {
+		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
 		if err != nil {
@@ -246,7 +247,7 @@ func (e *Engine) changeBindings(ctx context.Context, id mirror.QueueID, change f
 			return nil
 		}
 		written, err := e.opts.Writer.Put(ctx, m, m.Version)
-		if errors.Is(err, mirror.ErrConflict) {
+		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
 		if err != nil {
@@ -256,7 +257,7 @@ func (e *Engine) changeBindings(ctx context.Context, id mirror.QueueID, change f
 		e.appliedEverywhere(ctx, written.Version)
 		return nil
 	}
-	return fmt.Errorf("%w (%d times)", mirror.ErrConflict, maxConflicts)
+	return fmt.Errorf("%w (%d times)", store.ErrConflict, maxConflicts)
 }
 
 // Settle tells the trimmers of a queue's slaves that the master's copies

@@ -6,6 +6,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // The background work of the engine's loop: every queue against its
@@ -68,7 +69,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 		// A conflict means someone changed the queue meanwhile: the next
 		// round decides again on what they wrote.
 		level := slog.LevelWarn
-		if errors.Is(err, mirror.ErrConflict) {
+		if errors.Is(err, store.ErrConflict) {
 			level = slog.LevelDebug
 		}
 		log.Log(e.ctx, level, "cannot record a policy change; retrying later", "err", err)

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Adoption: queues that were on the backends before the proxy (or were
@@ -97,7 +98,7 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 	}
 	m := adoptedMeta(id, copies)
 	written, err := e.opts.Writer.Put(ctx, m, 0)
-	for errors.Is(err, mirror.ErrConflict) {
+	for errors.Is(err, store.ErrConflict) {
 		// The log holds the queue and this proxy's copy of it may not
 		// show it yet (in a cluster it lags the leader by a moment): wait
 		// for it rather than answer from what the backends hold.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // A trimmer per slave copy, on the watcher's connection to the slave's
@@ -240,7 +241,7 @@ func (e *Engine) markSlave(id mirror.QueueID, backend string, synchronised bool)
 		ctx, cancel := e.opContext()
 		written, err := e.opts.Writer.Put(ctx, m, m.Version)
 		cancel()
-		if errors.Is(err, mirror.ErrConflict) {
+		if errors.Is(err, store.ErrConflict) {
 			continue
 		}
 		if err == nil {
@@ -249,5 +250,5 @@ func (e *Engine) markSlave(id mirror.QueueID, backend string, synchronised bool)
 		}
 		return err
 	}
-	return mirror.ErrConflict
+	return store.ErrConflict
 }

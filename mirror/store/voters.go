@@ -1,4 +1,4 @@
-package mirror
+package store
 
 import (
 	"errors"
@@ -52,7 +52,7 @@ func (s *Store) Voters() ([]Voter, error) {
 }
 
 // Bootstrap starts a new log whose first configuration is exactly voters.
-// It is for a store opened with StoreConfig.JoinCluster, at the beginning of
+// It is for a store opened with Config.JoinCluster, at the beginning of
 // time only: a store with any state refuses (raft.ErrCantBootstrap), which
 // the caller may ignore.
 func (s *Store) Bootstrap(voters []Voter) error {
@@ -149,7 +149,7 @@ func (s *Store) raftError(err error) error {
 		errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 		return fmt.Errorf("%w: %v", ErrNotLeader, err)
 	case errors.Is(err, raft.ErrRaftShutdown):
-		return ErrStoreClosed
+		return ErrClosed
 	}
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // fakeQueues stands in for the engine: the admin API only passes calls
@@ -206,7 +207,7 @@ func TestQueueAPIErrors(t *testing.T) {
 			http.StatusNotFound, "queue 'nope' in vhost '/' not found"},
 		{"engine failure", func() error { return on.client.SyncQueue(context.Background(), orders) }, errors.New("no synchronised copy to read from"),
 			http.StatusInternalServerError, "sync queue 'orders' in vhost '/': no synchronised copy to read from"},
-		{"no leader", func() error { _, err := on.client.ListQueues(context.Background(), "/", true); return err }, fmt.Errorf("listing: %w", mirror.ErrNotLeader),
+		{"no leader", func() error { _, err := on.client.ListQueues(context.Background(), "/", true); return err }, fmt.Errorf("listing: %w", store.ErrNotLeader),
 			http.StatusServiceUnavailable, "listing queues of vhost '/': listing: metadata log has no reachable leader here"},
 		{"wrong token", func() error {
 			bad := *on.client

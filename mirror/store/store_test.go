@@ -1,4 +1,4 @@
-package mirror
+package store
 
 import (
 	"context"
@@ -8,18 +8,20 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 func openTestStore(t *testing.T, dir string) *Store {
 	t.Helper()
-	s, err := OpenStore(StoreConfig{
+	s, err := Open(Config{
 		Dir:             dir,
 		NodeID:          "rabbit1",
 		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		ElectionTimeout: 100 * time.Millisecond,
 	})
 	if err != nil {
-		t.Fatalf("OpenStore: %v", err)
+		t.Fatalf("Open: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -30,10 +32,10 @@ func openTestStore(t *testing.T, dir string) *Store {
 	return s
 }
 
-func testMeta(name, master string, slaves ...string) QueueMeta {
-	m := QueueMeta{ID: QueueID{VHost: "/", Name: name}, Master: master, Durable: true, Arguments: []byte{0, 0, 0, 0}}
+func testMeta(name, master string, slaves ...string) mirror.QueueMeta {
+	m := mirror.QueueMeta{ID: mirror.QueueID{VHost: "/", Name: name}, Master: master, Durable: true, Arguments: []byte{0, 0, 0, 0}}
 	for _, s := range slaves {
-		m.Slaves = append(m.Slaves, Slave{Backend: s})
+		m.Slaves = append(m.Slaves, mirror.Slave{Backend: s})
 	}
 	return m
 }
@@ -97,11 +99,11 @@ func TestStoreSurvivesRestart(t *testing.T) {
 			dir := t.TempDir()
 			s := openTestStore(t, dir)
 			ctx := context.Background()
-			var want []QueueMeta
-			for _, m := range []QueueMeta{
+			var want []mirror.QueueMeta
+			for _, m := range []mirror.QueueMeta{
 				testMeta("queue_2", "rabbit2", "rabbit3", "rabbit1"),
 				testMeta("queue_1", "rabbit1", "rabbit2", "rabbit3"),
-				{ID: QueueID{VHost: "other", Name: "plain"}, Master: "rabbit3"},
+				{ID: mirror.QueueID{VHost: "other", Name: "plain"}, Master: "rabbit3"},
 			} {
 				w, err := s.Put(ctx, m, 0)
 				if err != nil {

@@ -15,7 +15,7 @@
 // is shared by every Erlang node on the machine and is deliberately left running.
 //
 // The package handles no signals and never exits the process: callers decide that (the
-// test helper in integration/testutil, main.go for the CLI).
+// test helper in integration/testutil, internal/demo for the CLI's demo).
 //
 // # What survives Kill
 //

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Queues is the replication engine as the admin API sees it: the data of
@@ -131,7 +132,7 @@ func (s *Server) queueAction(w http.ResponseWriter, r *http.Request, id mirror.Q
 // engineStatus is the HTTP status of an engine failure: 503 when the
 // metadata log has no leader to answer (try again), 500 otherwise.
 func engineStatus(err error) int {
-	if errors.Is(err, mirror.ErrNotLeader) || errors.Is(err, mirror.ErrStoreClosed) {
+	if errors.Is(err, store.ErrNotLeader) || errors.Is(err, store.ErrClosed) {
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError

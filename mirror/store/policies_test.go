@@ -1,4 +1,4 @@
-package mirror
+package store
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 func runtimePolicy(t *testing.T, name, pattern string, priority int) config.Policy {
@@ -115,7 +116,7 @@ func TestTombstones(t *testing.T) {
 		res, _ := f.Apply(&raft.Log{Index: index, Data: data, AppendedAt: time.Unix(int64(index), 0)}).(applyResult)
 		return res
 	}
-	put := func(index uint64, m QueueMeta) QueueMeta {
+	put := func(index uint64, m mirror.QueueMeta) mirror.QueueMeta {
 		t.Helper()
 		res := apply(index, command{Op: opPut, Meta: &m})
 		if res.err != nil {
@@ -148,10 +149,10 @@ func TestTombstones(t *testing.T) {
 	if got := len(f.listTombstones()); got != MaxTombstones {
 		t.Errorf("%d tombstones after %d deletes, want the bound %d", got, MaxTombstones+1, MaxTombstones)
 	}
-	if _, ok := f.tombstone(QueueID{VHost: "/", Name: "bulk_00000"}); ok {
+	if _, ok := f.tombstone(mirror.QueueID{VHost: "/", Name: "bulk_00000"}); ok {
 		t.Error("the oldest tombstone is kept past the bound")
 	}
-	if _, ok := f.tombstone(QueueID{VHost: "/", Name: fmt.Sprintf("bulk_%05d", MaxTombstones)}); !ok {
+	if _, ok := f.tombstone(mirror.QueueID{VHost: "/", Name: fmt.Sprintf("bulk_%05d", MaxTombstones)}); !ok {
 		t.Error("the newest tombstone is missing")
 	}
 }
@@ -205,14 +206,14 @@ func TestPoliciesAndTombstonesSurviveRestart(t *testing.T) {
 
 	t.Run("snapshot of an earlier version", func(t *testing.T) {
 		f := newMetaFSM()
-		old, err := json.Marshal([]QueueMeta{testMeta("queue_1", "rabbit1")})
+		old, err := json.Marshal([]mirror.QueueMeta{testMeta("queue_1", "rabbit1")})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := f.Restore(io.NopCloser(strings.NewReader(string(old)))); err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := f.get(QueueID{VHost: "/", Name: "queue_1"}); !ok {
+		if _, ok := f.get(mirror.QueueID{VHost: "/", Name: "queue_1"}); !ok {
 			t.Error("the queue of an old snapshot is not restored")
 		}
 		if got := f.runtimePolicies(); got.Index != 0 {

@@ -1,4 +1,4 @@
-package mirror
+package store
 
 import (
 	"bytes"
@@ -9,22 +9,24 @@ import (
 	"sync"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 // command is one entry of the metadata log. Entries are JSON: the log is
 // small (one entry per queue change) and readable with any bolt tool when
 // something goes wrong.
 type command struct {
-	Op     string     `json:"op"`
-	Meta   *QueueMeta `json:"meta,omitempty"`
-	ID     QueueID    `json:"id,omitzero"`
-	Expect uint64     `json:"expect"`
+	Op     string            `json:"op"`
+	Meta   *mirror.QueueMeta `json:"meta,omitempty"`
+	ID     mirror.QueueID    `json:"id,omitzero"`
+	Expect uint64            `json:"expect"`
 	// Policy is the change of a runtime policy (opPolicy).
 	Policy *PolicyChange `json:"policy,omitempty"`
 	// Exchange is the record of opPutExchange; ExchangeID names the
 	// exchange of opDeleteExchange.
-	Exchange   *ExchangeMeta `json:"exchange,omitempty"`
-	ExchangeID ExchangeID    `json:"exchange_id,omitzero"`
+	Exchange   *mirror.ExchangeMeta `json:"exchange,omitempty"`
+	ExchangeID mirror.ExchangeID    `json:"exchange_id,omitzero"`
 }
 
 const (
@@ -46,8 +48,8 @@ func (c command) encode() ([]byte, error) {
 
 // applyResult is what the state machine returns for one entry.
 type applyResult struct {
-	meta     *QueueMeta
-	exchange *ExchangeMeta
+	meta     *mirror.QueueMeta
+	exchange *mirror.ExchangeMeta
 	policy   PolicyResult
 	err      error
 }
@@ -58,9 +60,9 @@ type applyResult struct {
 // and Restore from its own goroutine; readers take mu.
 type metaFSM struct {
 	mu         sync.RWMutex
-	queues     map[QueueID]QueueMeta
-	tombstones map[QueueID]Tombstone
-	exchanges  map[ExchangeID]ExchangeMeta
+	queues     map[mirror.QueueID]mirror.QueueMeta
+	tombstones map[mirror.QueueID]Tombstone
+	exchanges  map[mirror.ExchangeID]mirror.ExchangeMeta
 	policies   RuntimePolicies
 	// applied is the index of the last entry applied here (raft's own
 	// AppliedIndex runs ahead of the FSM), for Store.WaitApplied.
@@ -72,9 +74,9 @@ type metaFSM struct {
 
 func newMetaFSM() *metaFSM {
 	return &metaFSM{
-		queues:      make(map[QueueID]QueueMeta),
-		tombstones:  make(map[QueueID]Tombstone),
-		exchanges:   make(map[ExchangeID]ExchangeMeta),
+		queues:      make(map[mirror.QueueID]mirror.QueueMeta),
+		tombstones:  make(map[mirror.QueueID]Tombstone),
+		exchanges:   make(map[mirror.ExchangeID]mirror.ExchangeMeta),
 		subscribers: make(map[chan struct{}]struct{}),
 	}
 }
@@ -163,40 +165,40 @@ func (f *metaFSM) appliedIndex() uint64 {
 	return f.applied
 }
 
-func (f *metaFSM) get(id QueueID) (QueueMeta, bool) {
+func (f *metaFSM) get(id mirror.QueueID) (mirror.QueueMeta, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	m, ok := f.queues[id]
 	if !ok {
-		return QueueMeta{}, false
+		return mirror.QueueMeta{}, false
 	}
 	return m.Clone(), true
 }
 
-func (f *metaFSM) getExchange(id ExchangeID) (ExchangeMeta, bool) {
+func (f *metaFSM) getExchange(id mirror.ExchangeID) (mirror.ExchangeMeta, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	x, ok := f.exchanges[id]
 	if !ok {
-		return ExchangeMeta{}, false
+		return mirror.ExchangeMeta{}, false
 	}
 	return x.Clone(), true
 }
 
-func (f *metaFSM) listExchanges() []ExchangeMeta {
+func (f *metaFSM) listExchanges() []mirror.ExchangeMeta {
 	f.mu.RLock()
-	out := make([]ExchangeMeta, 0, len(f.exchanges))
+	out := make([]mirror.ExchangeMeta, 0, len(f.exchanges))
 	for _, x := range f.exchanges {
 		out = append(out, x.Clone())
 	}
 	f.mu.RUnlock()
-	slices.SortFunc(out, func(a, b ExchangeMeta) int { return compareNames(a.ID.VHost, a.ID.Name, b.ID.VHost, b.ID.Name) })
+	slices.SortFunc(out, func(a, b mirror.ExchangeMeta) int { return compareNames(a.ID.VHost, a.ID.Name, b.ID.VHost, b.ID.Name) })
 	return out
 }
 
-func (f *metaFSM) list() []QueueMeta {
+func (f *metaFSM) list() []mirror.QueueMeta {
 	f.mu.RLock()
-	out := make([]QueueMeta, 0, len(f.queues))
+	out := make([]mirror.QueueMeta, 0, len(f.queues))
 	for _, m := range f.queues {
 		out = append(out, m.Clone())
 	}
@@ -209,10 +211,10 @@ func (f *metaFSM) list() []QueueMeta {
 // tombstones and policies were in the log are a bare array of queues;
 // Restore reads both.
 type snapshotState struct {
-	Queues     []QueueMeta     `json:"queues"`
-	Tombstones []Tombstone     `json:"tombstones,omitempty"`
-	Exchanges  []ExchangeMeta  `json:"exchanges,omitempty"`
-	Policies   RuntimePolicies `json:"policies"`
+	Queues     []mirror.QueueMeta    `json:"queues"`
+	Tombstones []Tombstone           `json:"tombstones,omitempty"`
+	Exchanges  []mirror.ExchangeMeta `json:"exchanges,omitempty"`
+	Policies   RuntimePolicies       `json:"policies"`
 	// Applied is the index of the last entry the state includes.
 	Applied uint64 `json:"applied"`
 }
@@ -247,15 +249,15 @@ func (f *metaFSM) Restore(r io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("restoring metadata snapshot: %w", err)
 	}
-	queues := make(map[QueueID]QueueMeta, len(snap.Queues))
+	queues := make(map[mirror.QueueID]mirror.QueueMeta, len(snap.Queues))
 	for _, m := range snap.Queues {
 		queues[m.ID] = m
 	}
-	tombstones := make(map[QueueID]Tombstone, len(snap.Tombstones))
+	tombstones := make(map[mirror.QueueID]Tombstone, len(snap.Tombstones))
 	for _, t := range snap.Tombstones {
 		tombstones[t.ID] = t
 	}
-	exchanges := make(map[ExchangeID]ExchangeMeta, len(snap.Exchanges))
+	exchanges := make(map[mirror.ExchangeID]mirror.ExchangeMeta, len(snap.Exchanges))
 	for _, x := range snap.Exchanges {
 		exchanges[x.ID] = x
 	}

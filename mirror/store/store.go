@@ -1,4 +1,15 @@
-package mirror
+// Package store is the queue metadata store: mirror's QueueMeta and
+// ExchangeMeta records, the runtime policies, the tombstones of deleted
+// queues and the voters, kept in a Raft log (hashicorp/raft, with
+// raft-boltdb under the directory it is given). A lone proxy is its single
+// voter; package cluster adds a voter per sidecar proxy. Writes are
+// conditional on the version that was read, and refused with ErrNotLeader
+// where the log has no reachable leader, so a proxy never acts on a
+// decision it could not record. The decisions themselves are package
+// mirror's; this package only records them. LogWriter and HCLogger carry
+// the hashicorp libraries' log lines (raft here; serf, memberlist and the
+// raft transport in package cluster) into slog.
+package store
 
 import (
 	"context"
@@ -14,6 +25,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 // Errors of the metadata store. They are wrapped with the queue they concern.
@@ -26,12 +39,12 @@ var (
 	// the metadata log (a minority side of a partition, or an election in
 	// progress). It must not act on a decision it could not record.
 	ErrNotLeader = errors.New("metadata log has no reachable leader here")
-	// ErrStoreClosed: the store was closed.
-	ErrStoreClosed = errors.New("metadata store closed")
+	// ErrClosed: the store was closed.
+	ErrClosed = errors.New("metadata store closed")
 )
 
-// StoreConfig configures a metadata Store.
-type StoreConfig struct {
+// Config configures a metadata Store.
+type Config struct {
 	// Dir holds the log, the stable store and the snapshots; it is created
 	// when missing. Typically state_dir/raft.
 	Dir string
@@ -73,10 +86,10 @@ type Store struct {
 	transport raft.Transport
 	log       *slog.Logger
 	timeout   time.Duration
-	// leaderIndex is StoreConfig.LeaderIndex.
+	// leaderIndex is Config.LeaderIndex.
 	leaderIndex func(ctx context.Context) (uint64, error)
 	// openedAt is the index this proxy's state had applied when the store
-	// opened (store_policies.go).
+	// opened (policies.go).
 	openedAt uint64
 
 	closeOnce sync.Once
@@ -86,11 +99,11 @@ type Store struct {
 	closed chan struct{}
 }
 
-// OpenStore opens (or creates) the metadata log in cfg.Dir and starts this
+// Open opens (or creates) the metadata log in cfg.Dir and starts this
 // proxy's Raft node. A new single-voter store bootstraps itself; an existing
 // one replays its snapshot and log. It returns once the node runs; use
 // WaitLeader before the first write.
-func OpenStore(cfg StoreConfig) (*Store, error) {
+func Open(cfg Config) (*Store, error) {
 	if cfg.NodeID == "" {
 		return nil, errors.New("metadata store: node id is empty")
 	}
@@ -172,7 +185,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 // WaitLeader blocks until the log has a leader this proxy can reach, or ctx
 // ends. On the leader it also waits until every entry of the log is applied,
 // so that reads after it see everything written before a restart. On a
-// follower with StoreConfig.LeaderIndex it waits until this node has
+// follower with Config.LeaderIndex it waits until this node has
 // applied what the leader had applied when asked: a follower that
 // restarts replays nothing by itself (raft applies its log only once the
 // leader tells it what is committed), and a proxy serving from the
@@ -203,7 +216,7 @@ func (s *Store) WaitLeader(ctx context.Context) error {
 }
 
 // caughtUp reports whether this follower has applied the log as far as
-// the leader had (StoreConfig.LeaderIndex); always true without it. False
+// the leader had (Config.LeaderIndex); always true without it. False
 // when the leader could not be asked (it may not be reachable yet) or ctx
 // ended; the caller asks again.
 func (s *Store) caughtUp(ctx context.Context) bool {
@@ -233,24 +246,24 @@ func (s *Store) AppliedIndex() uint64 { return s.fsm.appliedIndex() }
 func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
 
 // Get returns the metadata of one queue.
-func (s *Store) Get(id QueueID) (QueueMeta, bool) { return s.fsm.get(id) }
+func (s *Store) Get(id mirror.QueueID) (mirror.QueueMeta, bool) { return s.fsm.get(id) }
 
 // List returns every queue's metadata, sorted by vhost and name.
-func (s *Store) List() []QueueMeta { return s.fsm.list() }
+func (s *Store) List() []mirror.QueueMeta { return s.fsm.list() }
 
 // Put writes meta if the queue's current version is expect (0: the queue
 // must not exist yet) and returns the record as written, with its new
 // Version. A stale expect returns ErrConflict.
-func (s *Store) Put(ctx context.Context, meta QueueMeta, expect uint64) (QueueMeta, error) {
+func (s *Store) Put(ctx context.Context, meta mirror.QueueMeta, expect uint64) (mirror.QueueMeta, error) {
 	res, err := s.apply(ctx, command{Op: opPut, Meta: &meta, Expect: expect})
 	if err != nil {
-		return QueueMeta{}, fmt.Errorf("recording %s: %w", meta.ID, err)
+		return mirror.QueueMeta{}, fmt.Errorf("recording %s: %w", meta.ID, err)
 	}
 	return *res.meta, nil
 }
 
 // Delete removes the queue's metadata if its version is still expect.
-func (s *Store) Delete(ctx context.Context, id QueueID, expect uint64) error {
+func (s *Store) Delete(ctx context.Context, id mirror.QueueID, expect uint64) error {
 	if _, err := s.apply(ctx, command{Op: opDelete, ID: id, Expect: expect}); err != nil {
 		return fmt.Errorf("removing %s: %w", id, err)
 	}
@@ -258,25 +271,27 @@ func (s *Store) Delete(ctx context.Context, id QueueID, expect uint64) error {
 }
 
 // GetExchange returns the record of an exchange declared through a proxy.
-func (s *Store) GetExchange(id ExchangeID) (ExchangeMeta, bool) { return s.fsm.getExchange(id) }
+func (s *Store) GetExchange(id mirror.ExchangeID) (mirror.ExchangeMeta, bool) {
+	return s.fsm.getExchange(id)
+}
 
 // ListExchanges returns every exchange record, sorted by vhost and name.
-func (s *Store) ListExchanges() []ExchangeMeta { return s.fsm.listExchanges() }
+func (s *Store) ListExchanges() []mirror.ExchangeMeta { return s.fsm.listExchanges() }
 
 // PutExchange writes an exchange's record if its current version is expect
 // (0: no record yet) and returns it as written. A stale expect returns
 // ErrConflict.
-func (s *Store) PutExchange(ctx context.Context, x ExchangeMeta, expect uint64) (ExchangeMeta, error) {
+func (s *Store) PutExchange(ctx context.Context, x mirror.ExchangeMeta, expect uint64) (mirror.ExchangeMeta, error) {
 	res, err := s.apply(ctx, command{Op: opPutExchange, Exchange: &x, Expect: expect})
 	if err != nil {
-		return ExchangeMeta{}, fmt.Errorf("recording %s: %w", x.ID, err)
+		return mirror.ExchangeMeta{}, fmt.Errorf("recording %s: %w", x.ID, err)
 	}
 	return *res.exchange, nil
 }
 
 // DeleteExchange removes an exchange's record if its version is still
 // expect.
-func (s *Store) DeleteExchange(ctx context.Context, id ExchangeID, expect uint64) error {
+func (s *Store) DeleteExchange(ctx context.Context, id mirror.ExchangeID, expect uint64) error {
 	if _, err := s.apply(ctx, command{Op: opDeleteExchange, ExchangeID: id, Expect: expect}); err != nil {
 		return fmt.Errorf("removing the record of %s: %w", id, err)
 	}
@@ -325,7 +340,7 @@ func (s *Store) apply(ctx context.Context, cmd command) (applyResult, error) {
 			errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 			return applyResult{}, fmt.Errorf("%w: %v", ErrNotLeader, err)
 		case errors.Is(err, raft.ErrRaftShutdown):
-			return applyResult{}, ErrStoreClosed
+			return applyResult{}, ErrClosed
 		}
 		return applyResult{}, err
 	}
@@ -334,8 +349,8 @@ func (s *Store) apply(ctx context.Context, cmd command) (applyResult, error) {
 }
 
 // sortMetas orders metadata by vhost, then name.
-func sortMetas(metas []QueueMeta) {
-	slices.SortFunc(metas, func(a, b QueueMeta) int { return compareNames(a.ID.VHost, a.ID.Name, b.ID.VHost, b.ID.Name) })
+func sortMetas(metas []mirror.QueueMeta) {
+	slices.SortFunc(metas, func(a, b mirror.QueueMeta) int { return compareNames(a.ID.VHost, a.ID.Name, b.ID.VHost, b.ID.Name) })
 }
 
 // compareNames orders records by vhost, then name.

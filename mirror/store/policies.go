@@ -1,4 +1,4 @@
-package mirror
+package store
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
 // This file holds the two kinds of state the log keeps beside the queues'
@@ -141,7 +142,7 @@ const MaxTombstones = 10000
 // still has its copy; the engine deletes such a copy when it finds it
 // instead of adopting it. Declaring the queue again removes the tombstone.
 type Tombstone struct {
-	ID QueueID `json:"id"`
+	ID mirror.QueueID `json:"id"`
 	// Epoch is the deleted queue's last epoch.
 	Epoch uint64 `json:"epoch"`
 	// Backends held a copy when the queue was deleted, master first.
@@ -153,7 +154,7 @@ type Tombstone struct {
 }
 
 // bury records the tombstone of a deleted queue; call with mu held.
-func (f *metaFSM) bury(m QueueMeta, entry *raft.Log) {
+func (f *metaFSM) bury(m mirror.QueueMeta, entry *raft.Log) {
 	f.tombstones[m.ID] = Tombstone{ID: m.ID, Epoch: m.Epoch, Backends: m.Backends(), Index: entry.Index, At: entry.AppendedAt}
 	if len(f.tombstones) <= MaxTombstones {
 		return
@@ -167,7 +168,7 @@ func (f *metaFSM) bury(m QueueMeta, entry *raft.Log) {
 	delete(f.tombstones, oldest.ID)
 }
 
-func (f *metaFSM) tombstone(id QueueID) (Tombstone, bool) {
+func (f *metaFSM) tombstone(id mirror.QueueID) (Tombstone, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	t, ok := f.tombstones[id]
@@ -195,7 +196,7 @@ func (f *metaFSM) runtimePolicies() RuntimePolicies {
 
 // Tombstone returns the tombstone of a deleted queue, if the log keeps
 // one.
-func (s *Store) Tombstone(id QueueID) (Tombstone, bool) { return s.fsm.tombstone(id) }
+func (s *Store) Tombstone(id mirror.QueueID) (Tombstone, bool) { return s.fsm.tombstone(id) }
 
 // Tombstones returns every tombstone, sorted by vhost and name.
 func (s *Store) Tombstones() []Tombstone { return s.fsm.listTombstones() }
