@@ -83,7 +83,7 @@ func TestDrain(t *testing.T) {
 	if n := readyOn(t, "rabbit3", slave.ID.Name); n != -1 {
 		t.Errorf("the dropped slave's copy on rabbit3 has %d messages, want it deleted", n)
 	}
-	testutil.Eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, time.Minute, func() error {
 		if n := readyOn(t, "rabbit1", moved.ID.Name); n != 50 {
 			return fmt.Errorf("the new master has %d ready messages, want 50 (its trimmer gave them back)", n)
 		}

@@ -158,7 +158,7 @@ func TestPolicyAddsSlaves(t *testing.T) {
 			synced := expectMeta(t, h.store, m.ID, synchronisedSlaves(tt.slaves))
 			expectHeld(t, h.engine, m.ID, 280, slavesOf(synced)...)
 			// The master's copy-and-requeue left it holding what it held.
-			testutil.Eventually(t, 10*time.Second, func() error {
+			testutil.Eventually(t, time.Minute, func() error {
 				if n := readyOn(t, m.Master, m.ID.Name); n != 280 {
 					return fmt.Errorf("master has %d ready messages, want 280", n)
 				}
@@ -173,7 +173,7 @@ func TestPolicyAddsSlaves(t *testing.T) {
 				t.Fatal(err)
 			}
 			expectMeta(t, h.store, m.ID, synchronisedSlaves(0))
-			testutil.Eventually(t, 10*time.Second, func() error {
+			testutil.Eventually(t, time.Minute, func() error {
 				for _, b := range slavesOf(synced) {
 					if n := readyOn(t, b, m.ID.Name); n != -1 {
 						return fmt.Errorf("the dropped copy on %s is still there (%d messages)", b, n)

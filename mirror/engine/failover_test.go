@@ -51,7 +51,7 @@ func TestMasterLostAndBack(t *testing.T) {
 	if !slices.Equal(promoted.SynchronisedSlaves(), []string{"rabbit2"}) {
 		t.Errorf("after the promotion the synchronised slaves are %v, want [rabbit2]", promoted.SynchronisedSlaves())
 	}
-	testutil.Eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, time.Minute, func() error {
 		if n := readyOn(t, "rabbit1", id.Name); n != 50 {
 			return fmt.Errorf("the new master has %d ready messages, want 50 (its trimmer gave them back)", n)
 		}

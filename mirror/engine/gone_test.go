@@ -60,7 +60,7 @@ func TestSlaveCopyGoneIsReplaced(t *testing.T) {
 	deleteOn(victim, m.ID.Name)
 	// After the grace the slave leaves the record, and the policy adds it
 	// again as the youngest slave, which automatic sync fills again.
-	testutil.Eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 2*time.Minute, func() error {
 		got, _ := h.store.Get(m.ID)
 		if i := got.SlaveIndex(victim); i != len(got.Slaves)-1 || !got.Slaves[i].Synchronised {
 			return fmt.Errorf("slaves %+v, want %s back as the youngest, synchronised", got.Slaves, victim)

@@ -291,7 +291,7 @@ func held(e *Engine, id mirror.QueueID, backend string) int {
 // expectHeld waits until every slave's trimmer holds want messages.
 func expectHeld(t *testing.T, e *Engine, id mirror.QueueID, want int, slaves ...string) {
 	t.Helper()
-	testutil.Eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 2*time.Minute, func() error {
 		for _, b := range slaves {
 			if got := held(e, id, b); got != want {
 				return fmt.Errorf("the slave on %s holds %d messages, want %d", b, got, want)
@@ -324,7 +324,7 @@ func readyOn(t *testing.T, backend, queue string) int {
 func expectMeta(t *testing.T, s *store.Store, id mirror.QueueID, check func(m mirror.QueueMeta, ok bool) error) mirror.QueueMeta {
 	t.Helper()
 	var got mirror.QueueMeta
-	testutil.Eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 2*time.Minute, func() error {
 		m, ok := s.Get(id)
 		got = m
 		return check(m, ok)

@@ -85,7 +85,7 @@ func TestCancelSyncQueue(t *testing.T) {
 		t.Errorf("a cancelled sync left the slave synchronised: %+v", got.Slaves)
 	}
 	// The master gets back what the cancelled copy held.
-	testutil.Eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, time.Minute, func() error {
 		if n := readyOn(t, m.Master, m.ID.Name); n != backlog {
 			return fmt.Errorf("the master has %d ready messages, want %d", n, backlog)
 		}
@@ -173,7 +173,7 @@ func TestNodesHandOver(t *testing.T) {
 		}
 		return nil
 	})
-	testutil.Eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, time.Minute, func() error {
 		if n := readyOn(t, "rabbit1", id.Name); n != -1 {
 			return fmt.Errorf("the old master's copy is still on rabbit1 (%d messages)", n)
 		}

@@ -115,7 +115,7 @@ func TestSyncFromMasterUnderLoad(t *testing.T) {
 	default:
 	}
 
-	testutil.Eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 2*time.Minute, func() error {
 		want := readyOn(t, m.Master, m.ID.Name)
 		for _, b := range slavesOf(m) {
 			if got := held(h.engine, m.ID, b); got != want {

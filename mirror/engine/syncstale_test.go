@@ -52,7 +52,7 @@ func TestSyncFromMasterPastAStaleCopy(t *testing.T) {
 				t.Fatal(err)
 			}
 			expectMeta(t, h.store, m.ID, synchronisedSlaves(1))
-			testutil.Eventually(t, 30*time.Second, func() error {
+			testutil.Eventually(t, 2*time.Minute, func() error {
 				if got, want := held(h.engine, m.ID, slave), readyOn(t, m.Master, m.ID.Name); got != want || want != backlog {
 					return fmt.Errorf("the slave, recorded synchronised, holds %d messages; the master %d; want %d on both", got, want, backlog)
 				}
