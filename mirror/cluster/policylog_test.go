@@ -55,34 +55,21 @@ func writeRuntimeFile(t *testing.T, policies ...config.Policy) string {
 // imported into the log once (the others' files are not: the log already
 // has policies).
 func TestRuntimePoliciesReachEveryProxy(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
-		// memberlist does not wait for its probe goroutine at Shutdown.
-		goleak.IgnoreTopFunction("github.com/hashicorp/memberlist.(*Memberlist).probeNode"))
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logger := testLogger(t)
 
 	filePolicy := func(name string) []config.Policy { return []config.Policy{testPolicy(t, name, "^file-")} }
 	stateDirs := []string{writeRuntimeFile(t, testPolicy(t, "old-1", "^old_")), writeRuntimeFile(t), writeRuntimeFile(t)}
+	nodes := startCluster(t, 3)
 	var stores []*config.PolicyStore
-	var clusters []*Cluster
-	var join []string
-	for i, name := range []string{"rabbit1", "rabbit2", "rabbit3"} {
-		c, err := Start(Config{
-			NodeName: name, Bind: "127.0.0.1:0", RaftBind: "127.0.0.1:0", Join: join,
-			DataDir: t.TempDir(), BootstrapExpect: 3, Backend: name, Logger: logger,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Shutdown()
-		clusters = append(clusters, c)
-		join = []string{c.LocalMember().Gossip}
+	for i := range nodes {
 		store, err := config.OpenPolicyStore(stateDirs[i], filePolicy(fmt.Sprintf("file-%d", i+1)), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		stores = append(stores, store)
 	}
-	for i, c := range clusters {
+	for i, n := range nodes {
+		c := n.Cluster
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		if err := c.Store().WaitLeader(ctx); err != nil {

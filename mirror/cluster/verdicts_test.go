@@ -1,16 +1,9 @@
 package cluster
 
 import (
-	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
-
-	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
 )
 
 // verdictRecorder records what WatchMembers hands the engine.
@@ -31,35 +24,13 @@ func (r verdictRecorder) record(v string) {
 // name, within about a second of serf noticing; the proxy itself and the
 // live ones are never reported.
 func TestWatchMembersReportsAFailedProxy(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
-		goleak.IgnoreTopFunction("github.com/hashicorp/memberlist.(*Memberlist).probeNode"))
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var clusters []*Cluster
-	var join []string
-	for _, name := range []string{"rabbit1", "rabbit2", "rabbit3"} {
-		c, err := Start(Config{
-			NodeName: name, Bind: "127.0.0.1:0", RaftBind: "127.0.0.1:0", Join: join,
-			DataDir: t.TempDir(), BootstrapExpect: 3, Backend: name, Logger: logger,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Shutdown()
-		clusters = append(clusters, c)
-		join = []string{c.LocalMember().Gossip}
-	}
-	testutil.Eventually(t, 15*time.Second, func() error {
-		if n := len(clusters[0].Members()); n != 3 {
-			return fmt.Errorf("rabbit1 sees %d members, want 3", n)
-		}
-		return nil
-	})
+	nodes := startCluster(t, 3)
 	recorder := verdictRecorder{verdicts: make(chan string, 16)}
-	stop := WatchMembers(clusters[0], recorder, "rabbit1")
+	stop := WatchMembers(nodes[0].Cluster, recorder, "rabbit1")
 	defer stop()
 
 	killed := time.Now()
-	clusters[2].Shutdown()
+	nodes[2].Shutdown()
 	// On a loaded host serf may also suspect a live proxy for a moment
 	// (failed, then alive again); that is logged, not an error.
 	deadline := time.After(10 * time.Second)
