@@ -84,18 +84,7 @@ func TestMirrorDeadLetteringAcrossMasters(t *testing.T) {
 				target: onEvery(messages, backends...),
 			})
 
-			seen := make([]int, messages)
-			for _, d := range consumeAcked(t, conn, target, messages) {
-				if i := bodyIndex(t, d.Body); i >= 0 && i < messages {
-					seen[i]++
-				}
-				checkDeath(t, d, source, "rejected")
-			}
-			for i, n := range seen {
-				if n != 1 {
-					t.Errorf("message %d dead-lettered into %s %d times, want once", i, target, n)
-				}
-			}
+			consumeDeadLettered(t, conn, target, messages, func(d amqp.Delivery) { checkDeath(t, d, source, "rejected") })
 			if extra := getAll(t, conn, target); len(extra) != 0 {
 				t.Errorf("basic.get on %s after every message was consumed: %q, want nothing", target, bodies(extra))
 			}
@@ -189,4 +178,23 @@ func checkDeath(t testing.TB, d amqp.Delivery, source, reason string) {
 		t.Errorf("dead-lettered %q: x-death time %#v, want a timestamp", d.Body, death["time"])
 	}
 	verify(t, checks)
+}
+
+// consumeDeadLettered consumes and acks count messages from the dead-letter queue target,
+// hands each to check, and fails the test unless each message of the source reached it
+// exactly once.
+func consumeDeadLettered(t *testing.T, conn *amqp.Connection, target string, count int, check func(d amqp.Delivery)) {
+	t.Helper()
+	seen := make([]int, count)
+	for _, d := range consumeAcked(t, conn, target, count) {
+		if i := bodyIndex(t, d.Body); i >= 0 && i < count {
+			seen[i]++
+		}
+		check(d)
+	}
+	for i, n := range seen {
+		if n != 1 {
+			t.Errorf("message %d dead-lettered into %s %d times, want once", i, target, n)
+		}
+	}
 }
