@@ -24,6 +24,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/internal/admin"
 	"github.com/amqp-mirror/amqp-mirror/internal/demo"
 	"github.com/amqp-mirror/amqp-mirror/internal/node"
+	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 )
 
 const usage = `amqp-mirror: an AMQP 0-9-1 proxy meant to add RabbitMQ-style classic mirrored
@@ -41,6 +42,7 @@ Usage:
   amqp-mirror serve [--config FILE] [flags]    run the proxy
   amqp-mirror ctl COMMAND [--config FILE] ...  administer a running proxy (like rabbitmqctl)
   amqp-mirror demo [flags]                     start local RabbitMQ nodes and the proxy
+  amqp-mirror keygen                           print a new gossip encryption key
   amqp-mirror help [COMMAND]                   show help
 
 Start from amqp-mirror.example.yaml, which explains every key.
@@ -63,6 +65,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runCtl(args[1:], stdout, stderr)
 	case "demo":
 		return runDemo(args[1:], stdout, stderr)
+	case "keygen":
+		return runKeygen(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		if len(args) > 1 {
 			return run([]string{args[1], "--help"}, stdout, stderr)
@@ -193,5 +197,27 @@ Ctrl-C; then stops everything it started.`, stdout)
 		logger.Error("demo failed", "err", err)
 		return 1
 	}
+	return 0
+}
+
+func runKeygen(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("keygen", `Usage: amqp-mirror keygen
+
+Prints a new random 32-byte key, base64-encoded, for cluster.encrypt (the
+sidecar cluster's gossip encryption) or for "ctl keys install". Give every
+proxy of a cluster the same key.`, stdout)
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "amqp-mirror keygen: takes no arguments, found %q\n", fs.Args())
+		return 2
+	}
+	key, err := cluster.NewGossipKey()
+	if err != nil {
+		fmt.Fprintf(stderr, "amqp-mirror keygen: %v\n", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, key)
 	return 0
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math"
@@ -76,6 +77,10 @@ type Cluster struct {
 	// with the same value see each other, the log is formed with all of
 	// them as voters. 0 joins a cluster that exists.
 	BootstrapExpect int
+	// Encrypt is the base64 AES-256 key that encrypts gossip: the first
+	// key of the keyring in state_dir/raft/keyring.json, which `ctl keys`
+	// rotates. A secret: never shown.
+	Encrypt string
 }
 
 // RaftAddresses returns the raft bind address and the address other
@@ -293,6 +298,7 @@ var scalarFields = []field{
 	addressField("cluster.advertise", true, func(c *Config) *string { return &c.Cluster.Advertise }),
 	addressField("cluster.raft_bind", true, func(c *Config) *string { return &c.Cluster.RaftBind }),
 	intField("cluster.bootstrap_expect", 0, 99, func(c *Config) *int { return &c.Cluster.BootstrapExpect }),
+	stringField("cluster.encrypt", true, func(c *Config) *string { return &c.Cluster.Encrypt }),
 	{"queue_master_locator", func(c *Config, v any, text bool) string {
 		s, _ := v.(string)
 		l, ok := ParseLocator(s)
@@ -508,6 +514,7 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String("cluster.advertise", "", "gossip address other proxies reach this one at (default: cluster.bind)")
 	fs.String("cluster.raft_bind", "", "raft address of the metadata log (default: cluster.bind's port + 1)")
 	textFlag(fs, "cluster.bootstrap_expect", "int", "0", "size of a new cluster, the same on every proxy; 0 joins one that exists")
+	fs.String("cluster.encrypt", "", "base64 32-byte key encrypting gossip (amqp-mirror keygen prints one); prefer the file or AMQP_MIRROR_CLUSTER_ENCRYPT: flags show in ps")
 	fs.String("queue_master_locator", d.QueueMasterLocator.String(), "where a new queue's master goes unless its x-queue-master-locator or policy says: min-masters|client-local|random")
 	textFlag(fs, "failover_grace", "duration", d.FailoverGrace.String(), "how long a backend may leave the proxy's probe unanswered before it counts as down and its queues fail over (a reset or refused connection counts at once)")
 	fs.String("state_dir", d.StateDir, "directory for runtime policies, metadata and the admin token")
@@ -620,6 +627,7 @@ func checkCluster(p *problems, c *Config) {
 		}{
 			{"cluster.join", len(cl.Join) > 0}, {"cluster.advertise", cl.Advertise != ""},
 			{"cluster.raft_bind", cl.RaftBind != ""}, {"cluster.bootstrap_expect", cl.BootstrapExpect != 0},
+			{"cluster.encrypt", cl.Encrypt != ""},
 		} {
 			if k.set {
 				p.add(k.key, "expected cluster.bind to be set too (the sidecar cluster), found it empty")
@@ -645,6 +653,14 @@ func checkCluster(p *problems, c *Config) {
 		}
 	} else if cl.RaftBind == cl.Bind {
 		p.add("cluster.raft_bind", "expected an address other than cluster.bind (raft needs a TCP port of its own), found %s", cl.RaftBind)
+	}
+	if cl.Encrypt != "" {
+		// The key itself is never shown: only what is wrong with it.
+		if key, err := base64.StdEncoding.DecodeString(cl.Encrypt); err != nil {
+			p.add("cluster.encrypt", "expected a base64 32-byte key (amqp-mirror keygen prints one), found text that is not base64 (not shown: a secret)")
+		} else if len(key) != 32 {
+			p.add("cluster.encrypt", "expected a base64 32-byte key (amqp-mirror keygen prints one), found a %d-byte key (not shown: a secret)", len(key))
+		}
 	}
 	if cl.Advertise != "" {
 		if advHost, _, _ := net.SplitHostPort(cl.Advertise); net.ParseIP(advHost) == nil || net.ParseIP(advHost).IsUnspecified() {

@@ -101,10 +101,17 @@ type cliResult struct {
 // run runs the binary with env added to its environment, to its end (at most 30s).
 func (b cliBinary) run(t testing.TB, env []string, args ...string) cliResult {
 	t.Helper()
+	return b.runInput(t, "", env, args...)
+}
+
+// runInput is run with stdin as the command's standard input.
+func (b cliBinary) runInput(t testing.TB, stdin string, env []string, args ...string) cliResult {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	command := exec.CommandContext(ctx, b.path, args...)
 	command.Env = cliEnvironment(env)
+	command.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	command.Stdout, command.Stderr = &stdout, &stderr
 	err := command.Run()
@@ -178,6 +185,7 @@ type cliProxy struct {
 	configPath string
 	amqpAddr   string // where it listens, from its "AMQP listening" line
 	adminAddr  string // from its "admin API listening" line
+	gossipAddr string // cluster.bind, for a sidecar
 	token      string // the admin token, read from state_dir once it listens
 	command    *exec.Cmd
 	stdout     *cliOutput

@@ -23,18 +23,21 @@ import (
 
 // sidecarConfigYAML is the config of the proxy beside node: every node of the shared
 // cluster as a backend, node: its own, client-local placement, and the cluster keys
-// (gossip on gossip, raft on its own port, the other proxies' gossip addresses to join).
-func sidecarConfigYAML(t testing.TB, node, gossip, raft string, join []string) string {
-	extra := fmt.Sprintf("node: %s\nqueue_master_locator: client-local\ncluster:\n  bind: %s\n  raft_bind: %s\n  bootstrap_expect: %d\n  join: [%s]\n",
-		node, gossip, raft, len(cluster.Nodes()), strings.Join(join, ", "))
+// (gossip on gossip encrypted with key, raft on its own port, the other proxies' gossip
+// addresses to join).
+func sidecarConfigYAML(t testing.TB, node, gossip, raft string, join []string, key string) string {
+	extra := fmt.Sprintf("node: %s\nqueue_master_locator: client-local\ncluster:\n  bind: %s\n  raft_bind: %s\n  bootstrap_expect: %d\n  join: [%s]\n  encrypt: %q\n",
+		node, gossip, raft, len(cluster.Nodes()), strings.Join(join, ", "), key)
 	return mirrorConfigYAML(t, filepath.Join(t.TempDir(), "state"), extra)
 }
 
 // startSidecars starts one proxy beside each node of the shared cluster, all at once (each
-// waits for the others to form the metadata log before it listens), and returns them in
-// node order once every one listens and the log has a leader they all know.
+// waits for the others to form the metadata log before it listens), with gossip encrypted
+// by one new key, and returns them in node order once every one listens and the log has a
+// leader they all know.
 func startSidecars(t testing.TB) []*cliProxy {
 	t.Helper()
+	key := newGossipKey(t)
 	nodes := cluster.Nodes()
 	gossip := make([]string, len(nodes))
 	for i := range nodes {
@@ -45,8 +48,9 @@ func startSidecars(t testing.TB) []*cliProxy {
 	for i, n := range nodes {
 		path := filepath.Join(t.TempDir(), "amqp-mirror.yaml")
 		join := slices.Delete(slices.Clone(gossip), i, i+1)
-		cliWriteFile(t, path, sidecarConfigYAML(t, n.Name, gossip[i], cliFreeAddr(t), join))
+		cliWriteFile(t, path, sidecarConfigYAML(t, n.Name, gossip[i], cliFreeAddr(t), join, key))
 		proxies[i] = startServeProcess(t, binary, path)
+		proxies[i].gossipAddr = gossip[i]
 	}
 	for i, p := range proxies {
 		awaitCondition(t, 60*time.Second, func() error {

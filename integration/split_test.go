@@ -76,6 +76,8 @@ var integrationParts = [][]string{
 	{ // the proxy and mirrored queues: amqp091-go's suite three times (~300 s), transparency,
 		// errors, the harness
 		"TestAmqp091SuiteThroughProxy",
+		// sidecar_keys_test.go
+		"TestSidecarGossipNeedsTheKey", "TestSidecarGossipKeyRotation",
 		// proxy_*_test.go
 		"TestPikaTransparency", "TestTransparencyAmqpTools",
 		"TestProxyWireAnswersLikeTheBroker",

@@ -144,6 +144,7 @@ var commands = map[string]command{
 	"cancel_sync_queue": cancelSyncQueueCommand,
 	"drain":             drainCommand,
 	"undrain":           undrainCommand,
+	"keys":              keysCommand,
 }
 
 func (o *ctlOptions) say(format string, args ...any) {

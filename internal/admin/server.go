@@ -67,6 +67,7 @@ type Server struct {
 	registry *Registry
 	queues   Queues  // nil: mirroring is off
 	drainer  Drainer // nil: mirroring is off (drain.go)
+	keyring  Keyring // nil: no sidecar cluster (keys.go)
 	mux      *http.ServeMux
 }
 
@@ -167,6 +168,8 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case len(parts) == 1 && parts[0] == "explain" && r.Method == http.MethodGet:
 		s.explain(w, r)
+	case len(parts) == 1 && parts[0] == "keys" && (r.Method == http.MethodGet || r.Method == http.MethodPost):
+		s.keys(w, r)
 	case len(parts) == 1 && parts[0] == "queues" && r.Method == http.MethodGet:
 		s.listQueues(w, r)
 	case len(parts) == 4 && parts[0] == "queues" && parts[3] == "actions" && r.Method == http.MethodPost:

@@ -14,6 +14,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 )
 
 // sidecarAddresses are the addresses of one of the demo's proxies.
@@ -79,6 +80,12 @@ func runSidecars(ctx context.Context, brokers *localbroker.Cluster, proxies []si
 			c.stop(logger)
 		}
 	}()
+	// Gossip is encrypted, as it should be wherever it is cheap: one key
+	// for the demo's cluster, in each proxy's config file (mode 0600).
+	key, err := cluster.NewGossipKey()
+	if err != nil {
+		return err
+	}
 	for i, n := range nodes {
 		var join []string
 		for j, p := range proxies {
@@ -93,13 +100,13 @@ func runSidecars(ctx context.Context, brokers *localbroker.Cluster, proxies []si
 		var yaml strings.Builder
 		fmt.Fprintf(&yaml, "node: %s\nlisten:\n  amqp: %s\n  admin: %s\nstate_dir: %s\nqueue_master_locator: client-local\nshutdown_timeout: 5s\n",
 			n.Name, proxies[i].AMQP, proxies[i].Admin, filepath.Join(home, "state"))
-		fmt.Fprintf(&yaml, "cluster:\n  bind: %s\n  raft_bind: %s\n  bootstrap_expect: %d\n  join: [%s]\nbackends:\n",
-			proxies[i].Gossip, proxies[i].Raft, len(nodes), strings.Join(join, ", "))
+		fmt.Fprintf(&yaml, "cluster:\n  bind: %s\n  raft_bind: %s\n  bootstrap_expect: %d\n  join: [%s]\n  encrypt: %s\nbackends:\n",
+			proxies[i].Gossip, proxies[i].Raft, len(nodes), strings.Join(join, ", "), key)
 		for _, b := range nodes {
 			fmt.Fprintf(&yaml, "  - name: %s\n    url: %s\n", b.Name, b.URL())
 		}
 		configPath := filepath.Join(home, "amqp-mirror.yaml")
-		if err := os.WriteFile(configPath, []byte(yaml.String()), 0o644); err != nil {
+		if err := os.WriteFile(configPath, []byte(yaml.String()), 0o600); err != nil {
 			return err
 		}
 		if _, err := config.Load(configPath, nil); err != nil {

@@ -215,6 +215,9 @@ func startAdmin(ctx context.Context, cfg *config.Config, store *config.PolicySto
 	if m.engine != nil {
 		adminOpts = append(adminOpts, admin.WithQueues(m.engine))
 	}
+	if m.cluster != nil {
+		adminOpts = append(adminOpts, admin.WithKeyring(m.cluster))
+	}
 	adminSrv := admin.NewServer(store, token, logger, adminOpts...)
 	srv.RegisterMetrics(adminSrv.Registry())
 	registerBackendMetrics(adminSrv.Registry(), cfg, w)

@@ -10,6 +10,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -29,6 +31,7 @@ func sidecar(cfg *config.Config) bool { return cfg.Cluster.Bind != "" }
 // queues cannot be declared or failed over until a majority is there).
 func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, leaderWait time.Duration) (*cluster.Cluster, error) {
 	raftBind, raftAdvertise := cfg.Cluster.RaftAddresses()
+	warnIfOpen(cfg, raftBind, logger)
 	c, err := cluster.Start(cluster.Config{
 		NodeName:        cfg.Node,
 		Bind:            cfg.Cluster.Bind,
@@ -38,6 +41,7 @@ func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 		RaftAdvertise:   raftAdvertise,
 		DataDir:         filepath.Join(cfg.StateDir, "raft"),
 		BootstrapExpect: cfg.Cluster.BootstrapExpect,
+		GossipKey:       cfg.Cluster.Encrypt,
 		AMQP:            cfg.Listen.AMQP,
 		Admin:           cfg.Listen.Admin,
 		Backend:         cfg.Node,
@@ -92,4 +96,30 @@ func (p pausing) Pause() {
 func (p pausing) Resume() {
 	p.srv.Resume()
 	p.eng.SetPaused(false)
+}
+
+// warnIfOpen warns loudly when gossip listens beyond loopback without a
+// key: anyone who reaches the port can then join the cluster.
+func warnIfOpen(cfg *config.Config, raftBind string, logger *slog.Logger) {
+	if cfg.Cluster.Encrypt != "" || loopback(cfg.Cluster.Bind) {
+		return
+	}
+	if _, err := os.Stat(filepath.Join(cfg.StateDir, "raft", cluster.KeyringFileName)); err == nil {
+		return // the keyring of an earlier start encrypts it
+	}
+	logger.Warn("sidecar cluster: gossip is NOT encrypted on a non-loopback address: any process that reaches it can join the cluster; set cluster.encrypt (amqp-mirror keygen prints a key) on every proxy",
+		"bind", cfg.Cluster.Bind, "raft", raftBind)
+}
+
+// loopback reports whether addr's host is a loopback address.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

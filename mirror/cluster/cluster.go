@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,6 +33,9 @@ type Cluster struct {
 	log   *slog.Logger
 	serf  *serf.Serf
 	store *store.Store
+	// encrypted is set when gossip runs with a keyring (keyring.go); it
+	// does not change once serf started.
+	encrypted bool
 	// raftLayer dials other nodes' raft ports (wrapped in tests), for
 	// forwarded writes.
 	raftLayer raft.StreamLayer
@@ -209,6 +213,17 @@ func (c *Cluster) startSerf(raftAddr string) (*serf.Serf, error) {
 	}
 	sc.Tags = maps.Clone(c.tags)
 	sc.EventCh = c.serfEvents
+	keyringPath := filepath.Join(cfg.DataDir, KeyringFileName)
+	keyring, err := loadKeyring(keyringPath, cfg.GossipKey)
+	if err != nil {
+		nt.Shutdown()
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	if keyring != nil {
+		ml.Keyring = keyring
+		sc.KeyringFile = keyringPath
+		c.encrypted = true
+	}
 	sc.MemberlistConfig = ml
 	sc.LogOutput = nil
 	sc.Logger = stdLogger(c.log.With("component", "serf"))

@@ -46,6 +46,11 @@ type Config struct {
 	// bootstrap: join a cluster that exists (a node added later). A node
 	// with existing raft state never bootstraps.
 	BootstrapExpect int
+	// GossipKey is the base64 AES-256 key that encrypts gossip (config
+	// `cluster.encrypt`): the keyring's first key, when DataDir holds no
+	// keyring yet (keyring.go). Empty, with no keyring there, leaves
+	// gossip unencrypted.
+	GossipKey string
 	// AMQP, Admin and Backend are published in this member's tags.
 	AMQP, Admin, Backend string
 

@@ -143,6 +143,10 @@
 //   - A node whose data dir is lost must not come back under the same name
 //     while it is still a voter: it would vote with an empty log. Remove
 //     it (Leave, or wait for the reap), then start it afresh.
-//   - Gossip and raft traffic are neither encrypted nor authenticated: bind
-//     them to a trusted network.
+//   - Gossip is encrypted and authenticated when Config.GossipKey is set or
+//     the data dir holds a keyring (keyring.go): a proxy without one of
+//     the keys can neither join nor be gossiped about, and Keyring rotates
+//     the keys on every live member. Raft traffic and forwarded writes are
+//     neither encrypted nor authenticated: bind the raft port to a trusted
+//     network.
 package cluster
