@@ -310,7 +310,7 @@ var scalarFields = []field{
 	}},
 	durationField("failover_grace", time.Millisecond, func(c *Config) *time.Duration { return &c.FailoverGrace }),
 	stringField("state_dir", false, func(c *Config) *string { return &c.StateDir }),
-	stringField("admin_token", true, func(c *Config) *string { return &c.AdminToken }),
+	secretField("admin_token", true, func(c *Config) *string { return &c.AdminToken }),
 	enumField("log.level", []string{"debug", "info", "warn", "error"}, func(c *Config) *string { return &c.Log.Level }),
 	enumField("log.format", []string{"text", "json"}, func(c *Config) *string { return &c.Log.Format }),
 	durationField("handshake_timeout", time.Millisecond, func(c *Config) *time.Duration { return &c.HandshakeTimeout }),
@@ -333,6 +333,21 @@ func stringField(key string, emptyOK bool, ptr func(*Config) *string) field {
 		s, ok := v.(string)
 		if !ok || (!emptyOK && s == "") {
 			return expected("a non-empty string", v, text)
+		}
+		*ptr(c) = s
+		return ""
+	}}
+}
+
+// secretField is a string key that holds a secret (admin_token). Its
+// problems name the key and the type found but never the value: a token
+// written as a number is still the token, and an error message ends up in
+// logs, terminals and bug reports.
+func secretField(key string, emptyOK bool, ptr func(*Config) *string) field {
+	return field{key, func(c *Config, v any, text bool) string {
+		s, ok := v.(string)
+		if !ok || (!emptyOK && s == "") {
+			return "expected a non-empty string, found " + secretKind(key, v)
 		}
 		*ptr(c) = s
 		return ""

@@ -90,6 +90,42 @@ func describe(v any) string {
 	return fmt.Sprintf("%v (%T)", v, v)
 }
 
+// kind names the type of a found value without showing the value: "an
+// integer", "a string", "a list of 2 items".
+func kind(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return "nothing (null)"
+	case string:
+		if x == "" {
+			return "an empty string"
+		}
+		return "a string"
+	case bool:
+		return "a boolean"
+	case int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64:
+		return "an integer"
+	case float32, float64, json.Number:
+		return "a number"
+	case []any:
+		return fmt.Sprintf("a list of %d items", len(x))
+	case []string:
+		return fmt.Sprintf("a list of %d items", len(x))
+	case map[string]any:
+		return "a mapping"
+	}
+	return fmt.Sprintf("a value of type %T", v)
+}
+
+// secretKind is what a problem with a secret key says it found: the type
+// only, and why the value is not shown.
+func secretKind(key string, v any) string {
+	if v == nil {
+		return kind(v)
+	}
+	return kind(v) + " (value not shown: " + key + " is a secret)"
+}
+
 // asInt converts the integer representations produced by the YAML and JSON
 // decoders; floats are refused, like RabbitMQ's is_integer guards.
 func asInt(v any) (int64, bool) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -200,22 +201,28 @@ func (o *ctlOptions) table(list []config.Policy) {
 
 // connection is how ctl reaches the admin API, from its flags.
 type connection struct {
-	configPath, admin, token string
-	timeout                  time.Duration
+	configPath, admin, token, tokenFile string
+	timeout                             time.Duration
 }
+
+// TokenEnv is the environment variable ctl reads the admin credential
+// from. It is the same variable that sets admin_token for the proxy
+// (config.EnvName("admin_token")), so one export serves both.
+const TokenEnv = "AMQP_MIRROR_ADMIN_TOKEN"
 
 // globalValueFlags are the flags every command takes that carry a value,
 // so that the command word can be told from a flag's value wherever the
 // flags stand: `ctl --config FILE list_policies` and `ctl list_policies
 // --config FILE` are the same.
-var globalValueFlags = []string{"config", "admin", "token", "timeout", "vhost", "p", "formatter"}
+var globalValueFlags = []string{"config", "admin", "token", "token-file", "timeout", "vhost", "p", "formatter"}
 
 // commandValueFlags are the commands' own flags that carry a value.
 var commandValueFlags = []string{"priority", "apply-to", "explain"}
 
-// Main runs `amqp-mirror ctl ARGS`: it finds the admin API and the
-// credential from --config, or --admin and --token (else getenv's
-// AMQP_MIRROR_ADMIN_TOKEN), runs the command and returns the exit code.
+// Main runs `amqp-mirror ctl ARGS`: it finds the admin API from --admin or
+// --config and the credential from --token, --token-file, getenv's
+// AMQP_MIRROR_ADMIN_TOKEN or --config, in that order, runs the command and
+// returns the exit code.
 // Every flag may stand before or after the command, as in rabbitmqctl.
 func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	return runCtl(context.Background(), args, nil, getenv, stdout, stderr)
@@ -226,7 +233,7 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 // code. Commands: set_policy, clear_policy, list_policies,
 // set_operator_policy, clear_operator_policy, list_operator_policies,
 // list_queues, sync_queue, cancel_sync_queue, drain, undrain, help.
-// The connection flags (--config, --admin, --token) are accepted and
+// The connection flags (--config, --admin, --token, --token-file) are accepted and
 // ignored: client is used.
 func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr io.Writer) int {
 	return runCtl(ctx, args, client, func(string) string { return "" }, stdout, stderr)
@@ -328,14 +335,21 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 func addConnectionFlags(fs *pflag.FlagSet, c *connection) {
 	fs.StringVar(&c.configPath, "config", "", "the proxy's YAML config file: finds the admin address (listen.admin) and credential (admin_token, or state_dir/admin.token)")
 	fs.StringVar(&c.admin, "admin", "", "the admin API's base URL or host:port (default: listen.admin of --config, else "+DefaultAdminAddress+")")
-	fs.StringVar(&c.token, "token", "", "the admin credential (default: from --config, else $AMQP_MIRROR_ADMIN_TOKEN)")
+	fs.StringVar(&c.token, "token", "", "the admin credential; it shows up in ps and shell history, so prefer --token-file or $"+TokenEnv)
+	fs.StringVar(&c.tokenFile, "token-file", "", "a file holding the admin credential (mode 0600; surrounding whitespace is ignored)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "how long to wait for the admin API")
 }
 
 // client resolves the admin address and credential: flags first, then the
-// config file, then the defaults.
+// config file, then the defaults. The credential is --token, else
+// --token-file, else $AMQP_MIRROR_ADMIN_TOKEN, else the config's
+// admin_token or state_dir/admin.token.
 func (c connection) client(getenv func(string) string) (*Client, int, error) {
-	client := &Client{BaseURL: c.admin, Token: c.token}
+	token, err := c.explicitToken(getenv)
+	if err != nil {
+		return nil, ExitNoPerm, err
+	}
+	client := &Client{BaseURL: c.admin, Token: token}
 	if c.configPath != "" {
 		cfg, err := config.Load(c.configPath, nil)
 		if err != nil {
@@ -356,10 +370,50 @@ func (c connection) client(getenv func(string) string) (*Client, int, error) {
 	if !strings.Contains(client.BaseURL, "://") {
 		client.BaseURL = "http://" + client.BaseURL
 	}
-	if client.Token == "" {
-		client.Token = getenv("AMQP_MIRROR_ADMIN_TOKEN")
-	}
 	return client, ExitOK, nil
+}
+
+// explicitToken is the credential given to ctl itself rather than through
+// the proxy's config: --token, else --token-file, else the environment.
+// "" means none was given.
+func (c connection) explicitToken(getenv func(string) string) (string, error) {
+	switch {
+	case c.token != "":
+		return c.token, nil
+	case c.tokenFile != "":
+		return readTokenFile(c.tokenFile)
+	}
+	return getenv(TokenEnv), nil
+}
+
+// readTokenFile reads --token-file. Like ssh with a private key, it
+// refuses a file that group or others may read or write: the token is as
+// good as the file's protection.
+func readTokenFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("--token-file: %w", err)
+	}
+	if st.IsDir() {
+		return "", fmt.Errorf("--token-file %s: expected a file, found a directory", path)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return "", fmt.Errorf("--token-file: permissions %04o for %s are too open: the token must not be accessible by group or others (chmod 600 %s)", perm, path, path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 64<<10))
+	if err != nil {
+		return "", fmt.Errorf("--token-file %s: %w", path, err)
+	}
+	token := strings.TrimSpace(string(b))
+	if token == "" {
+		return "", fmt.Errorf("--token-file %s: expected a token, found an empty file", path)
+	}
+	return token, nil
 }
 
 // splitCommand finds the command word among args, skipping flags and the
@@ -454,7 +508,10 @@ Commands:`)
 	fs.String("formatter", formatTable, "list_* output: table (tab-separated, with a header) or json (an array of objects)")
 	fmt.Fprintf(w, "\nOptions:\n%s", fs.FlagUsages())
 	fmt.Fprintln(w, `
-With --config the admin address and credential come from the proxy's file.
+The credential is --token, else --token-file, else $AMQP_MIRROR_ADMIN_TOKEN,
+else the admin_token or state_dir/admin.token of --config. --token shows up in
+ps and shell history: prefer --token-file (mode 0600) or the environment
+variable. With --config the admin address also comes from the proxy's file.
 Exit codes: 64 usage, 65 refused input (also an unknown queue or backend,
 or mirroring off), 69 admin API or metadata log unavailable, 75 sync_queue --wait timed
 out, 77 wrong or missing credential.`)

@@ -135,6 +135,7 @@ func TestSplitCommand(t *testing.T) {
 		{[]string{"list_policies", "--config", "f.yaml"}, "list_policies", []string{"--config", "f.yaml"}},
 		{[]string{"-p", "/x", "-q", "set_policy", "n", "p", "{}"}, "set_policy", []string{"-p", "/x", "-q", "n", "p", "{}"}},
 		{[]string{"--admin=h:1", "--token", "t", "clear_policy", "n"}, "clear_policy", []string{"--admin=h:1", "--token", "t", "n"}},
+		{[]string{"--token-file", "/run/token", "list_queues"}, "list_queues", []string{"--token-file", "/run/token"}},
 		{[]string{"--priority", "2", "set_policy"}, "set_policy", []string{"--priority", "2"}},
 		{[]string{"--formatter", "json", "--", "list_policies"}, "list_policies", []string{"--formatter", "json"}},
 		{[]string{"--config", "f.yaml"}, "", []string{"--config", "f.yaml"}},
