@@ -298,7 +298,7 @@ var scalarFields = []field{
 	addressField("cluster.advertise", true, func(c *Config) *string { return &c.Cluster.Advertise }),
 	addressField("cluster.raft_bind", true, func(c *Config) *string { return &c.Cluster.RaftBind }),
 	intField("cluster.bootstrap_expect", 0, 99, func(c *Config) *int { return &c.Cluster.BootstrapExpect }),
-	stringField("cluster.encrypt", true, func(c *Config) *string { return &c.Cluster.Encrypt }),
+	secretField("cluster.encrypt", true, func(c *Config) *string { return &c.Cluster.Encrypt }),
 	{"queue_master_locator", func(c *Config, v any, text bool) string {
 		s, _ := v.(string)
 		l, ok := ParseLocator(s)

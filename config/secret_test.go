@@ -17,6 +17,10 @@ func TestSecretValuesNotShown(t *testing.T) {
 	}{
 		{"admin_token integer", backends + "admin_token: 123456789012\n", "123456789012",
 			[]string{"admin_token: expected a non-empty string, found an integer (value not shown: admin_token is a secret)"}},
+		{"cluster.encrypt integer", backends + "node: rabbit1\ncluster:\n  bind: 127.0.0.1:7946\n  encrypt: 123456789012\n", "123456789012",
+			[]string{"cluster.encrypt: expected a non-empty string, found an integer (value not shown"}},
+		{"cluster.encrypt not base64", backends + "node: rabbit1\ncluster:\n  bind: 127.0.0.1:7946\n  encrypt: \"s3cr3t-g0ssip!\"\n", "s3cr3t-g0ssip!",
+			[]string{"cluster.encrypt: expected a base64 32-byte key", "not base64"}},
 		{"admin_token number", backends + "admin_token: 98765.4321\n", "98765.4321",
 			[]string{"admin_token", "found a number (value not shown"}},
 		{"admin_token boolean", backends + "admin_token: true\n", "true",
