@@ -17,6 +17,42 @@ func ctl(t *testing.T, c *Client, args ...string) (code int, stdout, stderr stri
 	return code, out.String(), errOut.String()
 }
 
+// ctlCase is one run of ctl against a fixture's client: the exit code,
+// the whole stdout, and a part of stderr.
+type ctlCase struct {
+	name       string
+	client     *Client
+	args       []string
+	code       int
+	wantStdout string
+	wantStderr string
+}
+
+// runCtlCases runs each case as a subtest and checks that none of
+// notShown (secrets) appears in its output.
+func runCtlCases(t *testing.T, cases []ctlCase, notShown ...string) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := ctl(t, tc.client, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code: got %d, want %d (stderr %q)", code, tc.code, errOut)
+			}
+			if out != tc.wantStdout {
+				t.Errorf("stdout:\ngot  %q\nwant %q", out, tc.wantStdout)
+			}
+			if !strings.Contains(errOut, tc.wantStderr) {
+				t.Errorf("stderr lacks %q:\n%s", tc.wantStderr, errOut)
+			}
+			for _, secret := range notShown {
+				if strings.Contains(out+errOut, secret) {
+					t.Errorf("the output shows a secret:\n%s%s", out, errOut)
+				}
+			}
+		})
+	}
+}
+
 func TestRunCtl(t *testing.T) {
 	f := newFixture(t)
 	steps := []struct {

@@ -77,14 +77,7 @@ func TestCtlDrain(t *testing.T) {
 	fake := newFakeDrainer()
 	on := newFixture(t, WithQueues(engineLike{newFakeQueues(), fake}))
 	off := newFixture(t)
-	tests := []struct {
-		name       string
-		client     *Client
-		args       []string
-		code       int
-		wantStdout string // the whole output
-		wantStderr string
-	}{
+	tests := []ctlCase{
 		{"drain", on.client, []string{"drain", "rabbit1"}, ExitOK,
 			"Draining backend rabbit1 ...\n" +
 				"queue 'audit' in vhost '/': slave on rabbit1 dropped\n" +
@@ -112,20 +105,7 @@ func TestCtlDrain(t *testing.T) {
 		{"mirroring off: drain", off.client, []string{"drain", "-q", "rabbit1"}, ExitDataErr, "", "Error: mirroring is off: the proxy has one backend"},
 		{"mirroring off: undrain", off.client, []string{"undrain", "-q", "rabbit1"}, ExitDataErr, "", "Error: mirroring is off: the proxy has one backend"},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			code, out, errOut := ctl(t, tc.client, tc.args...)
-			if code != tc.code {
-				t.Errorf("exit code: got %d, want %d (stderr %q)", code, tc.code, errOut)
-			}
-			if out != tc.wantStdout {
-				t.Errorf("stdout:\ngot  %q\nwant %q", out, tc.wantStdout)
-			}
-			if !strings.Contains(errOut, tc.wantStderr) {
-				t.Errorf("stderr lacks %q:\n%s", tc.wantStderr, errOut)
-			}
-		})
-	}
+	runCtlCases(t, tests)
 	drains, undrains := fake.calls()
 	if want := []string{"rabbit1", "rabbit1", "rabbit2", "rabbit2", "rabbit9"}; !slices.Equal(drains, want) {
 		t.Errorf("engine drains: got %q, want %q (the usage error and mirroring off reach no engine)", drains, want)

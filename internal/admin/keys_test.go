@@ -36,14 +36,7 @@ func TestCtlKeys(t *testing.T) {
 	on := newFixture(t, WithKeyring(keyring))
 	off := newFixture(t)
 	table := "fingerprint\tmembers\tprimary\n0a1b2c3d\t3/3\t3\n"
-	tests := []struct {
-		name       string
-		client     *Client
-		args       []string
-		code       int
-		wantStdout string
-		wantStderr string
-	}{
+	tests := []ctlCase{
 		{"list", on.client, []string{"keys", "list", "-q"}, 0, table, ""},
 		{"install", on.client, []string{"keys", "install", key}, 0, "Running keys install on every member ...\n" + table, ""},
 		{"use", on.client, []string{"keys", "use", "-q", key}, 0, table, ""},
@@ -55,23 +48,7 @@ func TestCtlKeys(t *testing.T) {
 		{"unknown operation", on.client, []string{"keys", "rotate"}, ExitUsage, "", `expected list, install KEY, use KEY or remove KEY, found "rotate"`},
 		{"no cluster", off.client, []string{"keys", "list", "-q"}, ExitDataErr, "", "no sidecar cluster"},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			code, out, errOut := ctl(t, tc.client, tc.args...)
-			if code != tc.code {
-				t.Errorf("exit code: got %d, want %d (stderr %q)", code, tc.code, errOut)
-			}
-			if out != tc.wantStdout {
-				t.Errorf("stdout:\ngot  %q\nwant %q", out, tc.wantStdout)
-			}
-			if !strings.Contains(errOut, tc.wantStderr) {
-				t.Errorf("stderr lacks %q:\n%s", tc.wantStderr, errOut)
-			}
-			if strings.Contains(out+errOut, key) {
-				t.Errorf("the key was printed:\n%s%s", out, errOut)
-			}
-		})
-	}
+	runCtlCases(t, tests, key)
 	want := []string{"list " + cluster.Fingerprint(""), "install " + cluster.Fingerprint(key), "use " + cluster.Fingerprint(key), "remove " + cluster.Fingerprint(key), "list " + cluster.Fingerprint("")}
 	if got := strings.Join(keyring.ops, ","); got != strings.Join(want, ",") {
 		t.Errorf("operations: got %s, want %s", got, strings.Join(want, ","))

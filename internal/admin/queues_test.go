@@ -365,14 +365,7 @@ func TestCtlSyncQueue(t *testing.T) {
 	fake := newFakeQueues()
 	on := newFixture(t, WithQueues(fake))
 	off := newFixture(t)
-	tests := []struct {
-		name       string
-		client     *Client
-		args       []string
-		code       int
-		wantStdout string
-		wantStderr string
-	}{
+	tests := []ctlCase{
 		{"sync_queue", on.client, []string{"sync_queue", "orders"}, 0, "Synchronising queue 'orders' in vhost '/' ...\n", ""},
 		{"sync_queue in a vhost", on.client, []string{"sync_queue", "-p", "prod", "jobs & tasks"}, 0, "Synchronising queue 'jobs & tasks' in vhost 'prod' ...\n", ""},
 		{"cancel_sync_queue", on.client, []string{"cancel_sync_queue", "orders"}, 0, "Stopping synchronising queue 'orders' in vhost '/' ...\n", ""},
@@ -387,20 +380,7 @@ func TestCtlSyncQueue(t *testing.T) {
 		{"mirroring off: cancel", off.client, []string{"cancel_sync_queue", "-q", "orders"}, ExitDataErr, "", "Error: mirroring is off: the proxy has one backend"},
 		{"mirroring off: list", off.client, []string{"list_queues", "-q"}, ExitDataErr, "", "Error: mirroring is off: the proxy has one backend"},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			code, out, errOut := ctl(t, tc.client, tc.args...)
-			if code != tc.code {
-				t.Errorf("exit code: got %d, want %d (stderr %q)", code, tc.code, errOut)
-			}
-			if out != tc.wantStdout {
-				t.Errorf("stdout:\ngot  %q\nwant %q", out, tc.wantStdout)
-			}
-			if !strings.Contains(errOut, tc.wantStderr) {
-				t.Errorf("stderr lacks %q:\n%s", tc.wantStderr, errOut)
-			}
-		})
-	}
+	runCtlCases(t, tests)
 	syncs, cancels, _ := fake.calls()
 	wantSyncs := []mirror.QueueID{{VHost: "/", Name: "orders"}, {VHost: "prod", Name: "jobs & tasks"}, {VHost: "/", Name: "orders"}, {VHost: "/", Name: "nope"}}
 	if !slices.Equal(syncs, wantSyncs) {
