@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 )
 
 // AdminTokenFile is the name of the generated admin token inside state_dir.
@@ -62,20 +61,9 @@ func LoadAdminToken(cfg *Config) (string, error) {
 }
 
 func readToken(path string) (string, error) {
-	st, err := os.Stat(path)
-	if err != nil {
-		return "", fmt.Errorf("admin token: %w (is the proxy's state_dir readable from here?)", err)
+	token, err := ReadSecretFile(path, "admin token")
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+		return "", fmt.Errorf("%w (is the proxy's state_dir readable from here?)", err)
 	}
-	if st.Mode().Perm()&0o077 != 0 {
-		return "", fmt.Errorf("admin token %s: expected permissions 0600, found %04o", path, st.Mode().Perm())
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("admin token: %w", err)
-	}
-	token := strings.TrimSpace(string(b))
-	if token == "" {
-		return "", fmt.Errorf("admin token %s: expected a token, found an empty file", path)
-	}
-	return token, nil
+	return token, err
 }

@@ -30,7 +30,7 @@ func TestAdminToken(t *testing.T) {
 	if err := os.Chmod(AdminTokenPath(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadAdminToken(cfg); err == nil || !strings.Contains(err.Error(), "expected permissions 0600") {
+	if _, err := LoadAdminToken(cfg); err == nil || !strings.Contains(err.Error(), "are too open") {
 		t.Errorf("world-readable token: got %v", err)
 	}
 	cfg.AdminToken = "configured"

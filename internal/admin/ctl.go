@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -386,34 +385,10 @@ func (c connection) explicitToken(getenv func(string) string) (string, error) {
 	return getenv(TokenEnv), nil
 }
 
-// readTokenFile reads --token-file. Like ssh with a private key, it
-// refuses a file that group or others may read or write: the token is as
-// good as the file's protection.
+// readTokenFile reads --token-file, refusing one that group or others
+// may read or write (config.ReadSecretFile).
 func readTokenFile(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
-	}
-	if st.IsDir() {
-		return "", fmt.Errorf("--token-file %s: expected a file, found a directory", path)
-	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return "", fmt.Errorf("--token-file: permissions %04o for %s are too open: the token must not be accessible by group or others (chmod 600 %s)", perm, path, path)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, 64<<10))
-	if err != nil {
-		return "", fmt.Errorf("--token-file %s: %w", path, err)
-	}
-	token := strings.TrimSpace(string(b))
-	if token == "" {
-		return "", fmt.Errorf("--token-file %s: expected a token, found an empty file", path)
-	}
-	return token, nil
+	return config.ReadSecretFile(path, "--token-file")
 }
 
 // splitCommand finds the command word among args, skipping flags and the

@@ -15,6 +15,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/serf/serf"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
 )
 
 // Gossip encryption: memberlist's keyring (AES-GCM with a 32-byte key)
@@ -74,7 +76,7 @@ func loadKeyring(path, key string) (*memberlist.Keyring, error) {
 	case err != nil:
 		return nil, fmt.Errorf("reading the gossip keyring: %w", err)
 	}
-	if err := checkPrivate(path); err != nil {
+	if err := config.CheckPrivate(path); err != nil {
 		return nil, err
 	}
 	var encoded []string
@@ -102,19 +104,6 @@ func writeKeyring(path string, keys []string) error {
 	}
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		return fmt.Errorf("writing the gossip keyring: %w", err)
-	}
-	return nil
-}
-
-// checkPrivate refuses a secret file that others may read, as ssh does
-// for a private key.
-func checkPrivate(path string) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return err
-	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return fmt.Errorf("permissions %04o for %s are too open: it holds secret keys; chmod 600 it", perm, path)
 	}
 	return nil
 }
