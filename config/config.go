@@ -81,7 +81,30 @@ type Cluster struct {
 	// key of the keyring in state_dir/raft/keyring.json, which `ctl keys`
 	// rotates. A secret: never shown.
 	Encrypt string
+	// TLS, when set, puts the raft port (the metadata log, forwarded
+	// writes, settles between proxies) under mutual TLS.
+	TLS ClusterTLS
+	// RequireEncryption refuses to start a proxy whose gossip or raft
+	// address is not loopback while that traffic is not protected
+	// (cluster.encrypt, cluster.tls): the warning it gets otherwise becomes
+	// an error.
+	RequireEncryption bool
 }
+
+// ClusterTLS is the raft port's mutual TLS: every proxy presents Cert and
+// accepts only peers whose certificate CA signed and whose subject
+// alternative names include Identity.
+type ClusterTLS struct {
+	CA, Cert, Key string
+	Identity      string
+}
+
+// DefaultClusterIdentity is the name every member's certificate carries
+// unless cluster.tls.identity says otherwise.
+const DefaultClusterIdentity = "member.amqp-mirror"
+
+// Enabled reports whether the raft port runs mutual TLS.
+func (t ClusterTLS) Enabled() bool { return t.CA != "" || t.Cert != "" || t.Key != "" }
 
 // RaftAddresses returns the raft bind address and the address other
 // proxies dial for it: cluster.raft_bind, or Bind's host and port + 1;
@@ -121,6 +144,7 @@ type Log struct {
 func Default() *Config {
 	return &Config{
 		Listen:             Listen{AMQP: "0.0.0.0:5672", Admin: "127.0.0.1:15680"},
+		Cluster:            Cluster{TLS: ClusterTLS{Identity: DefaultClusterIdentity}},
 		QueueMasterLocator: LocatorMinMasters,
 		FailoverGrace:      2 * time.Second,
 		StateDir:           "./state",
@@ -185,7 +209,8 @@ func Load(path string, flags *pflag.FlagSet) (*Config, error) {
 // (and admin token) and TLS files. Environment and flag values stay
 // relative to the working directory, as a shell user expects.
 func resolvePaths(c *Config, dir string) {
-	for _, p := range []*string{&c.StateDir, &c.Listen.TLS.Cert, &c.Listen.TLS.Key} {
+	for _, p := range []*string{&c.StateDir, &c.Listen.TLS.Cert, &c.Listen.TLS.Key,
+		&c.Cluster.TLS.CA, &c.Cluster.TLS.Cert, &c.Cluster.TLS.Key} {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(dir, *p)
 		}
@@ -299,6 +324,11 @@ var scalarFields = []field{
 	addressField("cluster.raft_bind", true, func(c *Config) *string { return &c.Cluster.RaftBind }),
 	intField("cluster.bootstrap_expect", 0, 99, func(c *Config) *int { return &c.Cluster.BootstrapExpect }),
 	secretField("cluster.encrypt", true, func(c *Config) *string { return &c.Cluster.Encrypt }),
+	stringField("cluster.tls.ca", true, func(c *Config) *string { return &c.Cluster.TLS.CA }),
+	stringField("cluster.tls.cert", true, func(c *Config) *string { return &c.Cluster.TLS.Cert }),
+	stringField("cluster.tls.key", true, func(c *Config) *string { return &c.Cluster.TLS.Key }),
+	stringField("cluster.tls.identity", false, func(c *Config) *string { return &c.Cluster.TLS.Identity }),
+	boolField("cluster.require_encryption", func(c *Config) *bool { return &c.Cluster.RequireEncryption }),
 	{"queue_master_locator", func(c *Config, v any, text bool) string {
 		s, _ := v.(string)
 		l, ok := ParseLocator(s)
@@ -335,6 +365,21 @@ func stringField(key string, emptyOK bool, ptr func(*Config) *string) field {
 			return expected("a non-empty string", v, text)
 		}
 		*ptr(c) = s
+		return ""
+	}}
+}
+
+// boolField is true or false; the environment and flags give it as text.
+func boolField(key string, ptr func(*Config) *bool) field {
+	return field{key, func(c *Config, v any, text bool) string {
+		b, ok := v.(bool)
+		if s, isText := v.(string); isText && text {
+			b, ok = s == "true", s == "true" || s == "false"
+		}
+		if !ok {
+			return expected("true or false", v, text)
+		}
+		*ptr(c) = b
 		return ""
 	}}
 }
@@ -530,6 +575,11 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String("cluster.raft_bind", "", "raft address of the metadata log (default: cluster.bind's port + 1)")
 	textFlag(fs, "cluster.bootstrap_expect", "int", "0", "size of a new cluster, the same on every proxy; 0 joins one that exists")
 	fs.String("cluster.encrypt", "", "base64 32-byte key encrypting gossip (amqp-mirror keygen prints one); prefer the file or AMQP_MIRROR_CLUSTER_ENCRYPT: flags show in ps")
+	fs.String("cluster.tls.ca", "", "CA certificate file that signs every member's certificate (mutual TLS on the raft port; amqp-mirror tls ca makes one)")
+	fs.String("cluster.tls.cert", "", "this proxy's member certificate file (amqp-mirror tls cert)")
+	fs.String("cluster.tls.key", "", "this proxy's member key file, mode 0600")
+	fs.String("cluster.tls.identity", d.Cluster.TLS.Identity, "DNS name every member's certificate must carry; peers without it are refused")
+	textFlag(fs, "cluster.require_encryption", "bool", "false", "true refuses to start when gossip or raft listens beyond loopback without cluster.encrypt or cluster.tls")
 	fs.String("queue_master_locator", d.QueueMasterLocator.String(), "where a new queue's master goes unless its x-queue-master-locator or policy says: min-masters|client-local|random")
 	textFlag(fs, "failover_grace", "duration", d.FailoverGrace.String(), "how long a backend may leave the proxy's probe unanswered before it counts as down and its queues fail over (a reset or refused connection counts at once)")
 	fs.String("state_dir", d.StateDir, "directory for runtime policies, metadata and the admin token")
@@ -642,7 +692,8 @@ func checkCluster(p *problems, c *Config) {
 		}{
 			{"cluster.join", len(cl.Join) > 0}, {"cluster.advertise", cl.Advertise != ""},
 			{"cluster.raft_bind", cl.RaftBind != ""}, {"cluster.bootstrap_expect", cl.BootstrapExpect != 0},
-			{"cluster.encrypt", cl.Encrypt != ""},
+			{"cluster.encrypt", cl.Encrypt != ""}, {"cluster.tls", cl.TLS.Enabled()},
+			{"cluster.require_encryption", cl.RequireEncryption},
 		} {
 			if k.set {
 				p.add(k.key, "expected cluster.bind to be set too (the sidecar cluster), found it empty")
@@ -677,11 +728,26 @@ func checkCluster(p *problems, c *Config) {
 			p.add("cluster.encrypt", "expected a base64 32-byte key (amqp-mirror keygen prints one), found a %d-byte key (not shown: a secret)", len(key))
 		}
 	}
+	if t := cl.TLS; t.Enabled() && (t.CA == "" || t.Cert == "" || t.Key == "") {
+		p.add("cluster.tls", "expected ca, cert and key together (or none), found only %s", strings.Join(setNames(map[string]bool{"ca": t.CA != "", "cert": t.Cert != "", "key": t.Key != ""}), " and "))
+	}
 	if cl.Advertise != "" {
 		if advHost, _, _ := net.SplitHostPort(cl.Advertise); net.ParseIP(advHost) == nil || net.ParseIP(advHost).IsUnspecified() {
 			p.add("cluster.advertise", "expected an IP address:port other proxies can dial, found %q", cl.Advertise)
 		}
 	}
+}
+
+// setNames lists the names marked true, sorted.
+func setNames(set map[string]bool) []string {
+	var out []string
+	for name, ok := range set {
+		if ok {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 func backendNames(c *Config) []string {

@@ -20,6 +20,8 @@
 //	  raft_bind: ""               # raft (metadata log, TCP); "" = bind's port + 1
 //	  bootstrap_expect: 3         # a new cluster's size, the same on every proxy; 0 = join one
 //	  encrypt: ""                 # base64 gossip key (amqp-mirror keygen); "" = unencrypted
+//	  tls: {ca: "", cert: "", key: "", identity: member.amqp-mirror}  # all three files: mutual TLS on raft
+//	  require_encryption: false   # true: refuse to start beyond loopback without encrypt and tls
 //	queue_master_locator: min-masters   # min-masters | client-local | random
 //	failover_grace: 2s            # silence before an unresponsive backend counts as down
 //	state_dir: ./state            # metadata log (raft/, runtime policies), admin.token; relative to this file

@@ -13,9 +13,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/engine"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
@@ -31,7 +33,13 @@ func sidecar(cfg *config.Config) bool { return cfg.Cluster.Bind != "" }
 // queues cannot be declared or failed over until a majority is there).
 func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, leaderWait time.Duration) (*cluster.Cluster, error) {
 	raftBind, raftAdvertise := cfg.Cluster.RaftAddresses()
-	warnIfOpen(cfg, raftBind, logger)
+	if err := checkProtected(cfg, raftBind, logger); err != nil {
+		return nil, err
+	}
+	raftTLS, err := clusterTLS(cfg.Cluster.TLS)
+	if err != nil {
+		return nil, err
+	}
 	c, err := cluster.Start(cluster.Config{
 		NodeName:        cfg.Node,
 		Bind:            cfg.Cluster.Bind,
@@ -42,6 +50,7 @@ func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 		DataDir:         filepath.Join(cfg.StateDir, "raft"),
 		BootstrapExpect: cfg.Cluster.BootstrapExpect,
 		GossipKey:       cfg.Cluster.Encrypt,
+		RaftTLS:         raftTLS,
 		AMQP:            cfg.Listen.AMQP,
 		Admin:           cfg.Listen.Admin,
 		Backend:         cfg.Node,
@@ -98,17 +107,50 @@ func (p pausing) Resume() {
 	p.eng.SetPaused(false)
 }
 
-// warnIfOpen warns loudly when gossip listens beyond loopback without a
-// key: anyone who reaches the port can then join the cluster.
-func warnIfOpen(cfg *config.Config, raftBind string, logger *slog.Logger) {
-	if cfg.Cluster.Encrypt != "" || loopback(cfg.Cluster.Bind) {
-		return
+// clusterTLS loads the raft port's mutual TLS; nil when cluster.tls is
+// not set.
+func clusterTLS(t config.ClusterTLS) (*cluster.MutualTLS, error) {
+	if !t.Enabled() {
+		return nil, nil
 	}
-	if _, err := os.Stat(filepath.Join(cfg.StateDir, "raft", cluster.KeyringFileName)); err == nil {
-		return // the keyring of an earlier start encrypts it
+	server, client, err := pki.Mutual(pki.Files{CA: t.CA, Cert: t.Cert, Key: t.Key}, t.Identity)
+	if err != nil {
+		return nil, fmt.Errorf("cluster.tls: %w", err)
 	}
-	logger.Warn("sidecar cluster: gossip is NOT encrypted on a non-loopback address: any process that reaches it can join the cluster; set cluster.encrypt (amqp-mirror keygen prints a key) on every proxy",
-		"bind", cfg.Cluster.Bind, "raft", raftBind)
+	return &cluster.MutualTLS{Server: server, Client: client}, nil
+}
+
+// checkProtected warns loudly, or with cluster.require_encryption refuses
+// to start, when gossip or raft listens beyond loopback unprotected:
+// anyone who reaches gossip without a key can join the cluster, and
+// anyone who reaches raft without TLS can vote and write its metadata.
+func checkProtected(cfg *config.Config, raftBind string, logger *slog.Logger) error {
+	var open []string
+	if !loopback(cfg.Cluster.Bind) && !gossipEncrypted(cfg) {
+		open = append(open, "gossip on "+cfg.Cluster.Bind+" is not encrypted: set cluster.encrypt (amqp-mirror keygen prints a key)")
+	}
+	if !loopback(raftBind) && !cfg.Cluster.TLS.Enabled() {
+		open = append(open, "raft on "+raftBind+" is plaintext: set cluster.tls.ca, cert and key (amqp-mirror tls makes them)")
+	}
+	if len(open) == 0 {
+		return nil
+	}
+	if cfg.Cluster.RequireEncryption {
+		return fmt.Errorf("cluster.require_encryption: %s", strings.Join(open, "; "))
+	}
+	logger.Warn("sidecar cluster: NOT protected on a non-loopback address: any process that reaches it can join the cluster or write its metadata; set the keys on every proxy, or cluster.require_encryption: true to refuse",
+		"problems", strings.Join(open, "; "))
+	return nil
+}
+
+// gossipEncrypted reports whether gossip runs encrypted: a key in the
+// config, or the keyring an earlier start left in the state directory.
+func gossipEncrypted(cfg *config.Config) bool {
+	if cfg.Cluster.Encrypt != "" {
+		return true
+	}
+	_, err := os.Stat(filepath.Join(cfg.StateDir, "raft", cluster.KeyringFileName))
+	return err == nil
 }
 
 // loopback reports whether addr's host is a loopback address.

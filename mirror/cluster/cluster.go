@@ -152,7 +152,7 @@ func newRaftTransport(cfg Config, log *slog.Logger) (*raft.NetworkTransport, *tc
 			return nil, nil, nil, fmt.Errorf("cluster: raft advertise: %w", err)
 		}
 	}
-	base := newTCPStreamLayer(ln, advertise)
+	base := newTCPStreamLayer(ln, advertise, cfg.RaftTLS, log.With("component", "raft-net"))
 	var layer raft.StreamLayer = base
 	if cfg.network != nil {
 		layer = cfg.network.raft(layer)

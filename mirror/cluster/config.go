@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,6 +52,10 @@ type Config struct {
 	// keyring yet (keyring.go). Empty, with no keyring there, leaves
 	// gossip unencrypted.
 	GossipKey string
+	// RaftTLS, when set, runs the raft port (raft, forwarded writes,
+	// messages between proxies) under mutual TLS: a peer must present a
+	// certificate RaftTLS.Server accepts. Nil leaves it plaintext.
+	RaftTLS *MutualTLS
 	// AMQP, Admin and Backend are published in this member's tags.
 	AMQP, Admin, Backend string
 
@@ -150,6 +155,9 @@ func (c *Config) validate() error {
 				errs = append(errs, fmt.Errorf("raft bind %q is not an address other proxies can dial: set raft advertise", c.RaftBind))
 			}
 		}
+	}
+	if t := c.RaftTLS; t != nil && (t.Server == nil || t.Client == nil || t.Server.ClientAuth != tls.RequireAndVerifyClientCert) {
+		errs = append(errs, errors.New("raft TLS needs a server side that requires and verifies a client certificate, and a client side"))
 	}
 	if c.BootstrapExpect < 0 {
 		errs = append(errs, fmt.Errorf("bootstrap expect %d is negative", c.BootstrapExpect))

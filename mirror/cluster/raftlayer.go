@@ -1,7 +1,12 @@
 package cluster
 
 import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -27,6 +32,9 @@ const classifyTimeout = 5 * time.Second
 //     classified by its first byte, off raft's accept loop so that a slow
 //     peer cannot stall it; raft's connections reach Accept with that byte
 //     put back, forwarded writes go to the handler;
+//   - with TLS set, every connection runs mutual TLS (MutualTLS): an
+//     accepted one is classified only after its handshake, so a peer
+//     without a member's certificate reaches neither raft nor a handler;
 //   - closing it also closes every connection it accepted or dialed. Raft's
 //     transport closes only its listener, which would leave the goroutines
 //     serving accepted connections blocked until the peer hangs up, and
@@ -36,6 +44,8 @@ const classifyTimeout = 5 * time.Second
 type tcpStreamLayer struct {
 	listener  net.Listener
 	advertise net.Addr
+	tls       *MutualTLS // nil: plaintext
+	log       *slog.Logger
 	accepted  chan net.Conn
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -51,10 +61,12 @@ type tcpStreamLayer struct {
 	closed bool
 }
 
-func newTCPStreamLayer(ln net.Listener, advertise net.Addr) *tcpStreamLayer {
+func newTCPStreamLayer(ln net.Listener, advertise net.Addr, mutual *MutualTLS, log *slog.Logger) *tcpStreamLayer {
 	l := &tcpStreamLayer{
 		listener:  ln,
 		advertise: advertise,
+		tls:       mutual,
+		log:       log,
 		accepted:  make(chan net.Conn),
 		done:      make(chan struct{}),
 		conns:     make(map[*layerConn]struct{}),
@@ -71,6 +83,9 @@ func (l *tcpStreamLayer) acceptLoop() {
 		if err != nil {
 			return // closed; Accept reports it through done
 		}
+		if l.tls != nil {
+			conn = tls.Server(conn, l.tls.Server)
+		}
 		tracked, err := l.track(conn)
 		if err != nil {
 			return
@@ -85,6 +100,11 @@ func (l *tcpStreamLayer) classify(conn net.Conn) {
 	first := make([]byte, 1)
 	conn.SetReadDeadline(time.Now().Add(classifyTimeout))
 	if _, err := io.ReadFull(conn, first); err != nil {
+		// A connection closed before its first byte is a probe
+		// (answering, in pause.go) or a peer going away: not news.
+		if l.tls != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			l.log.Warn("raft port: refused a connection that is not a member's mutual TLS", "remote", conn.RemoteAddr().String(), "error", err)
+		}
 		conn.Close()
 		return
 	}
@@ -127,6 +147,17 @@ func (l *tcpStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration)
 	if err != nil {
 		return nil, err
 	}
+	if l.tls != nil {
+		tc := tls.Client(conn, l.tls.Client)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("TLS handshake with %s: %w", address, err)
+		}
+		conn = tc
+	}
 	return l.track(conn)
 }
 
@@ -159,10 +190,17 @@ func (l *tcpStreamLayer) Close() error {
 	close(l.done)
 	err := l.listener.Close()
 	for _, c := range conns {
-		c.Close()
+		c.closeNow()
 	}
 	l.wg.Wait()
 	return err
+}
+
+// MutualTLS is the raft port's mutual TLS: Server serves accepted
+// connections and must require and verify a member's client certificate,
+// Client dials the other members with this one's. pki.Mutual builds both.
+type MutualTLS struct {
+	Server, Client *tls.Config
 }
 
 type layerConn struct {
@@ -175,6 +213,15 @@ func (c *layerConn) Close() error {
 	delete(c.layer.conns, c)
 	c.layer.mu.Unlock()
 	return c.Conn.Close()
+}
+
+// closeNow closes the connection without TLS's close_notify, whose write
+// could wait for a peer that no longer reads.
+func (c *layerConn) closeNow() {
+	if tc, ok := c.Conn.(*tls.Conn); ok {
+		tc.NetConn().Close()
+	}
+	c.Close()
 }
 
 // prefixConn gives back the byte classify read before the rest.
