@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -24,6 +25,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/internal/admin"
 	"github.com/amqp-mirror/amqp-mirror/internal/demo"
 	"github.com/amqp-mirror/amqp-mirror/internal/node"
+	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 )
 
@@ -43,6 +45,7 @@ Usage:
   amqp-mirror ctl COMMAND [--config FILE] ...  administer a running proxy (like rabbitmqctl)
   amqp-mirror demo [flags]                     start local RabbitMQ nodes and the proxy
   amqp-mirror keygen                           print a new gossip encryption key
+  amqp-mirror tls ca|cert ...                  issue the certificates of the cluster's TLS
   amqp-mirror help [COMMAND]                   show help
 
 Start from amqp-mirror.example.yaml, which explains every key.
@@ -67,6 +70,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runDemo(args[1:], stdout, stderr)
 	case "keygen":
 		return runKeygen(args[1:], stdout, stderr)
+	case "tls":
+		return pki.Main(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		if len(args) > 1 {
 			return run([]string{args[1], "--help"}, stdout, stderr)
@@ -201,16 +206,25 @@ Ctrl-C; then stops everything it started.`, stdout)
 }
 
 func runKeygen(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("keygen", `Usage: amqp-mirror keygen
+	fs := newFlagSet("keygen", `Usage: amqp-mirror keygen [--dir DIR [--members NAME,...]]
 
 Prints a new random 32-byte key, base64-encoded, for cluster.encrypt (the
 sidecar cluster's gossip encryption) or for "ctl keys install". Give every
-proxy of a cluster the same key.`, stdout)
+proxy of a cluster the same key.
+
+With --dir it prints nothing secret: it writes the key to DIR/gossip.key
+(mode 0600, for cluster.encrypt_file) and, with --members, a certificate
+authority and a member certificate for each name (for cluster.tls, as
+"amqp-mirror tls" makes them). It only adds what is missing, so a deployment
+can run it at every start (docker-compose.yml does).`, stdout)
+	dir := fs.String("dir", "", "write the key to DIR/gossip.key instead of printing it")
+	members := fs.StringSlice("members", nil, "with --dir: the proxies (node names) to issue member certificates for")
+	identity := fs.String("identity", config.DefaultClusterIdentity, "with --members: the identity the member certificates name (cluster.tls.identity)")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "amqp-mirror keygen: takes no arguments, found %q\n", fs.Args())
+	if fs.NArg() > 0 || (*dir == "" && len(*members) > 0) {
+		fmt.Fprintf(stderr, "amqp-mirror keygen: takes no arguments, and --members only with --dir; found %q\n", fs.Args())
 		return 2
 	}
 	key, err := cluster.NewGossipKey()
@@ -218,6 +232,43 @@ proxy of a cluster the same key.`, stdout)
 		fmt.Fprintf(stderr, "amqp-mirror keygen: %v\n", err)
 		return 1
 	}
-	fmt.Fprintln(stdout, key)
+	if *dir == "" {
+		fmt.Fprintln(stdout, key)
+		return 0
+	}
+	wrote, err := writeClusterKeys(*dir, key, *identity, *members)
+	for _, f := range wrote {
+		fmt.Fprintf(stdout, "wrote %s\n", f)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "amqp-mirror keygen: %v\n", err)
+		return 1
+	}
 	return 0
+}
+
+// writeClusterKeys writes key to dir/gossip.key unless a key is there,
+// and the members' certificates that are missing.
+func writeClusterKeys(dir, key, identity string, members []string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	var wrote []string
+	keyFile := filepath.Join(dir, "gossip.key")
+	f, err := os.OpenFile(keyFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	switch {
+	case err == nil:
+		_, err = fmt.Fprintln(f, key)
+		if closeErr := f.Close(); err == nil {
+			err = closeErr
+		}
+		if err != nil {
+			return nil, err
+		}
+		wrote = append(wrote, keyFile)
+	case !errors.Is(err, os.ErrExist):
+		return nil, err
+	}
+	certs, err := pki.EnsureMembers(dir, identity, members)
+	return append(wrote, certs...), err
 }

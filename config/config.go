@@ -81,6 +81,10 @@ type Cluster struct {
 	// key of the keyring in state_dir/raft/keyring.json, which `ctl keys`
 	// rotates. A secret: never shown.
 	Encrypt string
+	// EncryptFile names a file (mode 0600) that holds Encrypt instead,
+	// for keys that a deployment hands out as files (Docker and
+	// Kubernetes secrets).
+	EncryptFile string
 	// TLS, when set, puts the raft port (the metadata log, forwarded
 	// writes, settles between proxies) under mutual TLS.
 	TLS ClusterTLS
@@ -97,6 +101,15 @@ type Cluster struct {
 type ClusterTLS struct {
 	CA, Cert, Key string
 	Identity      string
+}
+
+// GossipKey returns the gossip key from Encrypt or EncryptFile; "" when
+// neither is set.
+func (cl Cluster) GossipKey() (string, error) {
+	if cl.EncryptFile == "" {
+		return cl.Encrypt, nil
+	}
+	return ReadSecretFile(cl.EncryptFile, "the gossip key's file")
 }
 
 // DefaultClusterIdentity is the name every member's certificate carries
@@ -210,7 +223,7 @@ func Load(path string, flags *pflag.FlagSet) (*Config, error) {
 // relative to the working directory, as a shell user expects.
 func resolvePaths(c *Config, dir string) {
 	for _, p := range []*string{&c.StateDir, &c.Listen.TLS.Cert, &c.Listen.TLS.Key,
-		&c.Cluster.TLS.CA, &c.Cluster.TLS.Cert, &c.Cluster.TLS.Key} {
+		&c.Cluster.TLS.CA, &c.Cluster.TLS.Cert, &c.Cluster.TLS.Key, &c.Cluster.EncryptFile} {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(dir, *p)
 		}
@@ -324,6 +337,7 @@ var scalarFields = []field{
 	addressField("cluster.raft_bind", true, func(c *Config) *string { return &c.Cluster.RaftBind }),
 	intField("cluster.bootstrap_expect", 0, 99, func(c *Config) *int { return &c.Cluster.BootstrapExpect }),
 	secretField("cluster.encrypt", true, func(c *Config) *string { return &c.Cluster.Encrypt }),
+	stringField("cluster.encrypt_file", true, func(c *Config) *string { return &c.Cluster.EncryptFile }),
 	stringField("cluster.tls.ca", true, func(c *Config) *string { return &c.Cluster.TLS.CA }),
 	stringField("cluster.tls.cert", true, func(c *Config) *string { return &c.Cluster.TLS.Cert }),
 	stringField("cluster.tls.key", true, func(c *Config) *string { return &c.Cluster.TLS.Key }),
@@ -575,6 +589,7 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String("cluster.raft_bind", "", "raft address of the metadata log (default: cluster.bind's port + 1)")
 	textFlag(fs, "cluster.bootstrap_expect", "int", "0", "size of a new cluster, the same on every proxy; 0 joins one that exists")
 	fs.String("cluster.encrypt", "", "base64 32-byte key encrypting gossip (amqp-mirror keygen prints one); prefer the file or AMQP_MIRROR_CLUSTER_ENCRYPT: flags show in ps")
+	fs.String("cluster.encrypt_file", "", "file (mode 0600) holding cluster.encrypt's key, instead of the key itself")
 	fs.String("cluster.tls.ca", "", "CA certificate file that signs every member's certificate (mutual TLS on the raft port; amqp-mirror tls ca makes one)")
 	fs.String("cluster.tls.cert", "", "this proxy's member certificate file (amqp-mirror tls cert)")
 	fs.String("cluster.tls.key", "", "this proxy's member key file, mode 0600")
@@ -692,7 +707,7 @@ func checkCluster(p *problems, c *Config) {
 		}{
 			{"cluster.join", len(cl.Join) > 0}, {"cluster.advertise", cl.Advertise != ""},
 			{"cluster.raft_bind", cl.RaftBind != ""}, {"cluster.bootstrap_expect", cl.BootstrapExpect != 0},
-			{"cluster.encrypt", cl.Encrypt != ""}, {"cluster.tls", cl.TLS.Enabled()},
+			{"cluster.encrypt", cl.Encrypt != ""}, {"cluster.encrypt_file", cl.EncryptFile != ""}, {"cluster.tls", cl.TLS.Enabled()},
 			{"cluster.require_encryption", cl.RequireEncryption},
 		} {
 			if k.set {
@@ -720,12 +735,23 @@ func checkCluster(p *problems, c *Config) {
 	} else if cl.RaftBind == cl.Bind {
 		p.add("cluster.raft_bind", "expected an address other than cluster.bind (raft needs a TCP port of its own), found %s", cl.RaftBind)
 	}
-	if cl.Encrypt != "" {
+	keyName, gossipKey := "cluster.encrypt", cl.Encrypt
+	if cl.EncryptFile != "" {
+		keyName = "cluster.encrypt_file"
+		if cl.Encrypt != "" {
+			p.add(keyName, "expected cluster.encrypt or cluster.encrypt_file, found both")
+		}
+		var err error
+		if gossipKey, err = cl.GossipKey(); err != nil {
+			p.add(keyName, "%v", err)
+		}
+	}
+	if gossipKey != "" {
 		// The key itself is never shown: only what is wrong with it.
-		if key, err := base64.StdEncoding.DecodeString(cl.Encrypt); err != nil {
-			p.add("cluster.encrypt", "expected a base64 32-byte key (amqp-mirror keygen prints one), found text that is not base64 (not shown: a secret)")
+		if key, err := base64.StdEncoding.DecodeString(gossipKey); err != nil {
+			p.add(keyName, "expected a base64 32-byte key (amqp-mirror keygen prints one), found text that is not base64 (not shown: a secret)")
 		} else if len(key) != 32 {
-			p.add("cluster.encrypt", "expected a base64 32-byte key (amqp-mirror keygen prints one), found a %d-byte key (not shown: a secret)", len(key))
+			p.add(keyName, "expected a base64 32-byte key (amqp-mirror keygen prints one), found a %d-byte key (not shown: a secret)", len(key))
 		}
 	}
 	if t := cl.TLS; t.Enabled() && (t.CA == "" || t.Cert == "" || t.Key == "") {

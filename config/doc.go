@@ -20,6 +20,7 @@
 //	  raft_bind: ""               # raft (metadata log, TCP); "" = bind's port + 1
 //	  bootstrap_expect: 3         # a new cluster's size, the same on every proxy; 0 = join one
 //	  encrypt: ""                 # base64 gossip key (amqp-mirror keygen); "" = unencrypted
+//	  encrypt_file: ""            # or a file (mode 0600) holding that key
 //	  tls: {ca: "", cert: "", key: "", identity: member.amqp-mirror}  # all three files: mutual TLS on raft
 //	  require_encryption: false   # true: refuse to start beyond loopback without encrypt and tls
 //	queue_master_locator: min-masters   # min-masters | client-local | random

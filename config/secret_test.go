@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -73,5 +75,55 @@ func TestKind(t *testing.T) {
 		if got := kind(tc.v); got != tc.want {
 			t.Errorf("kind(%#v) = %q, want %q", tc.v, got, tc.want)
 		}
+	}
+}
+
+// TestEncryptFile: the gossip key can come from a private file, never
+// shown in an error, and not beside cluster.encrypt.
+func TestEncryptFile(t *testing.T) {
+	const cluster = "backends: [{name: rabbit1, url: \"amqp://h/\"}]\nnode: rabbit1\ncluster:\n  bind: 127.0.0.1:7946\n"
+	const goodKey = "q8DL7UOHbGf2oBFMs6t0a9x2nUZ1vN3a+3mY1y0Q9y4="
+	dir := t.TempDir()
+	write := func(name, body string, perm os.FileMode) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(body), perm); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	good := write("good.key", goodKey+"\n", 0o600)
+	short := write("short.key", "c2hvcnQ=\n", 0o600)
+	loose := write("loose.key", goodKey+"\n", 0o644)
+	tests := []struct {
+		name string
+		body string
+		want string // "" = loads, with the key of good.key
+	}{
+		{"file", cluster + "  encrypt_file: " + good + "\n", ""},
+		{"short key", cluster + "  encrypt_file: " + short + "\n", "cluster.encrypt_file: expected a base64 32-byte key (amqp-mirror keygen prints one), found a 5-byte key"},
+		{"loose permissions", cluster + "  encrypt_file: " + loose + "\n", "too open"},
+		{"missing", cluster + "  encrypt_file: " + filepath.Join(dir, "none") + "\n", "no such file"},
+		{"both", cluster + "  encrypt_file: " + good + "\n  encrypt: " + goodKey + "\n", "expected cluster.encrypt or cluster.encrypt_file, found both"},
+		{"without the cluster", "backends: [{name: a, url: \"amqp://h/\"}]\ncluster:\n  encrypt_file: " + good + "\n", "cluster.encrypt_file: expected cluster.bind to be set too"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Load(writeConfig(t, tc.body), nil)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if key, err := cfg.Cluster.GossipKey(); err != nil || key != goodKey {
+					t.Fatalf("GossipKey: got a key of %d bytes, %v; want the file's", len(key), err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), goodKey) {
+				t.Errorf("the error shows the key: %v", err)
+			}
+		})
 	}
 }

@@ -49,6 +49,7 @@ func Diff(old, next *Config) []string {
 	add("cluster.advertise", old.Cluster.Advertise, next.Cluster.Advertise)
 	add("cluster.raft_bind", old.Cluster.RaftBind, next.Cluster.RaftBind)
 	add("cluster.bootstrap_expect", old.Cluster.BootstrapExpect, next.Cluster.BootstrapExpect)
+	add("cluster.encrypt_file", old.Cluster.EncryptFile, next.Cluster.EncryptFile)
 	add("cluster.tls", old.Cluster.TLS, next.Cluster.TLS)
 	add("cluster.require_encryption", old.Cluster.RequireEncryption, next.Cluster.RequireEncryption)
 	add("queue_master_locator", old.QueueMasterLocator, next.QueueMasterLocator)

@@ -186,6 +186,7 @@ type cliProxy struct {
 	amqpAddr   string // where it listens, from its "AMQP listening" line
 	adminAddr  string // from its "admin API listening" line
 	gossipAddr string // cluster.bind, for a sidecar
+	raftAddr   string // cluster.raft_bind, for a sidecar
 	token      string // the admin token, read from state_dir once it listens
 	command    *exec.Cmd
 	stdout     *cliOutput

@@ -38,11 +38,16 @@ func TestComposeTopologyOnNetworkNamespaces(t *testing.T) {
 	network := newComposeNetwork(t, compose)
 
 	binary := newCLI(t)
+	keys := composeClusterKeys(t, compose, configPath)
 	proxies := composeProxyNames()
 	users := map[string]bool{}
 	stateDirs := map[string]string{}
 	for _, proxy := range proxies {
 		file := filepath.Join(repositoryRoot, mountedFile(t, compose.Services[proxy], configPath))
+		for _, variable := range keys[proxy] {
+			name, value, _ := strings.Cut(variable, "=")
+			t.Setenv(name, value)
+		}
 		cfg, err := config.Load(file, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", file, err)
@@ -61,7 +66,7 @@ func TestComposeTopologyOnNetworkNamespaces(t *testing.T) {
 			}
 		}
 		stateDirs[proxy] = filepath.Join(t.TempDir(), "state")
-		network.start(t, proxy, []string{config.EnvName("state_dir") + "=" + stateDirs[proxy]}, binary.path, "serve", "--config", file)
+		network.start(t, proxy, append([]string{config.EnvName("state_dir") + "=" + stateDirs[proxy]}, keys[proxy]...), binary.path, "serve", "--config", file)
 	}
 
 	// The compose file's healthcheck, run as Docker would run it in the
@@ -74,7 +79,7 @@ func TestComposeTopologyOnNetworkNamespaces(t *testing.T) {
 		args := slices.Clone(test[1:])
 		file := filepath.Join(repositoryRoot, mountedFile(t, compose.Services[proxy], configPath))
 		args[slices.Index(args, configPath)] = file
-		env := []string{config.EnvName("state_dir") + "=" + stateDirs[proxy]}
+		env := append([]string{config.EnvName("state_dir") + "=" + stateDirs[proxy]}, keys[proxy]...)
 		awaitCondition(t, 90*time.Second, func() error {
 			if output, err := network.run(t, proxy, env, binary.path, args...); err != nil {
 				return fmt.Errorf("%s healthcheck: %v\n%s", proxy, err, output)
@@ -107,7 +112,7 @@ func TestComposeTopologyOnNetworkNamespaces(t *testing.T) {
 		}
 	}
 	file := filepath.Join(repositoryRoot, mountedFile(t, compose.Services[first], configPath))
-	env := []string{config.EnvName("state_dir") + "=" + stateDirs[first]}
+	env := append([]string{config.EnvName("state_dir") + "=" + stateDirs[first]}, keys[first]...)
 	want := fmt.Sprintf("%s\t%s\t[%s]", queue, firstNode, strings.Join(slaves, ", "))
 	awaitCondition(t, 30*time.Second, func() error {
 		output, err := network.run(t, first, env, binary.path, "ctl", "--config", file, "list_queues", "name", "master", "synchronised_slaves")

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -171,13 +172,22 @@ func TestComposeConfigsAreValid(t *testing.T) {
 	configPath, exposed := dockerfile.configPath(t), dockerfile.exposed()
 	binds := map[string]string{} // proxy -> cluster.bind
 	joins := map[string][]string{}
+	keys := composeClusterKeys(t, compose, configPath)
 	for proxy, node := range composeProxies {
 		t.Run(proxy, func(t *testing.T) {
 			s := compose.Services[proxy]
 			file := mountedFile(t, s, configPath)
+			for _, variable := range keys[proxy] {
+				name, value, _ := strings.Cut(variable, "=")
+				t.Setenv(name, value)
+			}
 			cfg, err := config.Load(filepath.Join(repositoryRoot, file), nil)
 			if err != nil {
 				t.Fatalf("%s: %v", file, err)
+			}
+			// Gossip and raft listen beyond loopback: protected, or no start.
+			if !cfg.Cluster.RequireEncryption || !cfg.Cluster.TLS.Enabled() || cfg.Cluster.EncryptFile == "" {
+				t.Errorf("%s: want cluster.encrypt_file, cluster.tls and cluster.require_encryption set", file)
 			}
 			if cfg.Node != node {
 				t.Errorf("%s: node %q, want %q (the broker beside %s)", file, cfg.Node, node, proxy)
@@ -669,4 +679,84 @@ func (d dockerfile) exposed() map[string]bool {
 		}
 	}
 	return ports
+}
+
+// composeKeysService makes the sidecar cluster's keys on a volume that every proxy
+// mounts read-only.
+const composeKeysService = "cluster-keys"
+
+// composeClusterKeys runs the cluster-keys service's command as Docker would, with the
+// volume it writes on a temporary directory, and returns for each proxy the
+// environment that points its config's key files (cluster.encrypt_file, cluster.tls.*)
+// at that directory instead of where the proxy's container mounts the volume. It fails
+// the test if the service and the proxies do not share one volume, or a config names a
+// key file outside it.
+func composeClusterKeys(t *testing.T, compose composeFile, configPath string) map[string][]string {
+	t.Helper()
+	keys, ok := compose.Services[composeKeysService]
+	if !ok || len(keys.Volumes) != 1 {
+		t.Fatalf("want a service %s with one volume, found %+v", composeKeysService, keys)
+	}
+	volume, written := strings.SplitN(keys.Volumes[0], ":", 2)[0], mountTarget(keys.Volumes[0])
+	var args []string
+	command, _ := keys.Command.([]any)
+	for _, a := range command {
+		args = append(args, fmt.Sprint(a))
+	}
+	dirAt := slices.Index(args, "--dir")
+	if len(args) == 0 || args[0] != "keygen" || dirAt < 0 || dirAt+1 >= len(args) || args[dirAt+1] != written {
+		t.Fatalf("%s: command %v, want keygen --dir %s (its volume)", composeKeysService, args, written)
+	}
+	dir := t.TempDir()
+	args[dirAt+1] = dir
+	// Twice: the service runs at every `up` and must keep what is there.
+	for range 2 {
+		if res := newCLI(t).run(t, nil, args...); res.code != 0 {
+			t.Fatalf("%s: amqp-mirror %s: exit %d: %s", composeKeysService, strings.Join(args, " "), res.code, res.stderr)
+		}
+	}
+
+	env := map[string][]string{}
+	for proxy := range composeProxies {
+		s := compose.Services[proxy]
+		if got := s.DependsOn[composeKeysService].Condition; got != "service_completed_successfully" {
+			t.Errorf("%s: depends_on %s: condition %q, want service_completed_successfully", proxy, composeKeysService, got)
+		}
+		var mounted string
+		for _, m := range s.Volumes {
+			if strings.SplitN(m, ":", 2)[0] == volume {
+				mounted = mountTarget(m)
+				if !strings.HasSuffix(m, ":ro") {
+					t.Errorf("%s: mounts %s writable, want :ro", proxy, m)
+				}
+			}
+		}
+		if mounted == "" {
+			t.Fatalf("%s does not mount the %s volume", proxy, volume)
+		}
+		data, err := os.ReadFile(filepath.Join(repositoryRoot, mountedFile(t, s, configPath)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var file struct {
+			Cluster struct {
+				EncryptFile string `yaml:"encrypt_file"`
+				TLS         struct{ CA, Cert, Key string }
+			}
+		}
+		if err := yaml.Unmarshal(data, &file); err != nil {
+			t.Fatal(err)
+		}
+		for key, path := range map[string]string{
+			"cluster.encrypt_file": file.Cluster.EncryptFile, "cluster.tls.ca": file.Cluster.TLS.CA,
+			"cluster.tls.cert": file.Cluster.TLS.Cert, "cluster.tls.key": file.Cluster.TLS.Key,
+		} {
+			rest, ok := strings.CutPrefix(path, mounted+"/")
+			if !ok {
+				t.Fatalf("%s: %s %q is not on the %s volume mounted at %s", proxy, key, path, volume, mounted)
+			}
+			env[proxy] = append(env[proxy], config.EnvName(key)+"="+filepath.Join(dir, rest))
+		}
+	}
+	return env
 }

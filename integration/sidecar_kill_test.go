@@ -172,11 +172,11 @@ func startKillSidecars(t *testing.T, pattern string) *killSidecars {
 		gossip[i] = cliFreeAddr(t)
 	}
 	policy := mirrorPolicyYAML("ha-all", pattern, map[string]any{"ha-mode": "all", "ha-sync-mode": "automatic"})
-	key := newGossipKey(t)
+	keys := newSidecarKeys(t)
 	for i, n := range brokers {
 		path := filepath.Join(t.TempDir(), "amqp-mirror.yaml")
 		join := slices.Delete(slices.Clone(gossip), i, i+1)
-		cliWriteFile(t, path, sidecarConfigYAML(t, n.Name, gossip[i], cliFreeAddr(t), join, key)+policy)
+		cliWriteFile(t, path, sidecarConfigYAML(t, n.Name, gossip[i], cliFreeAddr(t), join, keys)+policy)
 		s.proxies = append(s.proxies, startServeProcess(t, s.binary, path))
 	}
 	for i := range brokers {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -19,16 +20,51 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 )
 
 // sidecarConfigYAML is the config of the proxy beside node: every node of the shared
 // cluster as a backend, node: its own, client-local placement, and the cluster keys
-// (gossip on gossip encrypted with key, raft on its own port, the other proxies' gossip
-// addresses to join).
-func sidecarConfigYAML(t testing.TB, node, gossip, raft string, join []string, key string) string {
-	extra := fmt.Sprintf("node: %s\nqueue_master_locator: client-local\ncluster:\n  bind: %s\n  raft_bind: %s\n  bootstrap_expect: %d\n  join: [%s]\n  encrypt: %q\n",
-		node, gossip, raft, len(cluster.Nodes()), strings.Join(join, ", "), key)
+// (gossip on gossip encrypted with keys' gossip key, raft on its own port under mutual
+// TLS with a member certificate of keys' authority, the other proxies' gossip addresses
+// to join), refusing to start unprotected.
+func sidecarConfigYAML(t testing.TB, node, gossip, raft string, join []string, keys sidecarKeys) string {
+	t.Helper()
+	member := keys.member(t, node)
+	extra := fmt.Sprintf("node: %s\nqueue_master_locator: client-local\ncluster:\n  bind: %s\n  raft_bind: %s\n  bootstrap_expect: %d\n  join: [%s]\n  encrypt: %q\n  tls: {ca: %q, cert: %q, key: %q}\n  require_encryption: true\n",
+		node, gossip, raft, len(cluster.Nodes()), strings.Join(join, ", "), keys.gossip, member.CA, member.Cert, member.Key)
 	return mirrorConfigYAML(t, filepath.Join(t.TempDir(), "state"), extra)
+}
+
+// sidecarKeys are a sidecar cluster's secrets: its gossip key and the directory of its
+// certificate authority, both made with the product's own commands.
+type sidecarKeys struct {
+	gossip string
+	tlsDir string
+	binary cliBinary
+}
+
+func newSidecarKeys(t testing.TB) sidecarKeys {
+	t.Helper()
+	k := sidecarKeys{gossip: newGossipKey(t), tlsDir: t.TempDir(), binary: newCLI(t)}
+	if res := k.binary.run(t, nil, "tls", "ca", "--dir", k.tlsDir); res.code != 0 {
+		t.Fatalf("amqp-mirror tls ca: exit %d: %s", res.code, res.stderr)
+	}
+	return k
+}
+
+// member returns the files of node's member certificate, issued by `amqp-mirror tls cert
+// member` the first time it is asked for.
+func (k sidecarKeys) member(t testing.TB, node string) pki.Files {
+	t.Helper()
+	f := pki.Files{CA: filepath.Join(k.tlsDir, pki.CAFileName), Cert: filepath.Join(k.tlsDir, node+".pem"), Key: filepath.Join(k.tlsDir, node+"-key.pem")}
+	if _, err := os.Stat(f.Cert); err == nil {
+		return f
+	}
+	if res := k.binary.run(t, nil, "tls", "cert", "member", node, "--dir", k.tlsDir); res.code != 0 {
+		t.Fatalf("amqp-mirror tls cert member %s: exit %d: %s", node, res.code, res.stderr)
+	}
+	return f
 }
 
 // startSidecars starts one proxy beside each node of the shared cluster, all at once (each
@@ -37,7 +73,14 @@ func sidecarConfigYAML(t testing.TB, node, gossip, raft string, join []string, k
 // leader they all know.
 func startSidecars(t testing.TB) []*cliProxy {
 	t.Helper()
-	key := newGossipKey(t)
+	proxies, _ := startSidecarsWithKeys(t)
+	return proxies
+}
+
+// startSidecarsWithKeys is startSidecars, returning the cluster's keys too.
+func startSidecarsWithKeys(t testing.TB) ([]*cliProxy, sidecarKeys) {
+	t.Helper()
+	keys := newSidecarKeys(t)
 	nodes := cluster.Nodes()
 	gossip := make([]string, len(nodes))
 	for i := range nodes {
@@ -48,9 +91,10 @@ func startSidecars(t testing.TB) []*cliProxy {
 	for i, n := range nodes {
 		path := filepath.Join(t.TempDir(), "amqp-mirror.yaml")
 		join := slices.Delete(slices.Clone(gossip), i, i+1)
-		cliWriteFile(t, path, sidecarConfigYAML(t, n.Name, gossip[i], cliFreeAddr(t), join, key))
+		raft := cliFreeAddr(t)
+		cliWriteFile(t, path, sidecarConfigYAML(t, n.Name, gossip[i], raft, join, keys))
 		proxies[i] = startServeProcess(t, binary, path)
-		proxies[i].gossipAddr = gossip[i]
+		proxies[i].gossipAddr, proxies[i].raftAddr = gossip[i], raft
 	}
 	for i, p := range proxies {
 		awaitCondition(t, 60*time.Second, func() error {
@@ -78,7 +122,7 @@ func startSidecars(t testing.TB) []*cliProxy {
 			t.Fatalf("admin token of the proxy beside %s: %v", nodes[i].Name, err)
 		}
 	}
-	return proxies
+	return proxies, keys
 }
 
 // startServeProcess runs `amqp-mirror serve --config path` without waiting for it to

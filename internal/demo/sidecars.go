@@ -14,6 +14,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
+	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 )
 
@@ -80,11 +81,17 @@ func runSidecars(ctx context.Context, brokers *localbroker.Cluster, proxies []si
 			c.stop(logger)
 		}
 	}()
-	// Gossip is encrypted, as it should be wherever it is cheap: one key
-	// for the demo's cluster, in each proxy's config file (mode 0600).
+	// Gossip is encrypted and raft runs mutual TLS, as they should
+	// wherever it is cheap: one key for the demo's cluster, in each
+	// proxy's config file (mode 0600), and an authority of its own in
+	// dir/tls that issues each proxy's member certificate.
 	key, err := cluster.NewGossipKey()
 	if err != nil {
 		return err
+	}
+	tlsDir := filepath.Join(dir, "tls")
+	if err := pki.CreateCA(tlsDir, "amqp-mirror demo CA", pki.DefaultCAValidity); err != nil {
+		return fmt.Errorf("the demo's certificate authority: %w", err)
 	}
 	for i, n := range nodes {
 		var join []string
@@ -100,8 +107,12 @@ func runSidecars(ctx context.Context, brokers *localbroker.Cluster, proxies []si
 		var yaml strings.Builder
 		fmt.Fprintf(&yaml, "node: %s\nlisten:\n  amqp: %s\n  admin: %s\nstate_dir: %s\nqueue_master_locator: client-local\nshutdown_timeout: 5s\n",
 			n.Name, proxies[i].AMQP, proxies[i].Admin, filepath.Join(home, "state"))
-		fmt.Fprintf(&yaml, "cluster:\n  bind: %s\n  raft_bind: %s\n  bootstrap_expect: %d\n  join: [%s]\n  encrypt: %s\nbackends:\n",
-			proxies[i].Gossip, proxies[i].Raft, len(nodes), strings.Join(join, ", "), key)
+		member, err := pki.CreateCert(tlsDir, pki.CertRequest{Kind: "member", Name: n.Name, Identity: config.DefaultClusterIdentity, ValidFor: pki.DefaultCertValidity})
+		if err != nil {
+			return fmt.Errorf("%s's member certificate: %w", n.Name, err)
+		}
+		fmt.Fprintf(&yaml, "cluster:\n  bind: %s\n  raft_bind: %s\n  bootstrap_expect: %d\n  join: [%s]\n  encrypt: %s\n  tls: {ca: %s, cert: %s, key: %s}\n  require_encryption: true\nbackends:\n",
+			proxies[i].Gossip, proxies[i].Raft, len(nodes), strings.Join(join, ", "), key, member.CA, member.Cert, member.Key)
 		for _, b := range nodes {
 			fmt.Fprintf(&yaml, "  - name: %s\n    url: %s\n", b.Name, b.URL())
 		}
@@ -125,7 +136,7 @@ func runSidecars(ctx context.Context, brokers *localbroker.Cluster, proxies []si
 		}
 	}
 
-	fmt.Fprintf(stdout, "\namqp-mirror is running: %d nodes, each a RabbitMQ broker with an amqp-mirror beside it,\njoined in a sidecar cluster.\n\n", len(nodes))
+	fmt.Fprintf(stdout, "\namqp-mirror is running: %d nodes, each a RabbitMQ broker with an amqp-mirror beside it,\njoined in a sidecar cluster\n(gossip encrypted, raft under mutual TLS: the authority and certificates are in %s).\n\n", len(nodes), tlsDir)
 	for i, c := range children {
 		fmt.Fprintf(stdout, "  node %d: broker %s=127.0.0.1:%d (pid %d)\n          proxy:     amqp://guest:guest@%s   (pid %d)\n          config:    %s\n          log:       %s\n",
 			i+1, nodes[i].Name, nodes[i].Port, nodes[i].PID(), proxies[i].AMQP, c.pid(), configs[i], c.logPath)

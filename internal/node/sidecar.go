@@ -40,6 +40,10 @@ func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 	if err != nil {
 		return nil, err
 	}
+	gossipKey, err := cfg.Cluster.GossipKey()
+	if err != nil {
+		return nil, err
+	}
 	c, err := cluster.Start(cluster.Config{
 		NodeName:        cfg.Node,
 		Bind:            cfg.Cluster.Bind,
@@ -49,7 +53,7 @@ func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 		RaftAdvertise:   raftAdvertise,
 		DataDir:         filepath.Join(cfg.StateDir, "raft"),
 		BootstrapExpect: cfg.Cluster.BootstrapExpect,
-		GossipKey:       cfg.Cluster.Encrypt,
+		GossipKey:       gossipKey,
 		RaftTLS:         raftTLS,
 		AMQP:            cfg.Listen.AMQP,
 		Admin:           cfg.Listen.Admin,
@@ -146,7 +150,7 @@ func checkProtected(cfg *config.Config, raftBind string, logger *slog.Logger) er
 // gossipEncrypted reports whether gossip runs encrypted: a key in the
 // config, or the keyring an earlier start left in the state directory.
 func gossipEncrypted(cfg *config.Config) bool {
-	if cfg.Cluster.Encrypt != "" {
+	if cfg.Cluster.Encrypt != "" || cfg.Cluster.EncryptFile != "" {
 		return true
 	}
 	_, err := os.Stat(filepath.Join(cfg.StateDir, "raft", cluster.KeyringFileName))
