@@ -146,7 +146,11 @@
 //   - Gossip is encrypted and authenticated when Config.GossipKey is set or
 //     the data dir holds a keyring (keyring.go): a proxy without one of
 //     the keys can neither join nor be gossiped about, and Keyring rotates
-//     the keys on every live member. Raft traffic and forwarded writes are
-//     neither encrypted nor authenticated: bind the raft port to a trusted
-//     network.
+//     the keys on every live member.
+//   - The raft port (raft, forwarded writes, peer messages and calls) runs
+//     mutual TLS when Config.RaftTLS is set: each side presents a member's
+//     certificate and accepts only one of the cluster's authority that
+//     names the members' identity (pki.Mutual), so another certificate of
+//     that authority is refused too. Without RaftTLS it is plaintext and
+//     unauthenticated: bind it to a trusted network.
 package cluster
