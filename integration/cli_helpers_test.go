@@ -359,7 +359,11 @@ func (p *cliProxy) ctl(t testing.TB, args ...string) cliResult {
 	if p.token == "" {
 		t.Fatalf("no admin token was found for the proxy of %s", p.configPath)
 	}
-	return p.binary.run(t, nil, append([]string{"ctl", "--admin", p.adminAddr, "--token", p.token}, args...)...)
+	res := p.binary.run(t, nil, append([]string{"ctl", "--admin", p.adminAddr, "--token", p.token}, args...)...)
+	if strings.Contains(res.stdout+res.stderr, p.token) {
+		t.Errorf("ctl %s printed the admin token", strings.Join(args, " "))
+	}
+	return res
 }
 
 // ---- The proxy's log.

@@ -146,6 +146,10 @@ func startServeProcess(t testing.TB, b cliBinary, path string) *cliProxy {
 			p.command.Process.Kill()
 			<-p.done
 		}
+		// The token is never printed, whatever the test made the proxy do.
+		if p.token != "" && strings.Contains(p.stdout.String()+p.stderr.String(), p.token) {
+			t.Errorf("amqp-mirror serve --config %s printed its admin token", path)
+		}
 		if t.Failed() {
 			t.Logf("amqp-mirror serve --config %s, stderr:\n%s", path, p.stderr)
 		}
