@@ -97,7 +97,8 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	}
 	servers := &servers{errs: make(chan error, len(listeners)+1)}
 	if cfg.Listen.Admin != "" {
-		if err := startAdmin(serveCtx, cfg, store, srv, mirroring, backendWatcher, servers, logger); err != nil {
+		ready := newReadiness(srv, mirroring, backendWatcher, backend.Name)
+		if err := startAdmin(serveCtx, cfg, store, srv, mirroring, backendWatcher, ready, servers, logger); err != nil {
 			closeAll(listeners)
 			return err
 		}
@@ -199,10 +200,10 @@ func drain(ctx context.Context, events <-chan controllink.Event) {
 	}
 }
 
-// startAdmin serves the admin API (ctl's commands and /metrics) on
-// listen.admin until ctx ends, with the token from the config or
-// state_dir.
-func startAdmin(ctx context.Context, cfg *config.Config, store *config.PolicyStore, srv *proxy.Server, m *mirroring, w *controllink.Watcher, servers *servers, logger *slog.Logger) error {
+// startAdmin serves the admin API (ctl's commands, /metrics and the
+// health endpoints) on listen.admin until ctx ends, with the token from
+// the config or state_dir.
+func startAdmin(ctx context.Context, cfg *config.Config, store *config.PolicyStore, srv *proxy.Server, m *mirroring, w *controllink.Watcher, ready readiness, servers *servers, logger *slog.Logger) error {
 	token, err := config.EnsureAdminToken(cfg)
 	if err != nil {
 		return err
@@ -211,7 +212,7 @@ func startAdmin(ctx context.Context, cfg *config.Config, store *config.PolicySto
 	if err != nil {
 		return fmt.Errorf("listen.admin: %w", err)
 	}
-	var adminOpts []admin.Option
+	adminOpts := []admin.Option{admin.WithReadiness(ready.check)}
 	if m.engine != nil {
 		adminOpts = append(adminOpts, admin.WithQueues(m.engine))
 	}
