@@ -44,6 +44,8 @@ type Listen struct {
 	AMQPS string // defaults to 0.0.0.0:5671 when TLS is configured
 	Admin string // "" disables the admin API
 	TLS   TLS
+	// AdminTLS, when set, serves the admin API over HTTPS.
+	AdminTLS AdminTLS
 }
 
 // TLS enables the AMQPS listener when both files are set.
@@ -54,6 +56,16 @@ type TLS struct {
 
 // Enabled reports whether both certificate and key are configured.
 func (t TLS) Enabled() bool { return t.Cert != "" && t.Key != "" }
+
+// AdminTLS serves the admin API over HTTPS when Cert and Key are set. CA
+// is for ctl, which reads the proxy's file: the authority that signed
+// Cert, when it is a private one (empty: the system's roots).
+type AdminTLS struct {
+	Cert, Key, CA string
+}
+
+// Enabled reports whether the admin API is served over HTTPS.
+func (t AdminTLS) Enabled() bool { return t.Cert != "" && t.Key != "" }
 
 // Backend is one broker.
 type Backend struct {
@@ -223,6 +235,7 @@ func Load(path string, flags *pflag.FlagSet) (*Config, error) {
 // relative to the working directory, as a shell user expects.
 func resolvePaths(c *Config, dir string) {
 	for _, p := range []*string{&c.StateDir, &c.Listen.TLS.Cert, &c.Listen.TLS.Key,
+		&c.Listen.AdminTLS.Cert, &c.Listen.AdminTLS.Key, &c.Listen.AdminTLS.CA,
 		&c.Cluster.TLS.CA, &c.Cluster.TLS.Cert, &c.Cluster.TLS.Key, &c.Cluster.EncryptFile} {
 		if *p != "" && !filepath.IsAbs(*p) {
 			*p = filepath.Join(dir, *p)
@@ -331,6 +344,9 @@ var scalarFields = []field{
 	addressField("listen.admin", true, func(c *Config) *string { return &c.Listen.Admin }),
 	stringField("listen.tls.cert", true, func(c *Config) *string { return &c.Listen.TLS.Cert }),
 	stringField("listen.tls.key", true, func(c *Config) *string { return &c.Listen.TLS.Key }),
+	stringField("listen.admin_tls.cert", true, func(c *Config) *string { return &c.Listen.AdminTLS.Cert }),
+	stringField("listen.admin_tls.key", true, func(c *Config) *string { return &c.Listen.AdminTLS.Key }),
+	stringField("listen.admin_tls.ca", true, func(c *Config) *string { return &c.Listen.AdminTLS.CA }),
 	addressField("cluster.bind", true, func(c *Config) *string { return &c.Cluster.Bind }),
 	listField("cluster.join", func(c *Config) *[]string { return &c.Cluster.Join }),
 	addressField("cluster.advertise", true, func(c *Config) *string { return &c.Cluster.Advertise }),
@@ -583,6 +599,9 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String("listen.admin", d.Listen.Admin, "admin API and /metrics address; empty disables it")
 	fs.String("listen.tls.cert", "", "TLS certificate file for AMQPS")
 	fs.String("listen.tls.key", "", "TLS key file for AMQPS")
+	fs.String("listen.admin_tls.cert", "", "certificate file of the admin API: set with listen.admin_tls.key, the admin API and /metrics are served over HTTPS only")
+	fs.String("listen.admin_tls.key", "", "key file of the admin API's certificate, mode 0600 (a key group or others may read is refused)")
+	fs.String("listen.admin_tls.ca", "", "CA certificate file ctl trusts for the admin API when a private CA signed it (default: the system's roots); serve does not read it")
 	fs.String("cluster.bind", d.Cluster.Bind, "serf gossip bind address of the sidecar cluster; empty runs alone (needs node)")
 	fs.StringSlice("cluster.join", nil, "serf addresses of other proxies to join")
 	fs.String("cluster.advertise", "", "gossip address other proxies reach this one at (default: cluster.bind)")
@@ -691,8 +710,28 @@ func crossCheck(p *problems, c *Config) {
 	if !tls.Enabled() && c.Listen.AMQPS != "" {
 		p.add("listen.amqps", "expected listen.tls.cert and listen.tls.key to be set for an AMQPS listener, found them empty")
 	}
+	checkAdminTLS(p, c.Listen)
 	checkPolicyNames(p, "policies", c.Policies)
 	checkPolicyNames(p, "operator_policies", c.OperatorPolicies)
+}
+
+// checkAdminTLS validates listen.admin_tls: a certificate without its key
+// (or the other way round) would quietly serve plain HTTP, and a CA
+// without either is trust in a certificate that is never served.
+func checkAdminTLS(p *problems, l Listen) {
+	t := l.AdminTLS
+	switch {
+	case (t.Cert == "") != (t.Key == ""):
+		set, missing := "cert", "key"
+		if t.Key != "" {
+			set, missing = "key", "cert"
+		}
+		p.add("listen.admin_tls", "expected both cert and key (or neither), found only %s: set listen.admin_tls.%s too", set, missing)
+	case t.CA != "" && !t.Enabled():
+		p.add("listen.admin_tls.ca", "expected listen.admin_tls.cert and listen.admin_tls.key to be set too (the CA is what ctl trusts for them), found them empty")
+	case t.Enabled() && l.Admin == "":
+		p.add("listen.admin_tls", "expected listen.admin to be set for the admin API to serve HTTPS, found it empty (the admin API is disabled)")
+	}
 }
 
 // checkCluster validates the cluster keys together: a sidecar proxy names

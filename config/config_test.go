@@ -129,6 +129,13 @@ func TestLoadValidation(t *testing.T) {
 		{"node not a backend", validBackends + "node: rabbit9\n", "node", "expected the name of a backend (rabbit1, rabbit2), found \"rabbit9\""},
 		{"tls half", validBackends + "listen: {tls: {cert: a.pem}}\n", "listen.tls", "both cert and key"},
 		{"amqps without tls", validBackends + "listen: {amqps: 0.0.0.0:5671}\n", "listen.amqps", "listen.tls.cert"},
+		{"admin_tls cert only", validBackends + "listen: {admin_tls: {cert: admin.pem}}\n", "listen.admin_tls", "expected both cert and key (or neither), found only cert: set listen.admin_tls.key too"},
+		{"admin_tls key only", validBackends + "listen: {admin_tls: {key: admin.key}}\n", "listen.admin_tls", "found only key: set listen.admin_tls.cert too"},
+		{"admin_tls ca alone", validBackends + "listen: {admin_tls: {ca: ca.pem}}\n", "listen.admin_tls.ca", "expected listen.admin_tls.cert and listen.admin_tls.key to be set too"},
+		{"admin_tls without admin", validBackends + "listen: {admin: \"\", admin_tls: {cert: a.pem, key: a.key}}\n", "listen.admin_tls", "expected listen.admin to be set"},
+		{"admin_tls unknown key", validBackends + "listen: {admin_tls: {cert: a.pem, key: a.key, identity: x}}\n", "listen.admin_tls.identity", "unknown key"},
+		{"admin_tls not a mapping", validBackends + "listen: {admin_tls: on}\n", "listen.admin_tls", "expected a mapping with keys [ca cert key]"},
+		{"admin_tls cert type", validBackends + "listen: {admin_tls: {cert: 5, key: a.key}}\n", "listen.admin_tls.cert", "expected a non-empty string, found 5"},
 		{"bad pattern", validBackends + "policies: [{name: p, pattern: \"([\", definition: {ha-mode: all}}]\n", "policies[0].pattern", "expected a regular expression"},
 		{"duplicate policy", validBackends + "policies: [{name: p, pattern: a, definition: {ha-mode: all}}, {name: p, pattern: b, definition: {ha-mode: all}}]\n", "policies[1].name", "unique policy name in vhost \"/\""},
 		{"unknown policy key", validBackends + "policies: [{name: p, pattern: a, applyto: queues, definition: {ha-mode: all}}]\n", "policies[0].applyto", "unknown key"},
@@ -288,11 +295,82 @@ func TestFlagOverrides(t *testing.T) {
 	}
 }
 
+// TestAdminTLSKeys loads listen.admin_tls from each source: the file's
+// relative paths are the file's, as listen.tls's are, while the
+// environment's and the flags' stay the working directory's.
+func TestAdminTLSKeys(t *testing.T) {
+	tests := []struct {
+		name     string
+		body     string            // after validBackends
+		env      map[string]string // variable → value
+		flags    []string
+		want     func(dir string) AdminTLS
+		wantHTTP bool // Enabled() is false
+	}{
+		{
+			name:     "unset: plain HTTP",
+			want:     func(string) AdminTLS { return AdminTLS{} },
+			wantHTTP: true,
+		},
+		{
+			name: "relative paths in the file are the file's",
+			body: "listen: {admin_tls: {cert: tls/admin.pem, key: tls/admin.key, ca: tls/ca.pem}}\n",
+			want: func(dir string) AdminTLS {
+				return AdminTLS{Cert: filepath.Join(dir, "tls/admin.pem"), Key: filepath.Join(dir, "tls/admin.key"), CA: filepath.Join(dir, "tls/ca.pem")}
+			},
+		},
+		{
+			name: "absolute paths stay",
+			body: "listen: {admin_tls: {cert: /etc/amqp-mirror/admin.pem, key: /etc/amqp-mirror/admin.key}}\n",
+			want: func(string) AdminTLS {
+				return AdminTLS{Cert: "/etc/amqp-mirror/admin.pem", Key: "/etc/amqp-mirror/admin.key"}
+			},
+		},
+		{
+			name: "environment",
+			env:  map[string]string{"AMQP_MIRROR_LISTEN_ADMIN_TLS_CERT": "a.pem", "AMQP_MIRROR_LISTEN_ADMIN_TLS_KEY": "a.key"},
+			want: func(string) AdminTLS { return AdminTLS{Cert: "a.pem", Key: "a.key"} },
+		},
+		{
+			name:  "flags beat the file",
+			body:  "listen: {admin_tls: {cert: file.pem, key: file.key}}\n",
+			flags: []string{"--listen.admin_tls.cert", "flag.pem", "--listen.admin_tls.ca=ca.pem"},
+			want: func(dir string) AdminTLS {
+				return AdminTLS{Cert: "flag.pem", Key: filepath.Join(dir, "file.key"), CA: "ca.pem"}
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for name, value := range tc.env {
+				t.Setenv(name, value)
+			}
+			fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+			RegisterFlags(fs)
+			if err := fs.Parse(tc.flags); err != nil {
+				t.Fatal(err)
+			}
+			path := writeConfig(t, validBackends+tc.body)
+			c, err := Load(path, fs)
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			if got, want := c.Listen.AdminTLS, tc.want(filepath.Dir(path)); got != want {
+				t.Errorf("listen.admin_tls: got %+v, want %+v", got, want)
+			}
+			if got := c.Listen.AdminTLS.Enabled(); got == tc.wantHTTP {
+				t.Errorf("Enabled() = %v, want %v", got, !tc.wantHTTP)
+			}
+		})
+	}
+}
+
 func TestEnvName(t *testing.T) {
 	for key, want := range map[string]string{
-		"listen.amqp":     "AMQP_MIRROR_LISTEN_AMQP",
-		"failover_grace":  "AMQP_MIRROR_FAILOVER_GRACE",
-		"listen.tls.cert": "AMQP_MIRROR_LISTEN_TLS_CERT",
+		"listen.amqp":         "AMQP_MIRROR_LISTEN_AMQP",
+		"failover_grace":      "AMQP_MIRROR_FAILOVER_GRACE",
+		"listen.tls.cert":     "AMQP_MIRROR_LISTEN_TLS_CERT",
+		"listen.admin_tls.ca": "AMQP_MIRROR_LISTEN_ADMIN_TLS_CA",
 	} {
 		if got := EnvName(key); got != want {
 			t.Errorf("EnvName(%q) = %q, want %q", key, got, want)

@@ -9,8 +9,9 @@
 //	listen:
 //	  amqp: 0.0.0.0:5672          # AMQP listener
 //	  amqps: ""                   # AMQPS listener; 0.0.0.0:5671 when tls is set
-//	  admin: 127.0.0.1:15680      # admin API (ctl) and /metrics; "" disables
+//	  admin: 127.0.0.1:15680      # admin API (ctl), /metrics, /healthz, /readyz; "" disables
 //	  tls: {cert: "", key: ""}    # both set: AMQPS enabled
+//	  admin_tls: {cert: "", key: "", ca: ""}  # cert and key set: the admin API is HTTPS only; ca: what ctl trusts
 //	backends:                     # at least one; names unique; amqp:// or amqps://
 //	  - {name: rabbit1, url: "amqp://mirror:secret@127.0.0.1:5681/"}
 //	cluster:                      # the sidecar cluster; bind "" = this proxy runs alone

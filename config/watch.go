@@ -43,6 +43,7 @@ func Diff(old, next *Config) []string {
 	add("listen.amqps", old.Listen.AMQPS, next.Listen.AMQPS)
 	add("listen.admin", old.Listen.Admin, next.Listen.Admin)
 	add("listen.tls", old.Listen.TLS, next.Listen.TLS)
+	add("listen.admin_tls", old.Listen.AdminTLS, next.Listen.AdminTLS)
 	add("backends", nonNilSlice(old.Backends), nonNilSlice(next.Backends))
 	add("cluster.bind", old.Cluster.Bind, next.Cluster.Bind)
 	add("cluster.join", strings.Join(old.Cluster.Join, ","), strings.Join(next.Cluster.Join, ","))

@@ -194,10 +194,11 @@ func TestDiff(t *testing.T) {
 	a := Default()
 	b := Default()
 	b.Listen.AMQP = "x:1"
+	b.Listen.AdminTLS = AdminTLS{Cert: "admin.pem", Key: "admin.key"}
 	b.Backends = []Backend{{Name: "r", URL: "amqp://h/"}}
 	b.Log.Level = "debug"
 	got := strings.Join(Diff(a, b), ",")
-	if want := "listen.amqp,backends,log.level"; got != want {
+	if want := "listen.amqp,listen.admin_tls,backends,log.level"; got != want {
 		t.Errorf("Diff: got %q, want %q", got, want)
 	}
 }

@@ -205,6 +205,10 @@ type cliConfig struct {
 	ShutdownTimeout time.Duration
 	LogFormat       string
 	Extra           string // more YAML, appended
+
+	// AdminTLSCert and AdminTLSKey serve the admin API over HTTPS;
+	// AdminTLSCA is listen.admin_tls.ca, what ctl --config trusts.
+	AdminTLSCert, AdminTLSKey, AdminTLSCA string
 }
 
 // newCLIConfig is a config for a proxy in front of n on free loopback ports, with its
@@ -225,6 +229,9 @@ func (c cliConfig) yaml() string {
 	tls := ""
 	if c.TLSCert != "" {
 		tls = fmt.Sprintf("  amqps: %s\n  tls: {cert: %q, key: %q}\n", c.AMQPS, c.TLSCert, c.TLSKey)
+	}
+	if c.AdminTLSCert != "" {
+		tls += fmt.Sprintf("  admin_tls: {cert: %q, key: %q, ca: %q}\n", c.AdminTLSCert, c.AdminTLSKey, c.AdminTLSCA)
 	}
 	return fmt.Sprintf(`listen:
   amqp: %s

@@ -193,7 +193,7 @@ func TestCLIHelp(t *testing.T) {
 	config.RegisterFlags(serveFlags)
 	wantServe := []string{"config"}
 	serveFlags.VisitAll(func(f *pflag.Flag) { wantServe = append(wantServe, f.Name) })
-	ctlFlags := []string{"config", "admin", "token", "timeout", "vhost", "quiet", "formatter"}
+	ctlFlags := []string{"config", "admin", "admin-ca", "token", "timeout", "vhost", "quiet", "formatter"}
 
 	cases := []struct {
 		name      string

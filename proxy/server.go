@@ -251,6 +251,13 @@ func (s *Server) Resume() {
 	s.mu.Unlock()
 }
 
+// Paused reports whether the server is paused (Pause) and refuses clients.
+func (s *Server) Paused() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.paused
+}
+
 // Stats returns the server's live counters.
 func (s *Server) Stats() *Stats { return &s.stats }
 

@@ -201,6 +201,7 @@ func (o *ctlOptions) table(list []config.Policy) {
 // connection is how ctl reaches the admin API, from its flags.
 type connection struct {
 	configPath, admin, token, tokenFile string
+	adminCA                             string
 	timeout                             time.Duration
 }
 
@@ -213,7 +214,7 @@ const TokenEnv = "AMQP_MIRROR_ADMIN_TOKEN"
 // so that the command word can be told from a flag's value wherever the
 // flags stand: `ctl --config FILE list_policies` and `ctl list_policies
 // --config FILE` are the same.
-var globalValueFlags = []string{"config", "admin", "token", "token-file", "timeout", "vhost", "p", "formatter"}
+var globalValueFlags = []string{"config", "admin", "admin-ca", "token", "token-file", "timeout", "vhost", "p", "formatter"}
 
 // commandValueFlags are the commands' own flags that carry a value.
 var commandValueFlags = []string{"priority", "apply-to", "explain"}
@@ -232,7 +233,7 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 // code. Commands: set_policy, clear_policy, list_policies,
 // set_operator_policy, clear_operator_policy, list_operator_policies,
 // list_queues, sync_queue, cancel_sync_queue, drain, undrain, help.
-// The connection flags (--config, --admin, --token, --token-file) are accepted and
+// The connection flags (--config, --admin, --admin-ca, --token, --token-file) are accepted and
 // ignored: client is used.
 func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr io.Writer) int {
 	return runCtl(ctx, args, client, func(string) string { return "" }, stdout, stderr)
@@ -325,6 +326,7 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
 	defer cancel()
 	if err := cmd.run(ctx, client, o, fs.Args()); err != nil {
+		err = explainTransport(err, client.BaseURL)
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitCode(err)
 	}
@@ -333,7 +335,8 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 
 func addConnectionFlags(fs *pflag.FlagSet, c *connection) {
 	fs.StringVar(&c.configPath, "config", "", "the proxy's YAML config file: finds the admin address (listen.admin) and credential (admin_token, or state_dir/admin.token)")
-	fs.StringVar(&c.admin, "admin", "", "the admin API's base URL or host:port (default: listen.admin of --config, else "+DefaultAdminAddress+")")
+	fs.StringVar(&c.admin, "admin", "", "the admin API's base URL or host:port (default: listen.admin of --config, else "+DefaultAdminAddress+"); a host:port is https:// when --config sets listen.admin_tls or --admin-ca is given")
+	fs.StringVar(&c.adminCA, "admin-ca", "", "CA certificate file (PEM) that signed the admin API's HTTPS certificate, for a private CA (default: listen.admin_tls.ca of --config, else the system's roots)")
 	fs.StringVar(&c.token, "token", "", "the admin credential; it shows up in ps and shell history, so prefer --token-file or $"+TokenEnv)
 	fs.StringVar(&c.tokenFile, "token-file", "", "a file holding the admin credential (mode 0600; surrounding whitespace is ignored)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "how long to wait for the admin API")
@@ -342,13 +345,18 @@ func addConnectionFlags(fs *pflag.FlagSet, c *connection) {
 // client resolves the admin address and credential: flags first, then the
 // config file, then the defaults. The credential is --token, else
 // --token-file, else $AMQP_MIRROR_ADMIN_TOKEN, else the config's
-// admin_token or state_dir/admin.token.
+// admin_token or state_dir/admin.token. The admin API is reached over
+// HTTPS when the URL says so, when the config serves it so
+// (listen.admin_tls) or when --admin-ca is given; the authority trusted
+// then is --admin-ca, else listen.admin_tls.ca, else the system's roots.
 func (c connection) client(getenv func(string) string) (*Client, int, error) {
 	token, err := c.explicitToken(getenv)
 	if err != nil {
 		return nil, ExitNoPerm, err
 	}
 	client := &Client{BaseURL: c.admin, Token: token}
+	https := c.adminCA != ""
+	ca := trustedCA{file: c.adminCA, source: "--admin-ca"}
 	if c.configPath != "" {
 		cfg, err := config.Load(c.configPath, nil)
 		if err != nil {
@@ -356,6 +364,10 @@ func (c connection) client(getenv func(string) string) (*Client, int, error) {
 		}
 		if client.BaseURL == "" {
 			client.BaseURL = cfg.Listen.Admin
+		}
+		https = https || cfg.Listen.AdminTLS.Enabled()
+		if ca.file == "" && cfg.Listen.AdminTLS.CA != "" {
+			ca = trustedCA{file: cfg.Listen.AdminTLS.CA, source: "listen.admin_tls.ca of " + c.configPath}
 		}
 		if client.Token == "" {
 			if client.Token, err = config.LoadAdminToken(cfg); err != nil {
@@ -367,7 +379,16 @@ func (c connection) client(getenv func(string) string) (*Client, int, error) {
 		client.BaseURL = DefaultAdminAddress
 	}
 	if !strings.Contains(client.BaseURL, "://") {
-		client.BaseURL = "http://" + client.BaseURL
+		scheme := "http://"
+		if https {
+			scheme = "https://"
+		}
+		client.BaseURL = scheme + client.BaseURL
+	}
+	if strings.HasPrefix(client.BaseURL, "https://") {
+		if client.HTTP, err = ca.httpClient(); err != nil {
+			return nil, ExitUsage, err
+		}
 	}
 	return client, ExitOK, nil
 }
@@ -436,9 +457,12 @@ func exitCode(err error) int {
 	var wait *waitTimeoutError
 	var netErr net.Error
 	var opErr *net.OpError
+	var transport *transportError
 	switch {
 	case errors.As(err, &wait):
 		return ExitTempFail
+	case errors.As(err, &transport):
+		return ExitUnavailable
 	case errors.As(err, &api) && api.Status == 401:
 		return ExitNoPerm
 	case errors.As(err, &api) && api.Status == 503:
@@ -487,6 +511,9 @@ The credential is --token, else --token-file, else $AMQP_MIRROR_ADMIN_TOKEN,
 else the admin_token or state_dir/admin.token of --config. --token shows up in
 ps and shell history: prefer --token-file (mode 0600) or the environment
 variable. With --config the admin address also comes from the proxy's file.
+When the proxy serves the admin API over HTTPS (listen.admin_tls in --config,
+or an https:// --admin), ctl checks its certificate against --admin-ca, else
+listen.admin_tls.ca of --config, else the system's CA certificates.
 Exit codes: 64 usage, 65 refused input (also an unknown queue or backend,
 or mirroring off), 69 admin API or metadata log unavailable, 75 sync_queue --wait timed
 out, 77 wrong or missing credential.`)

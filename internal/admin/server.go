@@ -17,11 +17,15 @@
 //	POST   /api/queues/{vhost}/{name}/actions      {"action":"sync"} or {"action":"cancel_sync"}
 //	POST   /api/backends/{name}/actions            {"action":"drain"} (answers the report) or {"action":"undrain"}
 //	GET    /metrics                                Prometheus text format (client_golang)
+//	GET    /healthz                                200 "ok" while the process serves
+//	GET    /readyz                                 200 "ok", or 503 "not ready: <reason>" (WithReadiness)
 //
 // Every /api/ request needs "Authorization: Bearer <token>", compared in
-// constant time; there is no anonymous access. /metrics is unauthenticated,
-// like RabbitMQ's rabbitmq_prometheus plugin: bind listen.admin to a
-// trusted interface. Errors are {"error": "..."} with 400 for bad input
+// constant time; there is no anonymous access. /metrics, /healthz and
+// /readyz are unauthenticated, like RabbitMQ's rabbitmq_prometheus plugin
+// and its health checks, and hold nothing secret: bind listen.admin to a
+// trusted interface. Serve takes the listener it is given, a TLS one for
+// HTTPS (listen.admin_tls). Errors are {"error": "..."} with 400 for bad input
 // (the same validation and messages as the config file), 401 for a missing
 // or wrong token, 404 for an unknown policy or queue, 409 for clearing a
 // file policy or for the queue endpoints of a proxy without mirroring (one
@@ -36,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -65,9 +70,10 @@ type Server struct {
 	hasToken bool
 	logger   *slog.Logger
 	registry *Registry
-	queues   Queues  // nil: mirroring is off
-	drainer  Drainer // nil: mirroring is off (drain.go)
-	keyring  Keyring // nil: no sidecar cluster (keys.go)
+	queues   Queues       // nil: mirroring is off
+	drainer  Drainer      // nil: mirroring is off (drain.go)
+	keyring  Keyring      // nil: no sidecar cluster (keys.go)
+	ready    func() error // nil: always ready (health.go)
 	mux      *http.ServeMux
 }
 
@@ -103,6 +109,8 @@ func NewServer(store *config.PolicyStore, token string, logger *slog.Logger, opt
 	// patterns cannot carry the default vhost "/", which arrives as %2F.
 	s.mux.HandleFunc("/api/", s.auth(s.route))
 	s.mux.Handle("GET /metrics", s.registry.Handler())
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.HandleFunc("GET /readyz", s.readyz)
 	return s
 }
 
@@ -115,7 +123,12 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // Serve serves on ln until ctx ends, then shuts down gracefully (waiting at
 // most five seconds for requests in flight).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{
+		Handler: s.mux,
+		// It bounds a TLS handshake too.
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          log.New(httpErrorLog{s.logger}, "", 0),
+	}
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {

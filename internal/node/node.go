@@ -19,6 +19,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/internal/admin"
+	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
@@ -53,6 +54,12 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		return err
 	}
 	backend, err := proxyBackend(cfg)
+	if err != nil {
+		return err
+	}
+	// Before anything starts: a key file anyone may read stops serve at
+	// once, with nothing to undo.
+	adminTLS, err := adminTLSConfig(cfg.Listen.AdminTLS)
 	if err != nil {
 		return err
 	}
@@ -97,7 +104,8 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	}
 	servers := &servers{errs: make(chan error, len(listeners)+1)}
 	if cfg.Listen.Admin != "" {
-		if err := startAdmin(serveCtx, cfg, store, srv, mirroring, backendWatcher, servers, logger); err != nil {
+		ready := newReadiness(srv, mirroring, backendWatcher, backend.Name)
+		if err := startAdmin(serveCtx, cfg, adminTLS, store, srv, mirroring, backendWatcher, ready, servers, logger); err != nil {
 			closeAll(listeners)
 			return err
 		}
@@ -199,10 +207,10 @@ func drain(ctx context.Context, events <-chan controllink.Event) {
 	}
 }
 
-// startAdmin serves the admin API (ctl's commands and /metrics) on
-// listen.admin until ctx ends, with the token from the config or
-// state_dir.
-func startAdmin(ctx context.Context, cfg *config.Config, store *config.PolicyStore, srv *proxy.Server, m *mirroring, w *controllink.Watcher, servers *servers, logger *slog.Logger) error {
+// startAdmin serves the admin API (ctl's commands, /metrics and the
+// health endpoints) on listen.admin until ctx ends, with the token from
+// the config or state_dir; over HTTPS when tlsConfig is not nil.
+func startAdmin(ctx context.Context, cfg *config.Config, tlsConfig *tls.Config, store *config.PolicyStore, srv *proxy.Server, m *mirroring, w *controllink.Watcher, ready readiness, servers *servers, logger *slog.Logger) error {
 	token, err := config.EnsureAdminToken(cfg)
 	if err != nil {
 		return err
@@ -211,7 +219,12 @@ func startAdmin(ctx context.Context, cfg *config.Config, store *config.PolicySto
 	if err != nil {
 		return fmt.Errorf("listen.admin: %w", err)
 	}
-	var adminOpts []admin.Option
+	scheme := "http"
+	if tlsConfig != nil {
+		adminLn = tls.NewListener(adminLn, tlsConfig)
+		scheme = "https"
+	}
+	adminOpts := []admin.Option{admin.WithReadiness(ready.check)}
 	if m.engine != nil {
 		adminOpts = append(adminOpts, admin.WithQueues(m.engine))
 	}
@@ -222,8 +235,24 @@ func startAdmin(ctx context.Context, cfg *config.Config, store *config.PolicySto
 	srv.RegisterMetrics(adminSrv.Registry())
 	registerBackendMetrics(adminSrv.Registry(), cfg, w)
 	servers.start(func() error { return adminSrv.Serve(ctx, adminLn) })
-	logger.Info("admin API listening", "addr", adminLn.Addr().String())
+	logger.Info("admin API listening", "addr", adminLn.Addr().String(), "scheme", scheme)
 	return nil
+}
+
+// adminTLSConfig loads listen.admin_tls for the admin API's HTTPS; nil
+// when it is not set. The key file is refused when group or others may
+// read it (pki.LoadKeyPair). TLS 1.2 is the floor: older versions have
+// known breaks, and every client of the admin API (ctl, curl, Prometheus)
+// speaks 1.2.
+func adminTLSConfig(t config.AdminTLS) (*tls.Config, error) {
+	if !t.Enabled() {
+		return nil, nil
+	}
+	pair, err := pki.LoadKeyPair(t.Cert, t.Key)
+	if err != nil {
+		return nil, fmt.Errorf("listen.admin_tls: %w", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // servers are the serving goroutines Run starts (the AMQP listeners, the
