@@ -12,6 +12,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 )
 
 // Backend is a broker the watcher keeps a link to.
@@ -313,7 +315,7 @@ func (w *Watcher) dial(b Backend, name string) (*amqp.Connection, *observedConn,
 					raw.Close()
 					return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
 				}
-				raw = client
+				raw = refusalConn{client}
 			}
 			observed = observe(raw)
 			return observed, nil
@@ -321,6 +323,17 @@ func (w *Watcher) dial(b Backend, name string) (*amqp.Connection, *observedConn,
 		Properties: amqp.Table{"connection_name": name},
 	})
 	return conn, observed, err
+}
+
+// refusalConn is a TLS client connection whose failed writes report the
+// alert the broker sent before it closed (pki.Refusal): a broker that
+// refuses the proxy's client certificate, or its absence, is then logged
+// as such rather than as a reset.
+type refusalConn struct{ *tls.Conn }
+
+func (c refusalConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	return n, pki.Refusal(c.Conn, err)
 }
 
 // plainURL returns the URL amqp091-go is to dial for b, and for amqps:// the
