@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -315,7 +316,7 @@ func (w *Watcher) dial(b Backend, name string) (*amqp.Connection, *observedConn,
 					raw.Close()
 					return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
 				}
-				raw = refusalConn{client}
+				raw = &refusalConn{Conn: client}
 			}
 			observed = observe(raw)
 			return observed, nil
@@ -325,15 +326,31 @@ func (w *Watcher) dial(b Backend, name string) (*amqp.Connection, *observedConn,
 	return conn, observed, err
 }
 
-// refusalConn is a TLS client connection whose failed writes report the
-// alert the broker sent before it closed (pki.Refusal): a broker that
-// refuses the proxy's client certificate, or its absence, is then logged
-// as such rather than as a reset.
-type refusalConn struct{ *tls.Conn }
+// refusalConn is a TLS client connection whose failed writes, until the
+// broker has sent anything, report the alert it sent before it closed
+// (pki.Refusal): a broker that refuses the proxy's client certificate, or
+// its absence, is then logged as such rather than as a reset. Once the
+// broker has spoken, TLS was accepted, and reading after a failed write
+// could take bytes of the connection.close that observedConn looks for.
+type refusalConn struct {
+	*tls.Conn
+	heard atomic.Bool
+}
 
-func (c refusalConn) Write(p []byte) (int, error) {
+func (c *refusalConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.heard.Store(true)
+	}
+	return n, err
+}
+
+func (c *refusalConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
-	return n, pki.Refusal(c.Conn, err)
+	if err != nil && !c.heard.Load() {
+		err = pki.Refusal(c.Conn, err)
+	}
+	return n, err
 }
 
 // plainURL returns the URL amqp091-go is to dial for b, and for amqps:// the
