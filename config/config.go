@@ -71,6 +71,9 @@ func (t AdminTLS) Enabled() bool { return t.Cert != "" && t.Key != "" }
 type Backend struct {
 	Name string
 	URL  string // amqp:// or amqps://, the proxy's own account for mirroring work
+	// TLS is how an amqps:// URL's connections are verified and which
+	// client certificate they present; zero for amqp://.
+	TLS BackendTLS
 }
 
 // Cluster configures the sidecar cluster of proxies: serf gossip for
@@ -237,10 +240,19 @@ func resolvePaths(c *Config, dir string) {
 	for _, p := range []*string{&c.StateDir, &c.Listen.TLS.Cert, &c.Listen.TLS.Key,
 		&c.Listen.AdminTLS.Cert, &c.Listen.AdminTLS.Key, &c.Listen.AdminTLS.CA,
 		&c.Cluster.TLS.CA, &c.Cluster.TLS.Cert, &c.Cluster.TLS.Key, &c.Cluster.EncryptFile} {
-		if *p != "" && !filepath.IsAbs(*p) {
-			*p = filepath.Join(dir, *p)
-		}
+		*p = resolvePath(dir, *p)
 	}
+	for i := range c.Backends {
+		c.Backends[i].TLS.resolve(dir)
+	}
+}
+
+// resolvePath is path relative to dir, unless it is empty or absolute.
+func resolvePath(dir, path string) string {
+	if path == "" || filepath.IsAbs(path) {
+		return path
+	}
+	return filepath.Join(dir, path)
 }
 
 var topKeys = []string{
@@ -654,10 +666,10 @@ func decodeBackends(p *problems, v any) []Backend {
 		path := index("backends", i)
 		m, ok := item.(map[string]any)
 		if !ok {
-			p.add(path, "expected a mapping with keys name and url, found %s", describe(item))
+			p.add(path, "expected a mapping with keys name and url (and tls for amqps://), found %s", describe(item))
 			continue
 		}
-		p.unknownKeys(path, m, []string{"name", "url"}, "backend")
+		p.unknownKeys(path, m, []string{"name", "url", "tls"}, "backend")
 		var b Backend
 		if s, ok := m["name"].(string); ok && s != "" {
 			b.Name = s
@@ -672,6 +684,10 @@ func decodeBackends(p *problems, v any) []Backend {
 			if problem := checkBackendURL(s); problem != "" {
 				p.add(join(path, "url"), "%s", problem)
 			}
+		}
+		if v, ok := m["tls"]; ok {
+			b.TLS = decodeBackendTLS(p, join(path, "tls"), v)
+			checkBackendTLS(p, path, b)
 		}
 		out = append(out, b)
 	}

@@ -14,6 +14,13 @@
 //	  admin_tls: {cert: "", key: "", ca: ""}  # cert and key set: the admin API is HTTPS only; ca: what ctl trusts
 //	backends:                     # at least one; names unique; amqp:// or amqps://
 //	  - {name: rabbit1, url: "amqp://mirror:secret@127.0.0.1:5681/"}
+//	  - name: rabbit2
+//	    url: "amqps://mirror:secret@10.0.0.2/"
+//	    tls:                      # amqps:// only; every key optional; files relative to this file
+//	      ca: ca.pem              # the broker's CA; "" = the system's roots
+//	      cert: client.pem        # client certificate, with key (mode 0600): both or neither
+//	      key: client.key
+//	      server_name: ""         # the name the broker's certificate must carry; "" = the URL's host
 //	cluster:                      # the sidecar cluster; bind "" = this proxy runs alone
 //	  bind: 10.0.0.1:7946         # serf gossip (UDP+TCP); needs node
 //	  join: [10.0.0.2:7946]       # other proxies' gossip addresses

@@ -201,4 +201,11 @@ func TestDiff(t *testing.T) {
 	if want := "listen.amqp,listen.admin_tls,backends,log.level"; got != want {
 		t.Errorf("Diff: got %q, want %q", got, want)
 	}
+	// A backend's TLS files are read once at start: a change needs a restart.
+	before, after := *b, *b
+	before.Backends = []Backend{{Name: "r", URL: "amqps://h/"}}
+	after.Backends = []Backend{{Name: "r", URL: "amqps://h/", TLS: BackendTLS{CA: "/new-ca.pem"}}}
+	if got := strings.Join(Diff(&before, &after), ","); got != "backends" {
+		t.Errorf("Diff after a backend's tls.ca changed: got %q, want %q", got, "backends")
+	}
 }

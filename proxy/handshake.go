@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 )
 
 // handshake takes the client from its protocol header to connection.open-ok.
@@ -268,7 +269,7 @@ func (c *clientConn) startHome(b Backend, deadline time.Time, last bool) (frames
 		return frames.Frame{}, errors.New("proxy shutting down")
 	}
 	conn.SetDeadline(startBy)
-	f, err := frames.Frame{}, sock.sendProtocolHeader()
+	f, err := frames.Frame{}, pki.Refusal(conn, sock.sendProtocolHeader())
 	if err == nil {
 		f, err = c.expectBackend(frames.ConnectionStartKey)
 	}

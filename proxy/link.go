@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 )
 
 // link is a client connection's connection to one backend. The home link
@@ -209,7 +210,7 @@ func (c *clientConn) openLink(i int) (*link, error) {
 		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
 	}
 	conn.SetDeadline(deadline)
-	if err := s.sendProtocolHeader(); err != nil {
+	if err := pki.Refusal(conn, s.sendProtocolHeader()); err != nil {
 		return fail(err)
 	}
 	expect := func(want uint32) (frames.Frame, error) {

@@ -37,24 +37,14 @@ type mirroring struct {
 // startMirroring opens the metadata store in state_dir/raft (a single
 // voter: the sidecar cluster adds voters to the same log) and starts the
 // engine, when more than one backend is configured.
-func startMirroring(ctx context.Context, cfg *config.Config, policies *config.PolicyStore, w *controllink.Watcher, logger *slog.Logger) (*mirroring, error) {
+func startMirroring(ctx context.Context, cfg *config.Config, backends *backends, policies *config.PolicyStore, w *controllink.Watcher, logger *slog.Logger) (*mirroring, error) {
 	m := &mirroring{}
 	if len(cfg.Backends) < 2 {
 		return m, nil
 	}
-	home, err := proxyBackend(cfg)
-	if err != nil {
+	var err error
+	if m.others, err = backends.proxyOthers(); err != nil {
 		return nil, err
-	}
-	for _, b := range cfg.Backends {
-		if b.Name == home.Name {
-			continue
-		}
-		pb, err := backendAddress(b)
-		if err != nil {
-			return nil, err
-		}
-		m.others = append(m.others, pb)
 	}
 	nodeID := cfg.Node
 	if nodeID == "" {
@@ -79,7 +69,7 @@ func startMirroring(ctx context.Context, cfg *config.Config, policies *config.Po
 		}
 	}
 	opts := engine.Options{
-		Backends: watchedBackends(cfg),
+		Backends: backends.watched(),
 		Node:     cfg.Node,
 		Locator:  cfg.QueueMasterLocator,
 		Store:    m.store,

@@ -53,7 +53,11 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	backend, err := proxyBackend(cfg)
+	backends, err := loadBackends(cfg)
+	if err != nil {
+		return err
+	}
+	backend, err := backends.proxyHome()
 	if err != nil {
 		return err
 	}
@@ -63,12 +67,12 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	backendWatcher := controllink.NewWatcher(watchedBackends(cfg), controllink.WatcherOptions{Grace: cfg.FailoverGrace, Logger: logger})
+	backendWatcher := controllink.NewWatcher(backends.watched(), controllink.WatcherOptions{Grace: cfg.FailoverGrace, Logger: logger})
 	defer backendWatcher.Close()
 	// Closed in reverse order after the proxy's shutdown: the engine (its
 	// trimmers and syncs), then the metadata store, then the watcher whose
 	// connections the engine used.
-	mirroring, err := startMirroring(ctx, cfg, store, backendWatcher, logger)
+	mirroring, err := startMirroring(ctx, cfg, backends, store, backendWatcher, logger)
 	if err != nil {
 		return err
 	}

@@ -9,9 +9,12 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 )
 
 // Backend is a broker the watcher keeps a link to.
@@ -313,7 +316,7 @@ func (w *Watcher) dial(b Backend, name string) (*amqp.Connection, *observedConn,
 					raw.Close()
 					return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
 				}
-				raw = client
+				raw = &refusalConn{Conn: client}
 			}
 			observed = observe(raw)
 			return observed, nil
@@ -321,6 +324,33 @@ func (w *Watcher) dial(b Backend, name string) (*amqp.Connection, *observedConn,
 		Properties: amqp.Table{"connection_name": name},
 	})
 	return conn, observed, err
+}
+
+// refusalConn is a TLS client connection whose failed writes, until the
+// broker has sent anything, report the alert it sent before it closed
+// (pki.Refusal): a broker that refuses the proxy's client certificate, or
+// its absence, is then logged as such rather than as a reset. Once the
+// broker has spoken, TLS was accepted, and reading after a failed write
+// could take bytes of the connection.close that observedConn looks for.
+type refusalConn struct {
+	*tls.Conn
+	heard atomic.Bool
+}
+
+func (c *refusalConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.heard.Store(true)
+	}
+	return n, err
+}
+
+func (c *refusalConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err != nil && !c.heard.Load() {
+		err = pki.Refusal(c.Conn, err)
+	}
+	return n, err
 }
 
 // plainURL returns the URL amqp091-go is to dial for b, and for amqps:// the
