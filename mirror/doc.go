@@ -121,13 +121,35 @@
 //     reject their copies without requeue instead of acking them
 //     (Trimmer.Reject; in a cluster the rejection travels to the proxy
 //     beside the slave like an ack's settle).
-//   - maxlen (x-max-length, x-max-length-bytes, drop-head): not
+//   - maxlen, drop-head (x-max-length, x-max-length-bytes): not
 //     replicated. RabbitMQ counts only ready messages towards the limit
 //     and the trimmers hold the slave copies unacknowledged, so a slave's
 //     broker never drops; the master's broker drops (and dead-letters into
 //     its own copies of the targets) messages nobody tells the proxy of.
-//     The slaves keep such a message, and the targets' copies on other
-//     brokers never get it.
+//     The slaves keep such a message (delivered again, redelivered, after
+//     a promotion), and the targets' copies on other brokers never get it.
+//     Making a slave's broker drop too, by giving back (requeue) the held
+//     copies the master has not delivered so that the broker's requeue
+//     drops the head down to the limit, is not done because it can drop a
+//     message the master still holds, which a promotion then loses: the
+//     brokers order publishes of different channels each in its own
+//     interleaving, so the head of a slave's copy need not be what the
+//     master dropped; a delivery the master's broker sent and the proxy
+//     has not read yet (or, in a cluster, that another proxy has not
+//     reported) looks undelivered; and messages a slave's broker has not
+//     handed to the trimmer yet count towards its limit but were not
+//     given back. A leak costs room; a loss breaks the guarantee.
+//   - maxlen, reject-publish and reject-publish-dlx (x-overflow): the
+//     master's broker refuses a publish beyond the limit and the client
+//     gets a nack, while the slaves' brokers (nothing ready, as above)
+//     take their copies. The proxy removes them when the master's nack
+//     comes: the slaves' trimmers ack them, or under reject-publish-dlx
+//     reject them, for each broker to dead-letter its own copy into its
+//     copies of the targets as the master's broker did (with x-death
+//     reason rejected there, maxlen on the master's broker). Only a
+//     publish to the default exchange names its queue; a refused
+//     exchange publish, or one inside a broker transaction (which the
+//     broker refuses silently), stays on the slaves.
 //   - delivery_limit: x-delivery-limit is a quorum queue's; classic queues,
 //     which are what is mirrored, ignore it.
 //
@@ -294,7 +316,11 @@
 // unsynchronised queue whose master dies (as in RabbitMQ), exactly-once
 // delivery (a requeued message is redelivered with the redelivered flag),
 // and consistency across a network partition that splits the proxies into
-// minorities, which refuse to promote rather than diverge.
+// minorities, which refuse to promote rather than diverge. A queue with
+// x-max-length under drop-head keeps on its slaves the messages its
+// master dropped (see "Dead-lettering"): they are not lost but come back
+// after a promotion, and reach the dead-letter targets only on the
+// master's broker.
 //
 // # Where it lives
 //

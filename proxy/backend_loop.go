@@ -326,9 +326,17 @@ func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint
 	missed := l.missed[:0]
 	out := ch.confirms.confirm(l.idx, seq, multiple, nack, l.confirmed[:0], &missed)
 	l.confirmed, l.missed = out, missed
+	var refused []refusedPublish
+	if nack {
+		refused = ch.confirms.takeRefused(l.refused[:0])
+		l.refused = refused
+	}
 	ch.mu.Unlock()
 	if len(missed) > 0 {
 		c.reportMissed(missed, "nacked")
+	}
+	if len(refused) > 0 {
+		c.dropRefused(refused)
 	}
 	if own {
 		c.ownConfirmsAnswered(ch, out)
@@ -474,6 +482,37 @@ func isMethod(payload []byte, keys ...uint32) bool {
 		}
 	}
 	return false
+}
+
+// dropRefused removes from the slaves the copies of publishes their
+// queue's master nacked. The master's broker refused them (an overflow of
+// reject-publish or reject-publish-dlx: RabbitMQ counts only ready
+// messages towards x-max-length, and a slave's trimmer holds every copy
+// unacknowledged, so the slaves' brokers never refuse), and the client
+// heard the nack: kept, a slave's copy would stay for ever, and be
+// delivered after a promotion. Under reject-publish-dlx the master's broker
+// dead-letters the refused publish, so the slaves' copies are rejected, for
+// each broker to dead-letter its own into its copies of the targets.
+func (c *clientConn) dropRefused(refused []refusedPublish) {
+	m := c.srv.opts.Mirror
+	for len(refused) > 0 {
+		queue := refused[0].queue
+		ids := make([]mirror.MessageID, 0, len(refused))
+		rest := refused[:0]
+		for _, r := range refused {
+			if *r.queue == *queue {
+				ids = append(ids, r.id)
+			} else {
+				rest = append(rest, r)
+			}
+		}
+		refused = rest
+		if meta, ok := m.Lookup(*queue); ok && mirror.RefusalDeadLettered(meta.Arguments) {
+			m.Reject(*queue, ids)
+		} else {
+			m.Settle(*queue, ids)
+		}
+	}
 }
 
 // reportMissed tells the engine which slave copies may lack a publish, so

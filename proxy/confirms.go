@@ -44,7 +44,21 @@ type publisherConfirms struct {
 	// lost are the quorum copies of mirrored queues lost before they
 	// confirmed, held until release lets them go.
 	lost []lostCopy
-	one  [1]int // publish's quorum
+	// refused are the publishes the master of their mirrored queue nacked
+	// since the caller last took them (takeRefused): the slaves' copies
+	// of those are to go.
+	refused []refusedPublish
+	one     [1]int // publish's quorum
+}
+
+// refusedPublish is a publish to the default exchange that the master of
+// its mirrored queue nacked (an overflow of reject-publish or
+// reject-publish-dlx, or the queue failed): the master does not hold it,
+// while the slaves' brokers, which count no ready message since their
+// trimmers hold every copy, accepted theirs.
+type refusedPublish struct {
+	queue *mirror.QueueID
+	id    mirror.MessageID
 }
 
 // lostCopy is a quorum copy of a publish that its backend will never
@@ -73,6 +87,10 @@ type pendingPublish struct {
 	copies uint8 // quorum backends that have not answered yet
 	acks   uint8 // quorum backends that acked
 	nacked bool
+	// identified: id is the identity the proxy gave the message (set
+	// when its content header went out, see identify).
+	identified bool
+	id         mirror.MessageID
 }
 
 type backendSequence struct {
@@ -145,6 +163,22 @@ func (p *publisherConfirms) number(b int, bp backendPublish) {
 	bs.last++
 	bp.backendSeq, bp.clientSeq = bs.last, p.lastClient
 	bs.pending = append(bs.pending, bp)
+}
+
+// identify records the identity of the message of publish seq, given
+// when its content header went out; nothing when it was answered already.
+func (p *publisherConfirms) identify(seq uint64, id mirror.MessageID) {
+	if i := p.indexOf(seq); i >= 0 {
+		p.waiting[i].identified, p.waiting[i].id = true, id
+	}
+}
+
+// takeRefused appends to out the publishes their queue's master nacked
+// since the last call, and forgets them.
+func (p *publisherConfirms) takeRefused(out []refusedPublish) []refusedPublish {
+	out = append(out, p.refused...)
+	p.refused = p.refused[:0]
+	return out
 }
 
 // clientSelected records the client's confirm.select on a channel the
@@ -226,6 +260,9 @@ func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, na
 			return
 		}
 		w := &p.waiting[i]
+		if nack && !bp.slave && bp.queue != nil && bp.queue != anyQueue && w.identified {
+			p.refused = append(p.refused, refusedPublish{queue: bp.queue, id: w.id})
+		}
 		w.copies--
 		w.nacked = w.nacked || nack
 		if !nack {

@@ -234,6 +234,50 @@ func TestPublisherConfirmsMissedCopies(t *testing.T) {
 	})
 }
 
+// TestPublisherConfirmsRefused: the master's nack of a publish to a
+// mirrored queue names the message, whose slave copies are then removed;
+// a slave's nack, an ack, an exchange publish's nack and a publish whose
+// content never went out (no identity) name nothing.
+func TestPublisherConfirmsRefused(t *testing.T) {
+	orders := &mirror.QueueID{VHost: "/", Name: "orders"}
+	id := func(n byte) mirror.MessageID { return mirror.MessageID{15: n} }
+	tests := []struct {
+		name     string
+		queue    *mirror.QueueID
+		identify bool
+		// backend's confirm of publishes up to 2, multiple
+		backend int
+		nack    bool
+		want    []refusedPublish
+	}{
+		{name: "the master's nack", queue: orders, identify: true, backend: 0, nack: true,
+			want: []refusedPublish{{queue: orders, id: id(1)}, {queue: orders, id: id(2)}}},
+		{name: "the master's ack", queue: orders, identify: true, backend: 0},
+		{name: "a slave's nack", queue: orders, identify: true, backend: 1, nack: true},
+		{name: "an unsynchronised slave's nack", queue: orders, identify: true, backend: 2, nack: true},
+		{name: "an exchange publish's nack", queue: anyQueue, identify: true, backend: 0, nack: true},
+		{name: "no identity", queue: orders, backend: 0, nack: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p publisherConfirms
+			for n := range byte(2) {
+				seq := p.publishTo(copySet{quorum: []int{0, 1}, extra: []int{2}, queue: tt.queue, master: 0}, time.Time{})
+				if tt.identify {
+					p.identify(seq, id(n+1))
+				}
+			}
+			p.confirm(tt.backend, 2, true, tt.nack, nil, nil)
+			if got := p.takeRefused(nil); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("refused: got %+v, want %+v", got, tt.want)
+			}
+			if got := p.takeRefused(nil); len(got) != 0 {
+				t.Errorf("refused a second time: got %+v, want none", got)
+			}
+		})
+	}
+}
+
 // TestPublisherConfirmsClientSelectsLater: publishes the proxy numbered in
 // its own confirm mode are never confirmed to the client, whose sequence
 // starts at 1 with its confirm.select.

@@ -45,6 +45,7 @@ type link struct {
 	backNack      frames.BasicNack
 	confirmed     []clientConfirm
 	missed        []missedCopy
+	refused       []refusedPublish // scratch for confirm
 	headerScratch []byte
 }
 

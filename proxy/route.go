@@ -35,6 +35,10 @@ type publishing struct {
 	// nothing else may be written on the channel's links meanwhile.
 	inContent bool
 	remaining uint64 // body bytes still to come
+	// seq is the publish's number in the channel's confirms when it is a
+	// mirrored queue's (its master's nack then removes the slaves' copies),
+	// 0 otherwise.
+	seq uint64
 }
 
 // mirrorTimeout bounds a call to the engine made for a client request.
@@ -663,7 +667,10 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 		if len(cs.quorum) == 0 && len(cs.unreached) == 0 && len(cs.extra) > 0 {
 			cs.quorum, cs.extra = cs.extra, nil
 		}
-		ch.confirms.publishTo(cs, now)
+		seq := ch.confirms.publishTo(cs, now)
+		if cs.queue != nil && cs.queue != anyQueue {
+			ch.pub.seq = seq
+		}
 		var out []clientConfirm
 		if len(cs.quorum) == 0 && len(cs.unreached) == 0 {
 			out = ch.confirms.collect(1, nil)
@@ -994,9 +1001,14 @@ func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
 			return err
 		}
 		payload = c.headerScratch
-		if ch.pub.returns > 1 {
+		if ch.pub.returns > 1 || ch.pub.seq != 0 {
 			ch.mu.Lock()
-			ch.returns.expect(id, ch.pub.returns)
+			if ch.pub.returns > 1 {
+				ch.returns.expect(id, ch.pub.returns)
+			}
+			if ch.pub.seq != 0 {
+				ch.confirms.identify(ch.pub.seq, id)
+			}
 			ch.mu.Unlock()
 		}
 	}
