@@ -50,6 +50,9 @@ type Cluster struct {
 	// reaped holds members serf forgot (EventReap) whose voter the leader
 	// must still remove; reaped members vanish from serf.Members.
 	reaped map[string]bool
+	// refusedVoters are the members refused a vote (provesMember), by
+	// the raft address they were refused at, so that each is logged once.
+	refusedVoters map[string]string
 	// bootstrapped is set once the log has a configuration here.
 	bootstrapped bool
 	// bootstraps counts the bootstraps this node made (tests check that
@@ -101,14 +104,15 @@ func Start(cfg Config) (*Cluster, error) {
 	}
 
 	c = &Cluster{
-		cfg:        cfg,
-		log:        log,
-		store:      metadata,
-		serfEvents: make(chan serf.Event, 256),
-		reconcile:  make(chan struct{}, 1),
-		reaped:     make(map[string]bool),
-		stop:       make(chan struct{}),
-		raftLayer:  layer,
+		cfg:           cfg,
+		log:           log,
+		store:         metadata,
+		serfEvents:    make(chan serf.Event, 256),
+		reconcile:     make(chan struct{}, 1),
+		reaped:        make(map[string]bool),
+		refusedVoters: make(map[string]string),
+		stop:          make(chan struct{}),
+		raftLayer:     layer,
 	}
 	serve, servePeer, serveCall := c.serveForward, c.servePeer, c.serveCall
 	c.peers.senders = make(map[string]*peerSender)

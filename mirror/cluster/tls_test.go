@@ -181,3 +181,41 @@ func TestRaftTLSNeedsBothSides(t *testing.T) {
 		t.Fatalf("expected raft TLS without client verification to be refused, got %v", err)
 	}
 }
+
+// TestNoVoteWithoutAMembersCertificate: a process that gossips its way in
+// (gossip here is not encrypted; with a key, one that holds the key) but
+// whose raft port shows no member's certificate stays a member without a
+// vote, whether its raft port runs TLS with another authority's
+// certificate or no TLS at all; the three voters stay three.
+func TestNoVoteWithoutAMembersCertificate(t *testing.T) {
+	authority := newTestAuthority(t, "cluster-ca")
+	nodes := startTLSCluster(t, authority)
+	rogueAuthority := newTestAuthority(t, "rogue-ca")
+	for _, tc := range []struct {
+		name string
+		tls  *MutualTLS
+	}{
+		{"another authority", rogueAuthority.member(t, "rogue-tls")},
+		{"plaintext", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "rogue-" + strings.ReplaceAll(tc.name, " ", "-")
+			cfg := newConfig(t, name, 0, nodes[0].LocalMember().Gossip)
+			cfg.RaftTLS = tc.tls
+			startNode(t, cfg)
+			// Whichever node leads refuses it (the leader may change).
+			testutil.Eventually(t, 20*time.Second, func() error {
+				for _, n := range nodes {
+					n.mu.Lock()
+					_, refused := n.refusedVoters[name]
+					n.mu.Unlock()
+					if refused {
+						return nil
+					}
+				}
+				return fmt.Errorf("no leader has refused %s a vote yet", name)
+			})
+			waitVoters(t, nodes, names(nodes))
+		})
+	}
+}

@@ -73,6 +73,10 @@ func (c *Cluster) reconcileVoters(members []Member) {
 		case m.Raft == "":
 			// Not a proxy of this cluster (no raft tag): never a voter.
 		case m.Status == StatusAlive && address[m.Name] != m.Raft:
+			if err := c.provesMember(m); err != nil {
+				c.refuseVoter(m, err)
+				continue
+			}
 			c.changeVoters("adding voter", m.Name, c.store.AddVoter(store.Voter{ID: m.Name, Address: m.Raft}))
 		case m.Status == StatusLeft && address[m.Name] != "" && m.Name != c.cfg.NodeName:
 			c.changeVoters("removing voter of a member that left", m.Name, c.store.RemoveVoter(m.Name))
@@ -99,6 +103,38 @@ func (c *Cluster) reconcileVoters(members []Member) {
 		c.mu.Lock()
 		delete(c.reaped, name)
 		c.mu.Unlock()
+	}
+}
+
+// proveTimeout bounds the TLS handshake that proves a member.
+const proveTimeout = 3 * time.Second
+
+// provesMember checks, when the raft port runs mutual TLS, that m's raft
+// address answers with a member's certificate before m gets a vote.
+// Gossip may admit a process that holds the gossip key alone; without this
+// check the leader would make it a voter that can never answer raft (its
+// peers refuse it), which raises the quorum until it is removed, and a few
+// of them would stop every write. Without TLS nothing is proved: every
+// gossiping member is trusted, as the doc says.
+func (c *Cluster) provesMember(m Member) error {
+	if c.cfg.RaftTLS == nil || m.Name == c.cfg.NodeName {
+		return nil
+	}
+	conn, err := c.raftLayer.Dial(raft.ServerAddress(m.Raft), proveTimeout)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// refuseVoter logs, once per member and address, that m gets no vote.
+func (c *Cluster) refuseVoter(m Member, err error) {
+	c.mu.Lock()
+	first := c.refusedVoters[m.Name] != m.Raft
+	c.refusedVoters[m.Name] = m.Raft
+	c.mu.Unlock()
+	if first {
+		c.log.Warn("not a voter: its raft port did not show a member's certificate", "member", m.Name, "raft", m.Raft, "error", err)
 	}
 }
 
@@ -155,6 +191,10 @@ func (c *Cluster) maybeBootstrap(members []Member) {
 		}
 		if m.Expect == 0 {
 			continue // waits to be added once a leader exists
+		}
+		if err := c.provesMember(m); err != nil {
+			c.refuseVoter(m, err)
+			continue
 		}
 		if m.Expect != expect {
 			c.log.Error("not bootstrapping: members disagree on bootstrap_expect",
