@@ -48,6 +48,9 @@ type Options struct {
 // watcher close, in that order.
 func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	logger := opts.Logger
+	for _, warning := range cfg.Warnings() {
+		logger.Warn(warning, "file", cfg.Path)
+	}
 	store, err := config.OpenPolicyStore(cfg.StateDir, cfg.Policies, cfg.OperatorPolicies)
 	if err != nil {
 		return err
@@ -211,7 +214,7 @@ func startAdmin(ctx context.Context, cfg *config.Config, store *config.PolicySto
 	if err != nil {
 		return fmt.Errorf("listen.admin: %w", err)
 	}
-	var adminOpts []admin.Option
+	adminOpts := []admin.Option{admin.WithBackends(cfg.BackendNames())}
 	if m.engine != nil {
 		adminOpts = append(adminOpts, admin.WithQueues(m.engine))
 	}
