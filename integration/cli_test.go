@@ -210,7 +210,9 @@ func TestCLIHelp(t *testing.T) {
 		{name: "ctl help set_policy", args: []string{"ctl", "help", "set_policy"}, wantOut: []string{"Usage: amqp-mirror ctl set_policy [-p VHOST]"}},
 		{name: "ctl set_policy --help", args: []string{"ctl", "set_policy", "--help"}, wantFlags: []string{"vhost", "quiet", "help", "priority", "apply-to"}},
 		{name: "ctl list_policies --help", args: []string{"ctl", "list_policies", "--help"}, wantFlags: []string{"vhost", "quiet", "help", "explain", "formatter", "config", "admin", "token"}},
-		{name: "help", args: []string{"help"}, wantOut: []string{"amqp-mirror serve", "amqp-mirror ctl", "amqp-mirror demo", "amqp-mirror keygen", "amqp-mirror tls"}},
+		{name: "help", args: []string{"help"}, wantOut: []string{"amqp-mirror serve", "amqp-mirror ctl", "amqp-mirror demo", "amqp-mirror keygen", "amqp-mirror tls", "amqp-mirror version"}},
+		{name: "--version", args: []string{"--version"}, wantOut: []string{"amqp-mirror ", " (go1."}},
+		{name: "version", args: []string{"version"}, wantOut: []string{"amqp-mirror ", " (go1."}},
 		{name: "help tls", args: []string{"help", "tls"}, wantOut: []string{"amqp-mirror tls ca", "amqp-mirror tls cert member NAME", "identity"}},
 		{name: "tls cert --help", args: []string{"tls", "cert", "--help"}, wantFlags: []string{"dir", "identity", "dns", "ip", "days"}, wantOut: []string{"amqp-mirror tls cert server"}},
 	}

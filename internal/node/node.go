@@ -19,6 +19,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/internal/admin"
+	"github.com/amqp-mirror/amqp-mirror/internal/version"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
@@ -48,6 +49,8 @@ type Options struct {
 // watcher close, in that order.
 func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	logger := opts.Logger
+	build := version.Read()
+	logger.Info("amqp-mirror starting", append(build.LogAttrs(), "config", cfg.Path, "node", cfg.Node)...)
 	for _, warning := range cfg.Warnings() {
 		logger.Warn(warning, "file", cfg.Path)
 	}
@@ -120,7 +123,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 
 	for _, l := range listeners {
 		servers.start(func() error { return srv.Serve(l) })
-		logger.Info("AMQP listening", "addr", l.Addr().String(), "backend", backend.Name, "backend_addr", backend.Addr)
+		logger.Info("AMQP listening", "addr", l.Addr().String(), "backend", backend.Name, "backend_addr", backend.Addr, "version", build.Version)
 	}
 	if opts.Ready != nil {
 		opts.Ready(listeners[0].Addr().String())
