@@ -246,7 +246,8 @@ func TestCLIHelp(t *testing.T) {
 		}
 	}
 
-	// Help and README tell the same story: what is not used yet, and what a reload does.
+	// Help and the configuration reference tell the same story: what is not
+	// used yet, and what a reload does.
 	r := cli.run(t, nil, "help", "serve")
 	described := cliFlagDescriptions(r.stdout)
 	for _, name := range []string{"cluster.bind", "cluster.join"} {
@@ -254,7 +255,7 @@ func TestCLIHelp(t *testing.T) {
 			t.Errorf("--%s: description %q still says %q; serve starts the sidecar cluster", name, described[name], config.NotUsedYet)
 		}
 	}
-	readme, err := os.ReadFile("../README.md")
+	reference, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,8 +269,8 @@ func TestCLIHelp(t *testing.T) {
 		if !strings.Contains(flat(r.stdout), same) {
 			t.Errorf("help serve does not say %q; got:\n%s", same, r.stdout)
 		}
-		if !strings.Contains(strings.ToLower(flat(string(readme))), strings.ToLower(same)) {
-			t.Errorf("README does not say %q", same)
+		if !strings.Contains(strings.ToLower(flat(string(reference))), strings.ToLower(same)) {
+			t.Errorf("docs/configuration.md does not say %q", same)
 		}
 	}
 	if strings.Contains(r.stdout, "reloads the policies") {
