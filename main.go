@@ -26,6 +26,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/internal/demo"
 	"github.com/amqp-mirror/amqp-mirror/internal/node"
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
+	"github.com/amqp-mirror/amqp-mirror/internal/version"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 )
 
@@ -46,6 +47,7 @@ Usage:
   amqp-mirror demo [flags]                     start local RabbitMQ nodes and the proxy
   amqp-mirror keygen                           print a new gossip encryption key
   amqp-mirror tls ca|cert ...                  issue the certificates of the cluster's TLS
+  amqp-mirror version                          print the version (also --version)
   amqp-mirror help [COMMAND]                   show help
 
 Start from amqp-mirror.example.yaml, which explains every key.
@@ -72,6 +74,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runKeygen(args[1:], stdout, stderr)
 	case "tls":
 		return pki.Main(args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, version.Read())
+		return 0
 	case "help", "-h", "--help":
 		if len(args) > 1 {
 			return run([]string{args[1], "--help"}, stdout, stderr)

@@ -640,7 +640,7 @@ func RegisterFlags(fs *pflag.FlagSet) {
 }
 
 // NotUsedYet marks the keys that are accepted and validated but have no
-// effect in this build, in flag help and the README alike.
+// effect in this build, in flag help and docs/configuration.md alike.
 const NotUsedYet = "(accepted and validated; the sidecar cluster is not wired into serve yet)"
 
 // textValue is a flag that keeps its text for Load to validate; typ is

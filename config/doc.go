@@ -46,7 +46,7 @@
 //	     definition: {ha-mode: exactly, ha-params: 2, ha-sync-mode: automatic}}
 //	operator_policies: []         # like set_operator_policy (fewer keys allowed)
 //
-// ../amqp-mirror.example.yaml is the same with the README's comments, and a
+// ../amqp-mirror.example.yaml is the same with comments (docs/configuration.md shows it), and a
 // test keeps the two and the loader in step.
 //
 // Every key is checked: unknown keys at any depth (policy definitions

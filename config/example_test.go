@@ -10,7 +10,7 @@ import (
 )
 
 // shippedExample is the commented example configuration at the root of the
-// repository, the one the README's usage points at.
+// repository, the one the README's quick start and docs/configuration.md point at.
 const shippedExample = "../amqp-mirror.example.yaml"
 
 // TestLoadShippedExample loads the shipped example with the loader serve
@@ -71,11 +71,11 @@ func TestShippedExampleHasEveryKey(t *testing.T) {
 	}
 }
 
-// TestREADMEShowsTheShippedExample checks that the README's configuration
-// block is the shipped example, comments included, below its two header
-// lines: they are one text, kept in two places for readers.
-func TestREADMEShowsTheShippedExample(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+// TestReferenceShowsTheShippedExample checks that the configuration
+// reference's block is the shipped example, comments included, below its
+// two header lines: they are one text, kept in two places for readers.
+func TestReferenceShowsTheShippedExample(t *testing.T) {
+	reference, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,13 +83,13 @@ func TestREADMEShowsTheShippedExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(readme), "\n## Configuration\n")
+	_, section, ok := strings.Cut(string(reference), "\n## Every key\n")
 	if !ok {
-		t.Fatal("README has no ## Configuration section")
+		t.Fatal("docs/configuration.md has no ## Every key section")
 	}
 	_, block, ok := strings.Cut(section, "```yaml\n")
 	if !ok {
-		t.Fatal("README's Configuration section has no ```yaml block")
+		t.Fatal("docs/configuration.md's Every key section has no ```yaml block")
 	}
 	block, _, _ = strings.Cut(block, "```")
 	var body []string
@@ -99,6 +99,6 @@ func TestREADMEShowsTheShippedExample(t *testing.T) {
 		}
 	}
 	if want := strings.Join(body, ""); block != want {
-		t.Errorf("README's yaml block differs from %s (without its header comment).\nREADME:\n%s\nexample:\n%s", shippedExample, block, want)
+		t.Errorf("docs/configuration.md's yaml block differs from %s (without its header comment).\nreference:\n%s\nexample:\n%s", shippedExample, block, want)
 	}
 }

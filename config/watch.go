@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,6 +166,11 @@ func (w *Watcher) Reload() error {
 	w.current.Store(&applied)
 	if len(live) > 0 {
 		w.logger.Info("config reloaded", "file", old.Path, "applied", strings.Join(live, ","))
+	}
+	if slices.Contains(live, "policies") || slices.Contains(live, "operator_policies") {
+		for _, warning := range applied.Warnings() {
+			w.logger.Warn(warning, "file", old.Path)
+		}
 	}
 	return nil
 }

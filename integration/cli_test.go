@@ -210,7 +210,9 @@ func TestCLIHelp(t *testing.T) {
 		{name: "ctl help set_policy", args: []string{"ctl", "help", "set_policy"}, wantOut: []string{"Usage: amqp-mirror ctl set_policy [-p VHOST]"}},
 		{name: "ctl set_policy --help", args: []string{"ctl", "set_policy", "--help"}, wantFlags: []string{"vhost", "quiet", "help", "priority", "apply-to"}},
 		{name: "ctl list_policies --help", args: []string{"ctl", "list_policies", "--help"}, wantFlags: []string{"vhost", "quiet", "help", "explain", "formatter", "config", "admin", "token"}},
-		{name: "help", args: []string{"help"}, wantOut: []string{"amqp-mirror serve", "amqp-mirror ctl", "amqp-mirror demo", "amqp-mirror keygen", "amqp-mirror tls"}},
+		{name: "help", args: []string{"help"}, wantOut: []string{"amqp-mirror serve", "amqp-mirror ctl", "amqp-mirror demo", "amqp-mirror keygen", "amqp-mirror tls", "amqp-mirror version"}},
+		{name: "--version", args: []string{"--version"}, wantOut: []string{"amqp-mirror ", " (go1."}},
+		{name: "version", args: []string{"version"}, wantOut: []string{"amqp-mirror ", " (go1."}},
 		{name: "help tls", args: []string{"help", "tls"}, wantOut: []string{"amqp-mirror tls ca", "amqp-mirror tls cert member NAME", "identity"}},
 		{name: "tls cert --help", args: []string{"tls", "cert", "--help"}, wantFlags: []string{"dir", "identity", "dns", "ip", "days"}, wantOut: []string{"amqp-mirror tls cert server"}},
 	}
@@ -244,7 +246,8 @@ func TestCLIHelp(t *testing.T) {
 		}
 	}
 
-	// Help and README tell the same story: what is not used yet, and what a reload does.
+	// Help and the configuration reference tell the same story: what is not
+	// used yet, and what a reload does.
 	r := cli.run(t, nil, "help", "serve")
 	described := cliFlagDescriptions(r.stdout)
 	for _, name := range []string{"cluster.bind", "cluster.join"} {
@@ -252,7 +255,7 @@ func TestCLIHelp(t *testing.T) {
 			t.Errorf("--%s: description %q still says %q; serve starts the sidecar cluster", name, described[name], config.NotUsedYet)
 		}
 	}
-	readme, err := os.ReadFile("../README.md")
+	reference, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,8 +269,8 @@ func TestCLIHelp(t *testing.T) {
 		if !strings.Contains(flat(r.stdout), same) {
 			t.Errorf("help serve does not say %q; got:\n%s", same, r.stdout)
 		}
-		if !strings.Contains(strings.ToLower(flat(string(readme))), strings.ToLower(same)) {
-			t.Errorf("README does not say %q", same)
+		if !strings.Contains(strings.ToLower(flat(string(reference))), strings.ToLower(same)) {
+			t.Errorf("docs/configuration.md does not say %q", same)
 		}
 	}
 	if strings.Contains(r.stdout, "reloads the policies") {

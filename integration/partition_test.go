@@ -220,7 +220,7 @@ func TestSidecarPartition(t *testing.T) {
 	// (rabbit3) holds at least what the master holds, and may hold a few more: the cut
 	// is made one rule after another, so a publish of proxy 1's in flight at the cut
 	// can reach rabbit3 and not rabbit2; never confirmed, it stays on rabbit3 (see the
-	// README's "Not guaranteed"). Which messages they hold is checked after the
+	// docs/guarantees.md, "Not guaranteed"). Which messages they hold is checked after the
 	// consume below.
 	confirmedTotal := first.confirmedCount() + second.confirmedCount() + third.confirmedCount()
 	unconfirmedAtCut := first.sentCount() - first.confirmedCount()

@@ -37,7 +37,7 @@ import (
 //     test's client wrapper does that; they go back home once their node is back);
 //   - every confirmed body is consumed at the end, and a message delivered again through
 //     the proxy process that delivered it before carries redelivered. Through another
-//     proxy it may not (README, "Not guaranteed": a proxy knows only its own
+//     proxy it may not (docs/guarantees.md, "Not guaranteed": a proxy knows only its own
 //     deliveries; after a kill a client of the killed proxy consumes through another);
 //     those are counted and logged with where each delivery came from.
 //
@@ -654,7 +654,7 @@ func (l *killLoad) finish(t *testing.T) {
 	t.Logf("%d published, %d confirmed, %d nacked, %d received (%d of them more than once, always with redelivered unless reported); the killed proxies' clients reconnected %d times (%d more consumes refused while a master was down); every confirmed message received %v after publishing stopped",
 		len(l.publishedAt), len(l.confirmed), l.nacked, len(l.received), duplicates, l.reconnects, l.refused, time.Since(stopped).Round(time.Millisecond))
 	if len(l.unflagged) > 0 {
-		t.Logf("%d delivered again without redelivered through another proxy process than the first time (not guaranteed, see the README): %s",
+		t.Logf("%d delivered again without redelivered through another proxy process than the first time (not guaranteed, see docs/guarantees.md): %s",
 			len(l.unflagged), strings.Join(l.unflagged, "; "))
 	}
 }

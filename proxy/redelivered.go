@@ -44,7 +44,7 @@ import (
 //
 // Each proxy knows only its own deliveries: a message delivered through one
 // proxy and then, after a promotion, through another may still arrive there
-// without the flag (the README says so). Messages without an identity (on
+// without the flag (docs/guarantees.md says so). Messages without an identity (on
 // the broker before the proxy) are not tracked: their content is their only
 // identity, and two equal bodies are not a redelivery.
 const (

@@ -19,6 +19,9 @@ type Client struct {
 	BaseURL string // e.g. http://127.0.0.1:15680
 	Token   string
 	HTTP    *http.Client // nil means http.DefaultClient
+	// Warn, when set, receives the warnings an answer carries (a
+	// set_policy naming unknown backends); nil drops them.
+	Warn func(warning string)
 }
 
 // APIError is a refusal from the server, carrying its message.
@@ -175,6 +178,11 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 			e.Error = strings.TrimSpace(string(data))
 		}
 		return &APIError{Status: resp.StatusCode, Message: e.Error}
+	}
+	if c.Warn != nil {
+		for _, warning := range resp.Header.Values(WarningHeader) {
+			c.Warn(warning)
+		}
 	}
 	if out == nil {
 		return nil

@@ -323,9 +323,11 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 			return code
 		}
 	}
+	warned := *client
+	warned.Warn = func(warning string) { fmt.Fprintf(stderr, "warning: %s\n", warning) }
 	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
 	defer cancel()
-	if err := cmd.run(ctx, client, o, fs.Args()); err != nil {
+	if err := cmd.run(ctx, &warned, o, fs.Args()); err != nil {
 		err = explainTransport(err, client.BaseURL)
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitCode(err)

@@ -223,3 +223,33 @@ func TestMainConnectionFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestCtlSetPolicyWarnsOfUnknownNodes: ha-mode nodes naming a backend the
+// proxy does not have is accepted, as RabbitMQ accepts an unknown node,
+// and ctl prints the server's warning on stderr.
+func TestCtlSetPolicyWarnsOfUnknownNodes(t *testing.T) {
+	f := newFixture(t, WithBackends([]string{"rabbit1", "rabbit2", "rabbit3"}))
+	tests := []struct {
+		name        string
+		definition  string
+		wantWarning string // "" for none
+	}{
+		{"backend names", `{"ha-mode":"nodes","ha-params":["rabbit1","rabbit2"]}`, ""},
+		{"an Erlang node name", `{"ha-mode":"nodes","ha-params":["rabbit1","rabbit@r9"]}`, `warning: policy "pinned" in vhost "/": ha-params names "rabbit@r9", not a backend`},
+		{"exactly", `{"ha-mode":"exactly","ha-params":2}`, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errOut := ctl(t, f.client, "set_policy", "pinned", "^q", tc.definition)
+			if code != ExitOK {
+				t.Fatalf("exit code: got %d, want %d (stderr %q)", code, ExitOK, errOut)
+			}
+			if tc.wantWarning == "" && errOut != "" {
+				t.Errorf("stderr: got %q, want nothing", errOut)
+			}
+			if tc.wantWarning != "" && !strings.HasPrefix(errOut, tc.wantWarning) {
+				t.Errorf("stderr: got %q, want it to start with %q", errOut, tc.wantWarning)
+			}
+		})
+	}
+}

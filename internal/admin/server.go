@@ -74,8 +74,17 @@ type Server struct {
 	drainer  Drainer      // nil: mirroring is off (drain.go)
 	keyring  Keyring      // nil: no sidecar cluster (keys.go)
 	ready    func() error // nil: always ready (health.go)
+	backends []string
 	mux      *http.ServeMux
 }
+
+// WarningHeader carries, on a set_policy answer, what is legal in the
+// policy but probably a mistake (config.PolicyWarning); ctl prints it.
+const WarningHeader = "Amqp-Mirror-Warning"
+
+// WithBackends names the configured backends, so that set_policy warns
+// about ha-mode nodes names that are not among them.
+func WithBackends(names []string) Option { return func(s *Server) { s.backends = names } }
 
 // Option configures a Server.
 type Option func(*Server)
@@ -234,6 +243,12 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request, vhost, name string,
 	}
 	s.logger.Info("policy set", "vhost", p.VHost, "name", p.Name, "pattern", p.Pattern,
 		"apply_to", p.ApplyTo.String(), "priority", p.Priority, "definition", p.Definition.String(), "operator", operator)
+	if s.backends != nil {
+		if warning := config.PolicyWarning(p, s.backends); warning != "" {
+			s.logger.Warn(warning)
+			w.Header().Set(WarningHeader, warning)
+		}
+	}
 	writeJSON(w, http.StatusOK, p)
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/internal/admin"
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
+	"github.com/amqp-mirror/amqp-mirror/internal/version"
 	"github.com/amqp-mirror/amqp-mirror/mirror/cluster"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
@@ -49,6 +50,11 @@ type Options struct {
 // watcher close, in that order.
 func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	logger := opts.Logger
+	build := version.Read()
+	logger.Info("amqp-mirror starting", append(build.LogAttrs(), "config", cfg.Path, "node", cfg.Node)...)
+	for _, warning := range cfg.Warnings() {
+		logger.Warn(warning, "file", cfg.Path)
+	}
 	store, err := config.OpenPolicyStore(cfg.StateDir, cfg.Policies, cfg.OperatorPolicies)
 	if err != nil {
 		return err
@@ -129,7 +135,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 
 	for _, l := range listeners {
 		servers.start(func() error { return srv.Serve(l) })
-		logger.Info("AMQP listening", "addr", l.Addr().String(), "backend", backend.Name, "backend_addr", backend.Addr)
+		logger.Info("AMQP listening", "addr", l.Addr().String(), "backend", backend.Name, "backend_addr", backend.Addr, "version", build.Version)
 	}
 	if opts.Ready != nil {
 		opts.Ready(listeners[0].Addr().String())
@@ -228,7 +234,7 @@ func startAdmin(ctx context.Context, cfg *config.Config, tlsConfig *tls.Config, 
 		adminLn = tls.NewListener(adminLn, tlsConfig)
 		scheme = "https"
 	}
-	adminOpts := []admin.Option{admin.WithReadiness(ready.check)}
+	adminOpts := []admin.Option{admin.WithReadiness(ready.check), admin.WithBackends(cfg.BackendNames())}
 	if m.engine != nil {
 		adminOpts = append(adminOpts, admin.WithQueues(m.engine))
 	}
