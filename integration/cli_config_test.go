@@ -45,7 +45,7 @@ policies:
   - {name: no-params, pattern: "^q", definition: {ha-mode: exactly}}
 `,
 			want: []string{
-				"listen.admn: unknown key; expected one of the listen keys: [admin amqp amqps tls]",
+				"listen.admn: unknown key; expected one of the listen keys: [admin admin_tls amqp amqps tls]",
 				`backends[1].name: expected a unique backend name, found "rabbit1" again (already backends[0])`,
 				`policies[0].pattern: expected a regular expression, found "^(unclosed"`,
 				`policies[1].definition.ha-params: ha-mode "exactly" needs ha-params, a positive integer (the number of copies); found no ha-params`,

@@ -70,14 +70,18 @@ var integrationParts = [][]string{
 		// proxy_backend_heartbeat_test.go, proxy_backend_tls_test.go
 		"TestProxyNoticesAFrozenBackend",
 		"TestProxyDialsTLSBackends",
+		// sidecar_tls_test.go
+		"TestSidecarRaftPortNeedsAMembersCertificate",
 		// proxy_transparency_test.go, harness_test.go
 		"TestTransparency", "TestNodeLifecycle",
 	},
 	{ // the proxy and mirrored queues: amqp091-go's suite three times (~300 s), transparency,
 		// errors, the harness
 		"TestAmqp091SuiteThroughProxy",
-		// sidecar_keys_test.go
+		// sidecar_keys_test.go, admin_tls_test.go, proxy_backend_mtls_test.go, mirror_maxlength_test.go
 		"TestSidecarGossipNeedsTheKey", "TestSidecarGossipKeyRotation",
+		"TestAdminTLS", "TestBackendTLSClientCertificate", "TestBackendTLSRefusesALooseKey",
+		"TestMirrorMaxLengthRejectPublish",
 		// proxy_*_test.go
 		"TestPikaTransparency", "TestTransparencyAmqpTools",
 		"TestProxyWireAnswersLikeTheBroker",

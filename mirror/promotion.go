@@ -39,6 +39,10 @@ type Promotion struct {
 	Synchronised bool
 	// Reason explains the decision in words, for logs and `ctl`.
 	Reason string
+	// NoLiveSlave is set when nobody was promoted because no slave's
+	// backend counted as live: a slave whose backend comes back while
+	// the master is still lost can be promoted then.
+	NoLiveSlave bool
 }
 
 // Promoted reports whether a slave became master.
@@ -90,7 +94,8 @@ func Promote(m QueueMeta, live LiveSet, cause Cause, def config.Definition) Prom
 		}
 		switch {
 		case oldestLive < 0:
-			p.Reason = fmt.Sprintf("master %s lost (%s): no live slave to promote; the queue waits for its master", m.Master, cause)
+			p.Reason = fmt.Sprintf("master %s lost (%s): no live slave to promote; the queue waits for its master or a slave's backend", m.Master, cause)
+			p.NoLiveSlave = true
 			return p
 		case mode == config.PromoteWhenSynced:
 			p.Reason = fmt.Sprintf("master %s lost (%s): no synchronised slave and ha-promote-on-%s is when-synced; the queue waits for its master", m.Master, cause, cause)

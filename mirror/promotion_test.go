@@ -93,6 +93,10 @@ func TestPromote(t *testing.T) {
 			if !strings.Contains(p.Reason, tt.reason) {
 				t.Errorf("Reason = %q, want it to contain %q", p.Reason, tt.reason)
 			}
+			// Only the want of a live slave is worth deciding again.
+			if want := tt.reason == "no live slave"; p.NoLiveSlave != want {
+				t.Errorf("NoLiveSlave = %v, want %v", p.NoLiveSlave, want)
+			}
 		})
 	}
 }

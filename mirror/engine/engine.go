@@ -108,6 +108,10 @@ type Engine struct {
 	// (SetPaused).
 	paused  atomic.Bool
 	resumed atomic.Int64
+	// unpromoted holds, per queue whose lost master nobody replaced, the
+	// reason last logged (mirror.QueueID → string), so that a decision
+	// taken again every second is logged once.
+	unpromoted sync.Map
 
 	negMu    sync.Mutex
 	negative map[mirror.QueueID]time.Time // queues no backend had, until when

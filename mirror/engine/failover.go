@@ -75,7 +75,7 @@ func (e *Engine) backendLost(ev controllink.Event) {
 	}
 	live := e.live()
 	delete(live, ev.Backend) // whatever the watcher says now, this event is a loss
-	failed, deferred := false, false
+	failed, deferred, waiting := false, false, false
 	settling := e.settlingAfterPause()
 	for _, m := range e.opts.Store.List() {
 		e.cancelSyncTo(m.ID, ev.Backend)
@@ -84,7 +84,9 @@ func (e *Engine) backendLost(ev controllink.Event) {
 		case m.Master == ev.Backend && settling:
 			deferred = true
 		case m.Master == ev.Backend:
-			err = e.promote(m.ID, ev, cause, live)
+			var noLiveSlave bool
+			noLiveSlave, err = e.promote(m.ID, ev, cause, live)
+			waiting = waiting || noLiveSlave
 		case m.SlaveIndex(ev.Backend) >= 0:
 			_, err = e.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 				return mirror.SlaveLost(m, ev.Backend)
@@ -95,10 +97,12 @@ func (e *Engine) backendLost(ev controllink.Event) {
 	if deferred {
 		e.log.Info("a master's backend lost soon after this proxy served again; its promotion is left to the other proxies for now", "backend", ev.Backend)
 	}
-	if failed || deferred {
+	if failed || deferred || waiting {
 		// A write that could not be recorded (in a cluster: no leader
-		// during an election) is decided again a moment later, while the
-		// backend is still down.
+		// during an election), or a queue whose slaves' backends all
+		// counted down at that moment (probes that time out on a loaded
+		// host), is decided again a moment later, while the backend is
+		// still down.
 		e.retryLoss(ev)
 	}
 }
@@ -122,7 +126,9 @@ func (e *Engine) retryLoss(ev controllink.Event) {
 
 // promote replaces the lost master of a queue, deciding again on the
 // current record if another writer got there first.
-func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.Cause, live mirror.LiveSet) error {
+//
+// noLiveSlave reports that nobody was promoted for want of a live slave.
+func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.Cause, live mirror.LiveSet) (noLiveSlave bool, err error) {
 	def, _ := e.definition(id)
 	var p mirror.Promotion
 	meanwhile := false
@@ -141,8 +147,13 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 	case meanwhile:
 		log.Info("master lost; already replaced", "from", ev.Backend, "master", written.Master, "epoch", written.Epoch)
 	case !p.Promoted():
-		log.Warn("master lost; nobody promoted", "master", ev.Backend, "cause", cause.String(), "reason", p.Reason)
+		// Decided again every second while it waits for a slave's backend:
+		// said once per queue and reason.
+		if last, seen := e.unpromoted.Swap(id, p.Reason); !seen || last != p.Reason {
+			log.Warn("master lost; nobody promoted", "master", ev.Backend, "cause", cause.String(), "reason", p.Reason)
+		}
 	default:
+		e.unpromoted.Delete(id)
 		// What the new master's trimmer held is ready again there once it
 		// stops: the messages clients may not have acked, requeued.
 		requeued := 0
@@ -154,7 +165,7 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", cause.String(),
 			"since_detection", time.Since(ev.At), "reason", p.Reason)
 	}
-	return err
+	return p.NoLiveSlave && err == nil && !meanwhile, err
 }
 
 // backendBack lets the copies a returning backend held when it was lost
