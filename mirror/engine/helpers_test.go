@@ -1,12 +1,14 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +35,40 @@ func quietLogger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// failureLogger is quietLogger, except that what the engine and the
+// watcher logged is shown when the test fails: a failure on a loaded
+// machine is then read from its log rather than guessed at.
+func failureLogger(t *testing.T) *slog.Logger {
+	if testing.Verbose() {
+		return quietLogger()
+	}
+	log := &lockedBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the engine's and the watcher's log:\n%s", log.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// lockedBuffer is a log that goroutines write while a cleanup reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // harness is an engine on the three brokers, as serve builds it.
@@ -73,6 +109,7 @@ func newHarnessWith(t *testing.T, dir string, policies *config.PolicyStore, chan
 		}
 	}
 	h := &harness{policies: policies, dir: dir}
+	logger := failureLogger(t)
 	var err error
 	h.store, err = store.Open(store.Config{Dir: dir, NodeID: "test", Logger: quietLogger(), ElectionTimeout: 100 * time.Millisecond})
 	if err != nil {
@@ -83,13 +120,13 @@ func newHarnessWith(t *testing.T, dir string, policies *config.PolicyStore, chan
 	if err := h.store.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
-	h.watcher = controllink.NewWatcher(backendsOf(brokers), controllink.WatcherOptions{Logger: quietLogger()})
+	h.watcher = controllink.NewWatcher(backendsOf(brokers), controllink.WatcherOptions{Logger: logger})
 	options := Options{
 		Backends: backendsOf(brokers),
 		Store:    h.store,
 		Policies: policies,
 		Watcher:  h.watcher,
-		Logger:   quietLogger(),
+		Logger:   logger,
 		Interval: 200 * time.Millisecond,
 	}
 	if change != nil {
