@@ -75,7 +75,7 @@ type Peers interface {
 // that bound may publish through another proxy (or tell someone who does)
 // as soon as it has its bind-ok.
 func (e *Engine) appliedEverywhere(ctx context.Context, index uint64) {
-	if !e.clustered() {
+	if !e.roles.clustered {
 		return
 	}
 	if err := e.opts.Peers.WaitApplied(ctx, index); err != nil {
@@ -83,38 +83,45 @@ func (e *Engine) appliedEverywhere(ctx context.Context, index uint64) {
 	}
 }
 
-// clustered reports whether the engine shares its work with other
-// proxies (Options.Peers set).
-func (e *Engine) clustered() bool { return e.opts.Peers != nil }
+// roles says which work on a queue falls to this proxy: all of it for one
+// proxy alone, the work of its own node in a cluster. It is a plain value,
+// fixed at New.
+type roles struct {
+	node string // Options.Node
+	// clustered is set when the engine shares its work with other proxies
+	// (Options.Peers set).
+	clustered bool
+}
+
+func newRoles(opts Options) roles { return roles{node: opts.Node, clustered: opts.Peers != nil} }
 
 // trimsHere reports whether this proxy trims the slave copy on backend:
 // every copy for one proxy alone, the copies on its own node in a
 // cluster.
-func (e *Engine) trimsHere(backend string) bool {
-	return !e.clustered() || backend == e.opts.Node
+func (r roles) trimsHere(backend string) bool {
+	return !r.clustered || backend == r.node
 }
 
 // coordinates reports whether this proxy carries out policy changes and
 // expiry for m: always for one proxy alone, when m's master is on its
 // own node in a cluster.
-func (e *Engine) coordinates(m mirror.QueueMeta) bool {
-	return !e.clustered() || m.Master == e.opts.Node
+func (r roles) coordinates(m mirror.QueueMeta) bool {
+	return !r.clustered || m.Master == r.node
 }
 
 // syncTargets filters the slaves a sync should copy to down to those this
 // proxy synchronises: all of them alone; in a cluster its own node's
 // slave, and only when it is the first of targets (join order) on a live
 // backend, so that two proxies never copy from one master at once.
-func (e *Engine) syncTargets(targets []string) []string {
-	if !e.clustered() {
+func (r roles) syncTargets(targets []string, live mirror.LiveSet) []string {
+	if !r.clustered {
 		return targets
 	}
-	live := e.live()
 	for _, t := range targets {
 		if !live.Has(t) {
 			continue
 		}
-		if t == e.opts.Node {
+		if t == r.node {
 			return []string{t}
 		}
 		return nil
@@ -261,7 +268,7 @@ type ownCopiesCheck struct {
 // synchronising by then.
 func (e *Engine) checkOwnCopies() {
 	c := &e.ownCopies
-	if c.done || !e.clustered() || e.opts.Node == "" {
+	if c.done || !e.roles.clustered || e.opts.Node == "" {
 		return
 	}
 	if c.first.IsZero() {
@@ -359,7 +366,7 @@ func (e *Engine) purgeRemote(ctx context.Context, backend string, id mirror.Queu
 // settleRemote hands the settles (rejections with reject) of the queue's
 // slaves on other nodes to their proxies.
 func (e *Engine) settleRemote(id mirror.QueueID, ids []mirror.MessageID, reject bool) {
-	if !e.clustered() {
+	if !e.roles.clustered {
 		return
 	}
 	m, ok := e.Lookup(id)

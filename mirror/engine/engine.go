@@ -90,11 +90,10 @@ type Engine struct {
 	opts     Options
 	log      *slog.Logger
 	backends []string
+	roles    roles // which work falls to this proxy (cluster.go)
 
-	// snapshot is what Lookup reads (see snapshot.go), replaced as a whole,
-	// never modified.
-	snapshot  atomic.Pointer[snapshot]
-	rebuildMu sync.Mutex // serialises replacing it, so that an older List never overwrites a newer write
+	// view is what Lookup reads (snapshot.go).
+	view *snapshots
 
 	// unacked counts what this proxy's clients hold unacknowledged
 	// (CountUnackedWith).
@@ -109,10 +108,9 @@ type Engine struct {
 	paused  atomic.Bool
 	resumed atomic.Int64
 
-	negMu    sync.Mutex
-	negative map[mirror.QueueID]time.Time // queues no backend had, until when
+	negative *negativeCache // Resolve's (resolve.go)
 
-	replies replyNodes // each backend's Erlang node, for direct reply-to
+	replies *replyNodes // each backend's Erlang node, for direct reply-to
 
 	mu     sync.RWMutex
 	queues map[mirror.QueueID]*queueState
@@ -202,16 +200,18 @@ func New(opts Options) *Engine {
 	e := &Engine{
 		opts:     opts,
 		log:      log,
-		negative: make(map[mirror.QueueID]time.Time),
+		roles:    newRoles(opts),
+		negative: newNegativeCache(opts.NegativeCache),
 		queues:   make(map[mirror.QueueID]*queueState),
 		lost:     make(map[string]map[mirror.QueueID]bool),
 		wake:     make(chan struct{}, 1),
+		view:     newSnapshots(opts.Store),
+		replies:  &replyNodes{watcher: opts.Watcher, timeout: opts.OperationTimeout},
 	}
 	for _, b := range opts.Backends {
 		e.backends = append(e.backends, b.Name)
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.snapshot.Store(&snapshot{})
 	return e
 }
 
@@ -227,7 +227,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		return errors.New("mirror engine: started twice")
 	}
 	e.awaitVerdicts(ctx)
-	e.rebuild()
+	e.view.rebuild()
 	changes, stopChanges := e.opts.Store.Changes()
 	policies, stopPolicies := e.opts.Policies.Subscribe()
 	e.wg.Add(3)
@@ -242,7 +242,7 @@ func (e *Engine) Start(ctx context.Context) error {
 				if !ok {
 					return
 				}
-				e.rebuild()
+				e.view.rebuild()
 			}
 		}
 	}()

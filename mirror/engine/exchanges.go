@@ -115,7 +115,7 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 			}
 		}
 	}
-	e.rebuild()
+	e.view.rebuild()
 }
 
 // ExchangeBound records an exchange-to-exchange binding added (bound true)
@@ -165,7 +165,7 @@ func (e *Engine) BoundUnrecorded(ctx context.Context, exchange mirror.ExchangeID
 // read again on a conflict with another writer. The Lookup snapshot is
 // rebuilt at once: the client's next publish must be routed by it.
 func (e *Engine) updateExchange(ctx context.Context, id mirror.ExchangeID, change func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool)) error {
-	defer e.rebuild()
+	defer e.view.rebuild()
 	for range maxConflicts {
 		cur, exists := e.opts.Store.GetExchange(id)
 		next, write := change(cur, exists)
@@ -198,17 +198,7 @@ func (e *Engine) updateExchange(ctx context.Context, id mirror.ExchangeID, chang
 // Routing returns the routing table of the metadata as this proxy sees
 // it now; the same table until the metadata changes, so a caller may keep
 // a route it computed while Routing returns the same table.
-func (e *Engine) Routing() *mirror.RoutingTable {
-	s := e.snapshot.Load()
-	if t := s.routing.Load(); t != nil {
-		return t
-	}
-	t := mirror.NewRoutingTable(e.backends, s.exchanges, s.queues())
-	if !s.routing.CompareAndSwap(nil, t) {
-		return s.routing.Load()
-	}
-	return t
-}
+func (e *Engine) Routing() *mirror.RoutingTable { return e.view.routing(e.backends) }
 
 // WaitApplied returns once this proxy has applied the metadata log up to
 // index and its routing shows it (another proxy recorded a binding and
@@ -217,6 +207,6 @@ func (e *Engine) WaitApplied(ctx context.Context, index uint64) error {
 	if err := e.opts.Store.WaitApplied(ctx, index); err != nil {
 		return err
 	}
-	e.rebuild()
+	e.view.rebuild()
 	return nil
 }

@@ -163,7 +163,7 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 // master has nothing to do. Copies that rejoined leave queues; the loop
 // tries the rest again later.
 func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
-	if !e.trimsHere(backend) {
+	if !e.roles.trimsHere(backend) {
 		// In a cluster the proxy beside the backend lets its copies rejoin
 		// (cluster.go): a purge from a second proxy could come after the
 		// rejoin and empty what was published to the copy since.
@@ -237,7 +237,7 @@ func (e *Engine) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirror
 			continue
 		}
 		if err == nil {
-			e.noteWrite(written)
+			e.view.noteWrite(written)
 		}
 		return written, err
 	}

@@ -109,7 +109,7 @@ func (e *Engine) handleMissed() {
 // to it before the purge.
 func (e *Engine) resyncSlave(id mirror.QueueID, backend string) {
 	log := e.log.With("queue", id.Name, "vhost", id.VHost, "backend", backend)
-	local := e.trimsHere(backend)
+	local := e.roles.trimsHere(backend)
 	if !local {
 		ctx, cancel := e.opContext()
 		err := e.purgeRemote(ctx, backend, id)
@@ -159,18 +159,5 @@ func (e *Engine) Holds(backend string, queue *mirror.QueueID) bool {
 		m, ok := e.Lookup(*queue)
 		return ok && holds(m)
 	}
-	// The lock-free snapshot, as Lookup reads it: recent writes override
-	// the base.
-	s := e.snapshot.Load()
-	for _, w := range s.recent {
-		if !w.deleted && holds(w.meta) {
-			return true
-		}
-	}
-	for id, m := range s.base {
-		if _, overridden := s.recent[id]; !overridden && holds(m) {
-			return true
-		}
-	}
-	return false
+	return e.view.anyQueue(holds)
 }

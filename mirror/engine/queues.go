@@ -54,7 +54,7 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	placement := mirror.Placement{
 		Backends:   candidates,
 		Live:       live,
-		Masters:    e.countMasters(),
+		Masters:    e.view.countMasters(e.backends),
 		ClientNode: clientNode,
 		Random:     random,
 	}
@@ -72,24 +72,6 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	return out, nil
 }
 
-// countMasters counts the queues each backend masters, from the Lookup
-// snapshot (no copy of the Store's state).
-func (e *Engine) countMasters() map[string]int {
-	s := e.snapshot.Load()
-	counts := make(map[string]int, len(e.backends))
-	for id, m := range s.base {
-		if _, overridden := s.recent[id]; !overridden {
-			counts[m.Master]++
-		}
-	}
-	for _, w := range s.recent {
-		if !w.deleted {
-			counts[w.meta.Master]++
-		}
-	}
-	return counts
-}
-
 // Declared records a queue the proxy declared on every backend of q and
 // starts trimming its slaves. When the queue was recorded meanwhile (by
 // another client or proxy), the stored record is returned.
@@ -103,8 +85,8 @@ func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.Queue
 	if err != nil {
 		return mirror.QueueMeta{}, err
 	}
-	e.forgetNegative(q.ID)
-	e.noteWrite(written)
+	e.negative.forget(q.ID)
+	e.view.noteWrite(written)
 	e.startTrimmers(written)
 	return written, nil
 }
@@ -136,7 +118,7 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 		break
 	}
 	if _, ok := e.opts.Store.Get(id); !ok {
-		e.noteDelete(id)
+		e.view.noteDelete(id)
 	}
 }
 
@@ -183,7 +165,7 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 			var err error
 			if tr := trimmers[backend]; tr != nil {
 				_, err = tr.t.Purge(ctx)
-			} else if !e.trimsHere(backend) {
+			} else if !e.roles.trimsHere(backend) {
 				err = e.purgeRemote(ctx, backend, id) // cluster.go
 			} else {
 				err = e.purgeCopy(backend, id)
@@ -253,7 +235,7 @@ func (e *Engine) changeBindings(ctx context.Context, id mirror.QueueID, change f
 		if err != nil {
 			return err
 		}
-		e.noteWrite(written)
+		e.view.noteWrite(written)
 		e.appliedEverywhere(ctx, written.Version)
 		return nil
 	}

@@ -33,12 +33,12 @@ func (e *Engine) reconcileAll() {
 		def, _ := e.definition(m.ID)
 		plan := mirror.Reconcile(m, def, e.backends, live)
 		if plan.Changed() {
-			if e.coordinates(m) {
+			if e.roles.coordinates(m) {
 				e.carryOut(m, plan, def)
 			}
 			continue
 		}
-		if sync := e.syncTargets(plan.Sync); len(sync) > 0 {
+		if sync := e.roles.syncTargets(plan.Sync, e.live()); len(sync) > 0 {
 			e.startSync(m.ID, sync, def, false)
 		}
 	}
@@ -75,7 +75,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 		log.Log(e.ctx, level, "cannot record a policy change; retrying later", "err", err)
 		return
 	}
-	e.noteWrite(written)
+	e.view.noteWrite(written)
 	if len(plan.Add) > 0 {
 		log.Info("slaves added", "backends", plan.Add, "slaves", written.Backends()[1:])
 	}
@@ -88,7 +88,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 	for _, b := range plan.Add {
 		e.ensureTrimmer(written, b)
 	}
-	if sync := e.syncTargets(plan.Sync); len(sync) > 0 {
+	if sync := e.roles.syncTargets(plan.Sync, e.live()); len(sync) > 0 {
 		e.startSync(written.ID, sync, def, false)
 	} else if len(plan.Add) > 0 {
 		// A slave that joins an empty queue is synchronised at once.
@@ -109,7 +109,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 func (e *Engine) checkExpired() {
 	live := e.live()
 	for _, m := range e.opts.Store.List() {
-		if !m.AutoDelete && !hasKey(m.Arguments, "x-expires") || !live.Has(m.Master) || !e.coordinates(m) {
+		if !m.AutoDelete && !hasKey(m.Arguments, "x-expires") || !live.Has(m.Master) || !e.roles.coordinates(m) {
 			continue
 		}
 		if ok, err := e.exists(m.Master, m.ID); ok || err != nil {
@@ -134,7 +134,7 @@ func (e *Engine) forget(m mirror.QueueMeta, why string) {
 		e.log.Warn("cannot remove a queue's record", "queue", m.ID.Name, "vhost", m.ID.VHost, "err", err)
 		return
 	}
-	e.noteDelete(m.ID)
+	e.view.noteDelete(m.ID)
 	e.log.Info("queue forgotten", "queue", m.ID.Name, "vhost", m.ID.VHost, "why", why)
 }
 

@@ -77,7 +77,7 @@ func (e *Engine) countUnacked(ctx context.Context, vhost string) (counts map[mir
 	if f := e.unacked.Load(); f != nil {
 		maps.Copy(counts, (*f)(vhost))
 	}
-	if !e.clustered() {
+	if !e.roles.clustered {
 		return counts, true
 	}
 	ctx, cancel := context.WithTimeout(ctx, unackedAskTimeout)

@@ -61,7 +61,7 @@ func (e *Engine) SyncQueue(ctx context.Context, id mirror.QueueID) error {
 		}
 	}
 	def, _ := e.definition(id)
-	if e.clustered() {
+	if e.roles.clustered {
 		return e.syncInCluster(ctx, id, targets) // cluster.go
 	}
 	e.startSync(id, targets, def, true)

@@ -27,7 +27,7 @@ func (e *Engine) startTrimmers(m mirror.QueueMeta) {
 // ensureTrimmer makes sure the slave on backend has a trimmer on the
 // watcher's current connection to it.
 func (e *Engine) ensureTrimmer(m mirror.QueueMeta, backend string) {
-	if !e.trimsHere(backend) {
+	if !e.roles.trimsHere(backend) {
 		return // another node's proxy trims it (cluster.go)
 	}
 	conn, gen, err := e.conn(backend, m.ID.VHost)
@@ -246,7 +246,7 @@ func (e *Engine) markSlave(id mirror.QueueID, backend string, synchronised bool)
 		}
 		if err == nil {
 			e.log.Info("slave synchronisation recorded", "queue", id.Name, "vhost", id.VHost, "backend", backend, "synchronised", synchronised)
-			e.noteWrite(written)
+			e.view.noteWrite(written)
 		}
 		return err
 	}

@@ -71,7 +71,7 @@ func (e *Engine) unrecordedQueues(ctx context.Context, vhost string) []mirror.Un
 	if f := e.unrecorded.Load(); f != nil {
 		out = (*f)(vhost)
 	}
-	if !e.clustered() {
+	if !e.roles.clustered {
 		return out
 	}
 	ctx, cancel := context.WithTimeout(ctx, unackedAskTimeout)
