@@ -157,7 +157,7 @@ func (e *Engine) RejectLocal(id mirror.QueueID, ids []mirror.MessageID) {
 // (SyncLocal, here or there), and hands the request on to the next when
 // it is done, so that the slaves are synchronised one after another.
 func (e *Engine) syncInCluster(ctx context.Context, id mirror.QueueID, targets []string) error {
-	live := e.live()
+	live := e.liveness.live()
 	for _, t := range targets {
 		if !live.Has(t) {
 			continue
@@ -318,7 +318,7 @@ func (e *Engine) ownUnsynchronised() map[mirror.QueueID]bool {
 // log held at start that name this node. A copy it cannot delete now (the
 // broker is not up yet) goes when a client names the queue (Resolve).
 func (e *Engine) buryMissedDeletes() {
-	if !e.up(e.opts.Node) {
+	if !e.liveness.up(e.opts.Node) {
 		return
 	}
 	buried := 0
@@ -329,7 +329,7 @@ func (e *Engine) buryMissedDeletes() {
 		if _, recorded := e.opts.Store.Get(ts.ID); recorded {
 			continue // declared again since
 		}
-		if _, err := e.buryCopies(ts.ID, []string{e.opts.Node}); err != nil {
+		if _, err := e.operator.buryCopies(ts.ID, []string{e.opts.Node}); err != nil {
 			e.log.Warn("cannot delete this node's copy of a queue deleted while it was down", "queue", ts.ID.Name, "vhost", ts.ID.VHost, "err", err)
 			continue
 		}
@@ -348,7 +348,7 @@ func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
 		_, err := tr.t.Purge(ctx)
 		return err
 	}
-	return e.purgeCopy(e.opts.Node, id)
+	return e.operator.purgeCopy(e.opts.Node, id)
 }
 
 // purgeRemote empties a slave copy another node's proxy trims, through
@@ -360,7 +360,7 @@ func (e *Engine) purgeRemote(ctx context.Context, backend string, id mirror.Queu
 		return nil
 	}
 	e.log.Warn("the proxy beside a slave could not purge it; purging it directly", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
-	return e.purgeCopy(backend, id)
+	return e.operator.purgeCopy(backend, id)
 }
 
 // settleRemote hands the settles (rejections with reject) of the queue's

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
@@ -110,47 +109,8 @@ func (d *drainedSet) list() []string {
 	return out
 }
 
-// placeable returns the live backends that are not drained: where new
-// masters and slaves may go.
-func (e *Engine) placeable() mirror.LiveSet {
-	live := e.live()
-	for _, b := range e.drained.list() {
-		delete(live, b)
-	}
-	return live
-}
-
-// placeableIn is placeable without the backends that refuse the proxy's
-// account in vhost (it is missing there, or the account lacks
-// permissions): no copy of that vhost's queues can be made or kept in
-// step there. Asking is cheap: the watcher keeps a connection per vhost,
-// and a refusal for a few seconds before it asks the broker again.
-func (e *Engine) placeableIn(vhost string) mirror.LiveSet {
-	live := e.placeable()
-	for b := range live {
-		if !e.accepts(b, vhost) {
-			delete(live, b)
-		}
-	}
-	return live
-}
-
-// accepts reports whether the proxy's account can work in vhost on
-// backend.
-func (e *Engine) accepts(backend, vhost string) bool {
-	_, _, err := e.opts.Watcher.VHostConn(backend, vhost)
-	return err == nil
-}
-
 // Drained returns the drained backends, sorted.
-func (e *Engine) Drained() []string { return e.drained.list() }
-
-func (e *Engine) checkBackend(backend string) error {
-	if slices.Contains(e.backends, backend) {
-		return nil
-	}
-	return fmt.Errorf("backend '%s' (configured: %s): %w", backend, strings.Join(e.backends, ", "), ErrUnknownBackend)
-}
+func (e *Engine) Drained() []string { return e.liveness.drained.list() }
 
 // Drain stops placing copies on backend and moves every queue off it: the
 // masters there are promoted per ha-promote-on-shutdown (the epoch rises),
@@ -164,11 +124,11 @@ func (e *Engine) checkBackend(backend string) error {
 // Changes that could not be recorded are in the report (Error); the call
 // fails only for an unknown backend or when ctx ends.
 func (e *Engine) Drain(ctx context.Context, backend string) (DrainReport, error) {
-	if err := e.checkBackend(backend); err != nil {
+	if err := e.liveness.configured(backend); err != nil {
 		return DrainReport{}, err
 	}
 	// Drained first, so that no reconcile from now on adds a slave there.
-	e.drained.set(backend, true)
+	e.liveness.drained.set(backend, true)
 	e.log.Info("draining backend", "backend", backend)
 	report := DrainReport{Backend: backend, Queues: []DrainedQueue{}}
 	// A reconcile that decided before the backend was drained can still
@@ -201,7 +161,7 @@ func (e *Engine) Drain(ctx context.Context, backend string) (DrainReport, error)
 // drainMaster promotes a slave of the queue in backend's place.
 func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
 	def, _ := e.definition(id)
-	live := e.placeable()
+	live := e.liveness.placeable()
 	delete(live, backend)
 	q := DrainedQueue{ID: id, Role: RoleMaster}
 	var p mirror.Promotion
@@ -265,7 +225,7 @@ func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 	// trimmer is on the proxy beside the backend, which stops it when it
 	// sees the record.
 	e.stopTrimmer(id, backend)
-	if err := e.deleteCopy(backend, id); err != nil {
+	if err := e.operator.deleteCopy(backend, id); err != nil {
 		log.Warn("drain: slave dropped; cannot delete its copy", "err", err)
 	} else {
 		log.Info("drain: slave dropped, copy deleted")
@@ -291,10 +251,10 @@ func (e *Engine) cancelSync(id mirror.QueueID) {
 // policies' slaves come back at the next reconcile (purged, then
 // synchronised per ha-sync-mode). Masters that moved stay where they are.
 func (e *Engine) Undrain(ctx context.Context, backend string) error {
-	if err := e.checkBackend(backend); err != nil {
+	if err := e.liveness.configured(backend); err != nil {
 		return err
 	}
-	e.drained.set(backend, false)
+	e.liveness.drained.set(backend, false)
 	e.log.Info("backend undrained", "backend", backend)
 	e.poke()
 	return nil

@@ -94,6 +94,11 @@ type Engine struct {
 
 	// view is what Lookup reads (snapshot.go).
 	view *snapshots
+	// liveness is which backends count up and take copies (liveness.go).
+	liveness *liveness
+	// operator carries out the engine's own operations on backends
+	// (backend.go).
+	operator *operator
 
 	// unacked counts what this proxy's clients hold unacknowledged
 	// (CountUnackedWith).
@@ -101,12 +106,6 @@ type Engine struct {
 	// unrecorded lists the queues this proxy's clients declared that the
 	// log does not record (ListUnrecordedWith).
 	unrecorded atomic.Pointer[func(vhost string) []mirror.UnrecordedQueue]
-
-	// paused is set while the proxy is paused in a partition's minority,
-	// resumed is when it last served again, in Unix nanoseconds
-	// (SetPaused).
-	paused  atomic.Bool
-	resumed atomic.Int64
 
 	negative *negativeCache // Resolve's (resolve.go)
 
@@ -124,11 +123,6 @@ type Engine struct {
 	// ownCopies is the loop's check of this node's copies at a cluster
 	// proxy's start (cluster.go).
 	ownCopies ownCopiesCheck
-	// drained are the backends `ctl drain` emptied (drain.go).
-	drained drainedSet
-	// failedMembers are the backends whose proxy serf declared failed
-	// (liveness.go).
-	failedMembers memberFailures
 	// missed are the slave copies the proxy reported short of a publish
 	// (missed.go).
 	missed missedCopies
@@ -206,11 +200,13 @@ func New(opts Options) *Engine {
 		lost:     make(map[string]map[mirror.QueueID]bool),
 		wake:     make(chan struct{}, 1),
 		view:     newSnapshots(opts.Store),
+		operator: &operator{watcher: opts.Watcher, backends: opts.Backends, store: opts.Store, log: log, timeout: opts.OperationTimeout},
 		replies:  &replyNodes{watcher: opts.Watcher, timeout: opts.OperationTimeout},
 	}
 	for _, b := range opts.Backends {
 		e.backends = append(e.backends, b.Name)
 	}
+	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e
 }
@@ -226,7 +222,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if !started {
 		return errors.New("mirror engine: started twice")
 	}
-	e.awaitVerdicts(ctx)
+	e.liveness.awaitVerdicts(ctx)
 	e.view.rebuild()
 	changes, stopChanges := e.opts.Store.Changes()
 	policies, stopPolicies := e.opts.Policies.Subscribe()
@@ -287,27 +283,6 @@ func (e *Engine) Close() {
 			t.Close()
 		}
 	})
-}
-
-func (e *Engine) awaitVerdicts(ctx context.Context) {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		unknown := false
-		for _, b := range e.backends {
-			if e.opts.Watcher.State(b) == controllink.Unknown {
-				unknown = true
-			}
-		}
-		if !unknown {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // poke asks the background loop to look at every queue now.
@@ -371,7 +346,7 @@ func (e *Engine) handleEvent(ev controllink.Event) {
 // those that could not at the backend's return.
 func (e *Engine) retryRejoins() {
 	for b, queues := range e.lost {
-		if !e.up(b) {
+		if !e.liveness.up(b) {
 			continue
 		}
 		e.backendBack(b, queues)
@@ -379,17 +354,6 @@ func (e *Engine) retryRejoins() {
 			delete(e.lost, b)
 		}
 	}
-}
-
-// live returns the backends the engine counts up (liveness.go).
-func (e *Engine) live() mirror.LiveSet {
-	var up []string
-	for _, b := range e.backends {
-		if e.up(b) {
-			up = append(up, b)
-		}
-	}
-	return mirror.NewLiveSet(up...)
 }
 
 // definition returns the effective policy definition of a queue and the

@@ -32,12 +32,12 @@ func (e *Engine) LookupExchange(id mirror.ExchangeID) (mirror.ExchangeMeta, bool
 // exchange's vhost.
 func (e *Engine) ExchangeAbsent(ctx context.Context, id mirror.ExchangeID) []string {
 	var absent []string
-	live := e.live()
+	live := e.liveness.live()
 	for _, b := range e.opts.Backends {
 		if !live.Has(b.Name) || ctx.Err() != nil {
 			continue
 		}
-		err := e.withChannel(b.Name, id.VHost, func(ch *amqp.Channel) error {
+		err := e.operator.withChannel(b.Name, id.VHost, func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclarePassive(id.Name, "direct", false, false, false, false, nil)
 		})
 		if replyCode(err) == amqp.NotFound {

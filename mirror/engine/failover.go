@@ -47,24 +47,12 @@ func (e *Engine) addEvent(ev controllink.Event) {
 // it serves again, it leaves promotions to the other proxies, which were
 // never cut off: its serf may have seen only one of them alive again so
 // far, and its own probes of the brokers reconnect after the healing too.
-func (e *Engine) SetPaused(paused bool) {
-	if !paused && e.paused.Load() {
-		e.resumed.Store(time.Now().UnixNano())
-	}
-	e.paused.Store(paused)
-}
-
-// settlingAfterPause reports whether the proxy served again less than
-// ResumeSettle ago.
-func (e *Engine) settlingAfterPause() bool {
-	at := e.resumed.Load()
-	return at != 0 && time.Since(time.Unix(0, at)) < e.opts.ResumeSettle
-}
+func (e *Engine) SetPaused(paused bool) { e.liveness.setPaused(paused) }
 
 // backendLost records a backend's loss in the metadata of every queue with
 // a copy there.
 func (e *Engine) backendLost(ev controllink.Event) {
-	if e.paused.Load() {
+	if e.liveness.isPaused() {
 		e.log.Info("backend lost while this proxy is paused in a minority; recorded once it serves again, if still down", "backend", ev.Backend)
 		e.retryLoss(ev)
 		return
@@ -73,10 +61,10 @@ func (e *Engine) backendLost(ev controllink.Event) {
 	if ev.Cause == controllink.CauseShutdown {
 		cause = mirror.CauseShutdown
 	}
-	live := e.live()
+	live := e.liveness.live()
 	delete(live, ev.Backend) // whatever the watcher says now, this event is a loss
 	failed, deferred := false, false
-	settling := e.settlingAfterPause()
+	settling := e.liveness.settlingAfterPause()
 	for _, m := range e.opts.Store.List() {
 		e.cancelSyncTo(m.ID, ev.Backend)
 		var err error
@@ -111,8 +99,8 @@ func (e *Engine) retryLoss(ev controllink.Event) {
 	}
 	time.AfterFunc(time.Second, func() {
 		switch {
-		case e.ctx.Err() != nil || e.up(ev.Backend):
-		case e.paused.Load():
+		case e.ctx.Err() != nil || e.liveness.up(ev.Backend):
+		case e.liveness.isPaused():
 			e.retryLoss(ev)
 		default:
 			e.addEvent(ev)
@@ -174,7 +162,7 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 		m, ok := e.opts.Store.Get(id)
 		if !ok {
 			// Deleted while the backend was down: its copy goes too.
-			if _, err := e.buryCopies(id, []string{backend}); err != nil {
+			if _, err := e.operator.buryCopies(id, []string{backend}); err != nil {
 				e.log.Warn("cannot delete a returning copy of a deleted queue; retrying", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
 				continue
 			}
@@ -188,7 +176,7 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 		// published to it after the purge are trimmed like any.
 		e.cancelSyncTo(id, backend) // it must not call the purged copy synchronised
 		e.stopTrimmer(id, backend)
-		err := e.declareCopy(backend, m) // a transient copy did not survive a restart
+		err := e.operator.declareCopy(backend, m) // a transient copy did not survive a restart
 		if err == nil {
 			e.ensureTrimmer(m, backend)
 			if tr := e.trimmer(id, backend); tr != nil {
@@ -196,7 +184,7 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 				_, err = tr.t.Purge(ctx)
 				cancel()
 			} else {
-				err = e.purgeCopy(backend, id)
+				err = e.operator.purgeCopy(backend, id)
 			}
 		}
 		if err == nil {

@@ -85,7 +85,7 @@ func (e *Engine) handleMissed() {
 	if len(reports) == 0 {
 		return
 	}
-	live := e.live()
+	live := e.liveness.live()
 	for backend, on := range reports {
 		if !live.Has(backend) {
 			e.missed.keep(backend, on)

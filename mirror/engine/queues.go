@@ -7,8 +7,6 @@ import (
 	"slices"
 	"sync"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/store"
@@ -35,7 +33,7 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	if err != nil {
 		return mirror.QueueMeta{}, fmt.Errorf("placing %s: %w", q.ID, err)
 	}
-	live := e.placeableIn(q.ID.VHost) // never on a drained backend (drain.go)
+	live := e.liveness.placeableIn(q.ID.VHost) // never on a drained backend (drain.go)
 	candidates := e.backends
 	if def.HAMode == config.HANodes {
 		// Master on a named backend where one is up: a master elsewhere
@@ -104,7 +102,7 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 			break
 		}
 		for _, s := range m.Slaves {
-			if err := e.deleteCopy(s.Backend, id); err != nil && !errors.Is(err, errBackendDown) {
+			if err := e.operator.deleteCopy(s.Backend, id); err != nil && !errors.Is(err, errBackendDown) {
 				e.log.Debug("cannot delete a slave copy again", "queue", id.Name, "backend", s.Backend, "err", err)
 			}
 		}
@@ -168,7 +166,7 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 			} else if !e.roles.trimsHere(backend) {
 				err = e.purgeRemote(ctx, backend, id) // cluster.go
 			} else {
-				err = e.purgeCopy(backend, id)
+				err = e.operator.purgeCopy(backend, id)
 			}
 			if err != nil {
 				e.log.Warn("cannot purge a slave copy", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
@@ -176,13 +174,6 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 		}(s.Backend)
 	}
 	wg.Wait()
-}
-
-func (e *Engine) purgeCopy(backend string, id mirror.QueueID) error {
-	return e.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
-		_, err := ch.QueuePurge(id.Name, false)
-		return err
-	})
 }
 
 // Bound records a binding made (bound) or removed on every copy of a

@@ -27,7 +27,7 @@ func (e *Engine) reconcileAll() {
 		}
 		live, ok := placeable[m.ID.VHost]
 		if !ok {
-			live = e.placeableIn(m.ID.VHost)
+			live = e.liveness.placeableIn(m.ID.VHost)
 			placeable[m.ID.VHost] = live
 		}
 		def, _ := e.definition(m.ID)
@@ -38,7 +38,7 @@ func (e *Engine) reconcileAll() {
 			}
 			continue
 		}
-		if sync := e.roles.syncTargets(plan.Sync, e.live()); len(sync) > 0 {
+		if sync := e.roles.syncTargets(plan.Sync, e.liveness.live()); len(sync) > 0 {
 			e.startSync(m.ID, sync, def, false)
 		}
 	}
@@ -50,12 +50,12 @@ func (e *Engine) reconcileAll() {
 func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.Definition) {
 	log := e.log.With("queue", read.ID.Name, "vhost", read.ID.VHost)
 	for _, b := range plan.Add {
-		err := e.declareCopy(b, plan.Meta)
+		err := e.operator.declareCopy(b, plan.Meta)
 		if err == nil {
 			// A new slave starts empty: a copy left there (an old master
 			// back after a promotion, a slave dropped while its backend
 			// was down) is stale.
-			err = e.purgeCopy(b, plan.Meta.ID)
+			err = e.operator.purgeCopy(b, plan.Meta.ID)
 		}
 		if err != nil {
 			log.Warn("cannot add a slave; retrying later", "backend", b, "err", err)
@@ -88,7 +88,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 	for _, b := range plan.Add {
 		e.ensureTrimmer(written, b)
 	}
-	if sync := e.roles.syncTargets(plan.Sync, e.live()); len(sync) > 0 {
+	if sync := e.roles.syncTargets(plan.Sync, e.liveness.live()); len(sync) > 0 {
 		e.startSync(written.ID, sync, def, false)
 	} else if len(plan.Add) > 0 {
 		// A slave that joins an empty queue is synchronised at once.
@@ -96,7 +96,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 	}
 	for _, b := range plan.Drop {
 		e.stopTrimmer(written.ID, b)
-		if err := e.deleteCopy(b, written.ID); err != nil {
+		if err := e.operator.deleteCopy(b, written.ID); err != nil {
 			log.Warn("cannot delete a dropped copy", "backend", b, "err", err)
 			continue
 		}
@@ -107,12 +107,12 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 // checkExpired finds queues whose master deleted itself (auto-delete after
 // its last consumer went, x-expires) and removes their slaves and record.
 func (e *Engine) checkExpired() {
-	live := e.live()
+	live := e.liveness.live()
 	for _, m := range e.opts.Store.List() {
 		if !m.AutoDelete && !hasKey(m.Arguments, "x-expires") || !live.Has(m.Master) || !e.roles.coordinates(m) {
 			continue
 		}
-		if ok, err := e.exists(m.Master, m.ID); ok || err != nil {
+		if ok, err := e.operator.exists(m.Master, m.ID); ok || err != nil {
 			continue
 		}
 		e.forget(m, "its master deleted itself")
@@ -124,7 +124,7 @@ func (e *Engine) checkExpired() {
 func (e *Engine) forget(m mirror.QueueMeta, why string) {
 	e.stopQueue(m.ID)
 	for _, s := range m.Slaves {
-		if err := e.deleteCopy(s.Backend, m.ID); err != nil {
+		if err := e.operator.deleteCopy(s.Backend, m.ID); err != nil {
 			e.log.Warn("cannot delete a slave copy", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", s.Backend, "err", err)
 		}
 	}
@@ -160,7 +160,7 @@ func (e *Engine) checkBacklogs() {
 // (the messages it never had). A priority queue delivers out of order, so
 // only an empty master counts there.
 func (e *Engine) checkBacklog(m mirror.QueueMeta) {
-	live := e.live()
+	live := e.liveness.live()
 	if !live.Has(m.Master) || hasKey(m.Arguments, "x-expires") {
 		return
 	}
@@ -170,7 +170,7 @@ func (e *Engine) checkBacklog(m mirror.QueueMeta) {
 	if syncing {
 		return
 	}
-	q, err := e.inspect(m.Master, m.ID)
+	q, err := e.operator.inspect(m.Master, m.ID)
 	if err != nil {
 		return
 	}

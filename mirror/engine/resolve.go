@@ -46,17 +46,17 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 	if e.negative.has(id) {
 		return mirror.QueueMeta{}, false, nil
 	}
-	live := e.live()
+	live := e.liveness.live()
 	var copies []found
 	var errs []error
 	for _, b := range e.backends {
-		if !live.Has(b) || !e.accepts(b, id.VHost) {
+		if !live.Has(b) || !e.liveness.accepts(b, id.VHost) {
 			continue // a backend refusing the vhost cannot be asked, nor hold a copy the proxy can mirror
 		}
 		if err := ctx.Err(); err != nil {
 			return mirror.QueueMeta{}, false, err
 		}
-		q, err := e.inspect(b, id)
+		q, err := e.operator.inspect(b, id)
 		switch replyCode(err) {
 		case 0:
 			if err != nil {
@@ -90,7 +90,7 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 			stale = append(stale, c.backend)
 		}
 	}
-	if buried, err := e.buryCopies(id, stale); buried {
+	if buried, err := e.operator.buryCopies(id, stale); buried {
 		if err != nil {
 			return mirror.QueueMeta{}, false, fmt.Errorf("resolving %s: %w", id, err)
 		}

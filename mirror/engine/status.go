@@ -47,7 +47,7 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]
 		if known {
 			st.MessagesUnacked = counts[m.ID]
 		}
-		if q, err := e.inspect(m.Master, m.ID); err == nil {
+		if q, err := e.operator.inspect(m.Master, m.ID); err == nil {
 			st.MessagesReady, st.Consumers = q.Messages, q.Consumers
 			if known {
 				st.Messages = q.Messages + st.MessagesUnacked

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"sync"
 	"time"
@@ -53,7 +52,7 @@ func (e *Engine) SyncQueue(ctx context.Context, id mirror.QueueID) error {
 	if !ok {
 		return fmt.Errorf("%s: %w", id, mirror.ErrQueueNotFound)
 	}
-	live := e.live()
+	live := e.liveness.live()
 	var targets []string
 	for _, s := range m.Slaves {
 		if !s.Synchronised && live.Has(s.Backend) {
@@ -259,7 +258,7 @@ func (e *Engine) purgePartial(ctx context.Context, id mirror.QueueID, targets []
 // syncSource returns the oldest live synchronised slave that has a
 // trimmer to copy from, "" when there is none.
 func (e *Engine) syncSource(m mirror.QueueMeta) string {
-	live := e.live()
+	live := e.liveness.live()
 	for _, s := range m.Slaves {
 		if s.Synchronised && live.Has(s.Backend) && e.trimmer(m.ID, s.Backend) != nil {
 			return s.Backend
@@ -296,7 +295,7 @@ func (e *Engine) expectCopies(id mirror.QueueID, targets []string) (func(), erro
 // copyFromSlave copies the queue from the synchronised slave on source to
 // the slave on target (controllink.Trimmer.CopyTo).
 func (e *Engine) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, target string, batch int) (int, error) {
-	dst, err := e.dialSync(target, m.ID.VHost)
+	dst, err := e.operator.dial(target, m.ID.VHost)
 	if err != nil {
 		return 0, err
 	}
@@ -319,14 +318,14 @@ func (e *Engine) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, 
 // file). It holds the messages in memory meanwhile: the master's ready
 // count at the start, at most.
 func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets []string, batch int) (copyCount, error) {
-	src, err := e.dialSync(m.Master, m.ID.VHost)
+	src, err := e.operator.dial(m.Master, m.ID.VHost)
 	if err != nil {
 		return copyCount{}, err
 	}
 	defer src.Close()
 	var dsts []*amqp.Connection
 	for _, t := range targets {
-		c, err := e.dialSync(t, m.ID.VHost)
+		c, err := e.operator.dial(t, m.ID.VHost)
 		if err != nil {
 			return copyCount{}, err
 		}
@@ -363,45 +362,6 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 	// basic.get, which is no consumer (and slower: a round trip each).
 	byGet := m.AutoDelete || m.Adopted
 	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, byGet, holds, progress)
-}
-
-// dialSync opens a connection of the proxy's own to backend in vhost for
-// one sync.
-// A sync never uses the watcher's connection: RabbitMQ throttles a
-// connection that publishes fast (credit flow), and the watcher's probes
-// on a throttled connection would go unanswered long enough to call the
-// backend down.
-func (e *Engine) dialSync(backend, vhost string) (*amqp.Connection, error) {
-	for _, b := range e.opts.Backends {
-		if b.Name != backend {
-			continue
-		}
-		url, err := controllink.WithVHost(b.URL, vhost)
-		if err != nil {
-			return nil, fmt.Errorf("backend %s: %w", backend, err)
-		}
-		dialer := &net.Dialer{Timeout: e.opts.OperationTimeout}
-		conn, err := amqp.DialConfig(url, amqp.Config{
-			TLSClientConfig: b.TLS,
-			Heartbeat:       10 * time.Second,
-			Locale:          "en_US",
-			Dial: func(network, addr string) (net.Conn, error) {
-				conn, err := dialer.Dial(network, addr)
-				if err != nil {
-					return nil, err
-				}
-				// Bounds the handshake; amqp091-go clears it once open.
-				conn.SetDeadline(time.Now().Add(e.opts.OperationTimeout))
-				return conn, nil
-			},
-			Properties: amqp.Table{"connection_name": "amqp-mirror sync"},
-		})
-		if err != nil {
-			return nil, fmt.Errorf("backend %s, vhost %q: connecting for a sync: %w", backend, vhost, err)
-		}
-		return conn, nil
-	}
-	return nil, fmt.Errorf("backend %s is not configured", backend)
 }
 
 // copyFromMaster is the copy itself, on the master's connection src to the

@@ -30,7 +30,7 @@ func (e *Engine) ensureTrimmer(m mirror.QueueMeta, backend string) {
 	if !e.roles.trimsHere(backend) {
 		return // another node's proxy trims it (cluster.go)
 	}
-	conn, gen, err := e.conn(backend, m.ID.VHost)
+	conn, gen, err := e.operator.conn(backend, m.ID.VHost)
 	if err != nil {
 		e.stopTrimmer(m.ID, backend) // its connection is gone with the backend, or refused
 		return
@@ -188,13 +188,13 @@ func (e *Engine) copyGone(m mirror.QueueMeta, backend string) {
 		qs.missing[backend] = time.Now()
 	}
 	e.mu.Unlock()
-	if !seen || time.Since(since) < missingGrace || !e.live().Has(m.Master) {
+	if !seen || time.Since(since) < missingGrace || !e.liveness.live().Has(m.Master) {
 		return
 	}
 	if _, recorded := e.opts.Store.Get(m.ID); !recorded {
 		return
 	}
-	exists, err := e.exists(m.Master, m.ID)
+	exists, err := e.operator.exists(m.Master, m.ID)
 	if err != nil {
 		return
 	}

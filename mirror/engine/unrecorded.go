@@ -47,7 +47,7 @@ func (e *Engine) unrecordedStatus(ctx context.Context, vhost string, unacked map
 		if known {
 			st.MessagesUnacked = unacked[u.ID]
 		}
-		q, err := e.inspect(u.Backend, u.ID)
+		q, err := e.operator.inspect(u.Backend, u.ID)
 		switch {
 		case err == nil:
 			st.MessagesReady, st.Consumers = q.Messages, q.Consumers
