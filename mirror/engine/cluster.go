@@ -69,20 +69,6 @@ type Peers interface {
 	WaitApplied(ctx context.Context, index uint64) error
 }
 
-// appliedEverywhere waits until the other proxies of a cluster have
-// applied a binding's write at index: publishes through any of them are
-// routed by the bindings their own copy of the log shows, and the client
-// that bound may publish through another proxy (or tell someone who does)
-// as soon as it has its bind-ok.
-func (e *Engine) appliedEverywhere(ctx context.Context, index uint64) {
-	if !e.roles.clustered {
-		return
-	}
-	if err := e.opts.Peers.WaitApplied(ctx, index); err != nil {
-		e.log.Warn("a binding is recorded, but not every proxy confirmed it applied it", "index", index, "err", err)
-	}
-}
-
 // roles says which work on a queue falls to this proxy: all of it for one
 // proxy alone, the work of its own node in a cluster. It is a plain value,
 // fixed at New.
@@ -206,7 +192,7 @@ func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
 	// The request may come before the loop started the slave's trimmer
 	// (the slave was just added), and a sync copies into it.
 	e.ensureTrimmer(m, e.opts.Node)
-	def, _ := e.definition(id)
+	def, _ := definition(e.opts.Policies, id)
 	run := e.startSync(id, []string{e.opts.Node}, def, true)
 	if run == nil {
 		return nil
@@ -232,7 +218,7 @@ func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
 				rest = append(rest, s.Backend)
 			}
 		}
-		ctx, cancel := e.opContext()
+		ctx, cancel := e.life.operation()
 		defer cancel()
 		if err := e.syncInCluster(ctx, id, rest); err != nil {
 			e.log.Warn("cannot hand a requested sync on to the next slave", "queue", id.Name, "vhost", id.VHost, "err", err)

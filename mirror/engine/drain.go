@@ -160,13 +160,13 @@ func (e *Engine) Drain(ctx context.Context, backend string) (DrainReport, error)
 
 // drainMaster promotes a slave of the queue in backend's place.
 func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
-	def, _ := e.definition(id)
+	def, _ := definition(e.opts.Policies, id)
 	live := e.liveness.placeable()
 	delete(live, backend)
 	q := DrainedQueue{ID: id, Role: RoleMaster}
 	var p mirror.Promotion
 	meanwhile := false
-	written, err := e.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	written, err := e.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		if m.Master != backend {
 			meanwhile = true // by another proxy of a cluster, or a failover
 			return m, false
@@ -202,7 +202,7 @@ func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
 func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 	q := DrainedQueue{ID: id, Role: RoleSlave}
 	e.cancelSyncTo(id, backend)
-	written, err := e.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	written, err := e.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		i := m.SlaveIndex(backend)
 		if i < 0 {
 			return m, false

@@ -94,6 +94,9 @@ type Engine struct {
 
 	// view is what Lookup reads (snapshot.go).
 	view *snapshots
+	life lifetime
+	// records changes records in the metadata log (records.go).
+	records *recorder
 	// liveness is which backends count up and take copies (liveness.go).
 	liveness *liveness
 	// operator carries out the engine's own operations on backends
@@ -191,7 +194,14 @@ func New(opts Options) *Engine {
 	}
 	log := opts.Logger.With("component", "mirror-engine")
 	opts.Trimmer.Logger = opts.Logger
+	ctx, cancel := context.WithCancel(context.Background())
+	life := lifetime{ctx: ctx, timeout: opts.OperationTimeout}
+	view := newSnapshots(opts.Store)
 	e := &Engine{
+		ctx:      ctx,
+		cancel:   cancel,
+		life:     life,
+		records:  &recorder{store: opts.Store, writer: opts.Writer, peers: opts.Peers, view: view, log: log, life: life},
 		opts:     opts,
 		log:      log,
 		roles:    newRoles(opts),
@@ -199,7 +209,7 @@ func New(opts Options) *Engine {
 		queues:   make(map[mirror.QueueID]*queueState),
 		lost:     make(map[string]map[mirror.QueueID]bool),
 		wake:     make(chan struct{}, 1),
-		view:     newSnapshots(opts.Store),
+		view:     view,
 		operator: &operator{watcher: opts.Watcher, backends: opts.Backends, store: opts.Store, log: log, timeout: opts.OperationTimeout},
 		replies:  &replyNodes{watcher: opts.Watcher, timeout: opts.OperationTimeout},
 	}
@@ -207,7 +217,6 @@ func New(opts Options) *Engine {
 		e.backends = append(e.backends, b.Name)
 	}
 	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle}
-	e.ctx, e.cancel = context.WithCancel(context.Background())
 	return e
 }
 
@@ -358,8 +367,8 @@ func (e *Engine) retryRejoins() {
 
 // definition returns the effective policy definition of a queue and the
 // name of the user policy that applies ("" for none).
-func (e *Engine) definition(id mirror.QueueID) (config.Definition, string) {
-	snap := e.opts.Policies.Snapshot()
+func definition(policies *config.PolicyStore, id mirror.QueueID) (config.Definition, string) {
+	snap := policies.Snapshot()
 	user := snap.Match(id.VHost, id.Name, config.KindQueue, false)
 	def := config.Effective(user, snap.MatchOperator(id.VHost, id.Name, config.KindQueue, false))
 	name := ""
@@ -380,8 +389,17 @@ func (e *Engine) stateLocked(id mirror.QueueID) *queueState {
 	return qs
 }
 
-func (e *Engine) opContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(e.ctx, e.opts.OperationTimeout)
+// lifetime is the engine's life as its parts see it: ctx ends at Close,
+// and one background operation on a backend or the log is bounded by
+// timeout (Options.OperationTimeout).
+type lifetime struct {
+	ctx     context.Context
+	timeout time.Duration
+}
+
+// operation returns the context of one background operation.
+func (l lifetime) operation() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(l.ctx, l.timeout)
 }
 
 // random is the random locator's source.

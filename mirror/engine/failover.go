@@ -1,12 +1,10 @@
 package engine
 
 import (
-	"errors"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
-	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Backend events in the metadata: a master lost is replaced by its oldest
@@ -74,7 +72,7 @@ func (e *Engine) backendLost(ev controllink.Event) {
 		case m.Master == ev.Backend:
 			err = e.promote(m.ID, ev, cause, live)
 		case m.SlaveIndex(ev.Backend) >= 0:
-			_, err = e.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+			_, err = e.records.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 				return mirror.SlaveLost(m, ev.Backend)
 			})
 		}
@@ -111,10 +109,10 @@ func (e *Engine) retryLoss(ev controllink.Event) {
 // promote replaces the lost master of a queue, deciding again on the
 // current record if another writer got there first.
 func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.Cause, live mirror.LiveSet) error {
-	def, _ := e.definition(id)
+	def, _ := definition(e.opts.Policies, id)
 	var p mirror.Promotion
 	meanwhile := false
-	written, err := e.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	written, err := e.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		if m.Master != ev.Backend {
 			meanwhile = true // by another proxy of a cluster, or an earlier event
 			return m, false
@@ -180,7 +178,7 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 		if err == nil {
 			e.ensureTrimmer(m, backend)
 			if tr := e.trimmer(id, backend); tr != nil {
-				ctx, cancel := e.opContext()
+				ctx, cancel := e.life.operation()
 				_, err = tr.t.Purge(ctx)
 				cancel()
 			} else {
@@ -188,7 +186,7 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 			}
 		}
 		if err == nil {
-			_, err = e.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+			_, err = e.records.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
 				if cur.Master == backend {
 					return cur, false
 				}
@@ -203,31 +201,4 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 		delete(queues, id)
 		e.log.Info("copy rejoined as the youngest slave, purged", "queue", id.Name, "vhost", id.VHost, "backend", backend)
 	}
-}
-
-// update applies change to the queue's current record and writes it
-// conditionally, deciding again on conflicts. It returns the record
-// written (or the current one when change changed nothing).
-func (e *Engine) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirror.QueueMeta, bool)) (mirror.QueueMeta, error) {
-	for range maxConflicts {
-		m, ok := e.opts.Store.Get(id)
-		if !ok {
-			return mirror.QueueMeta{}, errors.New("queue no longer recorded")
-		}
-		next, changed := change(m)
-		if !changed {
-			return m, nil
-		}
-		ctx, cancel := e.opContext()
-		written, err := e.opts.Writer.Put(ctx, next, m.Version)
-		cancel()
-		if errors.Is(err, store.ErrConflict) {
-			continue
-		}
-		if err == nil {
-			e.view.noteWrite(written)
-		}
-		return written, err
-	}
-	return mirror.QueueMeta{}, store.ErrConflict
 }

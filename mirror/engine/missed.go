@@ -111,7 +111,7 @@ func (e *Engine) resyncSlave(id mirror.QueueID, backend string) {
 	log := e.log.With("queue", id.Name, "vhost", id.VHost, "backend", backend)
 	local := e.roles.trimsHere(backend)
 	if !local {
-		ctx, cancel := e.opContext()
+		ctx, cancel := e.life.operation()
 		err := e.purgeRemote(ctx, backend, id)
 		cancel()
 		if err != nil {
@@ -123,7 +123,7 @@ func (e *Engine) resyncSlave(id mirror.QueueID, backend string) {
 		e.cancelSyncTo(id, backend) // it must not call the slave synchronised
 		e.markPartial(id, []string{backend})
 	}
-	_, err := e.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	_, err := e.records.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		if i := cur.SlaveIndex(backend); i < 0 || !cur.Slaves[i].Synchronised {
 			return cur, false
 		}

@@ -15,16 +15,12 @@ import (
 // What the proxy tells the engine about queues its clients declare, use
 // and delete (proxy.Mirror).
 
-// maxConflicts bounds the retries of a read-modify-write of one queue's
-// metadata that keeps losing to other writers.
-const maxConflicts = 10
-
 // Place decides where a new queue lives: its master by the locator (the
 // x-queue-master-locator argument, the policy's, the configured one), its
 // slaves by the effective policy, all synchronised since the queue is new
 // and empty. Nothing is recorded.
 func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode string) (mirror.QueueMeta, error) {
-	def, _ := e.definition(q.ID)
+	def, _ := definition(e.opts.Policies, q.ID)
 	argument, err := tableString(q.Arguments, "x-queue-master-locator")
 	if err != nil {
 		return mirror.QueueMeta{}, fmt.Errorf("placing %s: arguments: %w", q.ID, err)
@@ -182,7 +178,7 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 // exists on the brokers but not in the log: publishes through the proxies
 // may miss the queue, and the client must not be told it is bound.
 func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool) error {
-	err := e.changeBindings(ctx, id, func(bindings []mirror.Binding) ([]mirror.Binding, bool) {
+	err := e.records.changeBindings(ctx, id, func(bindings []mirror.Binding) ([]mirror.Binding, bool) {
 		i := slices.IndexFunc(bindings, func(x mirror.Binding) bool {
 			return x.Exchange == b.Exchange && x.RoutingKey == b.RoutingKey && slices.Equal(x.Arguments, b.Arguments)
 		})
@@ -200,37 +196,6 @@ func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding,
 		return fmt.Errorf("recording the binding of %s to exchange '%s': %w", id, b.Exchange, err)
 	}
 	return nil
-}
-
-// changeBindings writes the queue's bindings as change returns them (from
-// a copy it may modify) when it says so, read again on a conflict with
-// another writer. A queue no longer recorded is no error: its bindings
-// went with it. The write is visible to this proxy's routing when it
-// returns, and in a cluster to every other proxy's: the client's next
-// publish, through any of them, must be routed by it.
-func (e *Engine) changeBindings(ctx context.Context, id mirror.QueueID, change func([]mirror.Binding) ([]mirror.Binding, bool)) error {
-	for range maxConflicts {
-		m, ok := e.opts.Store.Get(id)
-		if !ok {
-			return nil
-		}
-		m = m.Clone()
-		var write bool
-		if m.Bindings, write = change(m.Bindings); !write {
-			return nil
-		}
-		written, err := e.opts.Writer.Put(ctx, m, m.Version)
-		if errors.Is(err, store.ErrConflict) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		e.view.noteWrite(written)
-		e.appliedEverywhere(ctx, written.Version)
-		return nil
-	}
-	return fmt.Errorf("%w (%d times)", store.ErrConflict, maxConflicts)
 }
 
 // Settle tells the trimmers of a queue's slaves that the master's copies

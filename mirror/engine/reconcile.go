@@ -30,7 +30,7 @@ func (e *Engine) reconcileAll() {
 			live = e.liveness.placeableIn(m.ID.VHost)
 			placeable[m.ID.VHost] = live
 		}
-		def, _ := e.definition(m.ID)
+		def, _ := definition(e.opts.Policies, m.ID)
 		plan := mirror.Reconcile(m, def, e.backends, live)
 		if plan.Changed() {
 			if e.roles.coordinates(m) {
@@ -62,7 +62,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 			return
 		}
 	}
-	ctx, cancel := e.opContext()
+	ctx, cancel := e.life.operation()
 	written, err := e.opts.Writer.Put(ctx, plan.Meta, read.Version)
 	cancel()
 	if err != nil {
@@ -128,7 +128,7 @@ func (e *Engine) forget(m mirror.QueueMeta, why string) {
 			e.log.Warn("cannot delete a slave copy", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", s.Backend, "err", err)
 		}
 	}
-	ctx, cancel := e.opContext()
+	ctx, cancel := e.life.operation()
 	defer cancel()
 	if err := e.opts.Writer.Delete(ctx, m.ID, m.Version); err != nil {
 		e.log.Warn("cannot remove a queue's record", "queue", m.ID.Name, "vhost", m.ID.VHost, "err", err)
@@ -201,7 +201,7 @@ func (e *Engine) checkBacklog(m mirror.QueueMeta) {
 			b.Held = max(b.Held, 1)
 		}
 		if b.CaughtUp(q.Messages == 0) {
-			if err := e.markSlave(m.ID, s.Backend, true); err != nil {
+			if err := e.records.markSlave(m.ID, s.Backend, true); err != nil {
 				e.log.Warn("cannot record a caught-up slave", "queue", m.ID.Name, "backend", s.Backend, "err", err)
 			}
 		}

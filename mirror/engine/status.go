@@ -37,7 +37,7 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		_, policy := e.definition(m.ID)
+		_, policy := definition(e.opts.Policies, m.ID)
 		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: e.syncing(m.ID)}
 		for _, b := range e.backends {
 			if e.opts.Watcher.Refuses(b, m.ID.VHost) {

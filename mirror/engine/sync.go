@@ -59,7 +59,7 @@ func (e *Engine) SyncQueue(ctx context.Context, id mirror.QueueID) error {
 			targets = append(targets, s.Backend)
 		}
 	}
-	def, _ := e.definition(id)
+	def, _ := definition(e.opts.Policies, id)
 	if e.roles.clustered {
 		return e.syncInCluster(ctx, id, targets) // cluster.go
 	}
@@ -192,7 +192,7 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
 			}
 			for _, t := range pending {
-				if err := e.markSlave(id, t, true); err != nil {
+				if err := e.records.markSlave(id, t, true); err != nil {
 					return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, t, err)
 				}
 			}
@@ -206,7 +206,7 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 			log.Warn("sync failed", "slave", target, "source", source, "copied", copied, "err", err)
 			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, target, err)
 		}
-		if err := e.markSlave(id, target, true); err != nil {
+		if err := e.records.markSlave(id, target, true); err != nil {
 			return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, target, err)
 		}
 		log.Info("slave synchronised", "slave", target, "source", source, "copied", copied, "took", time.Since(started))

@@ -1,14 +1,12 @@
 package engine
 
 import (
-	"errors"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
-	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // A trimmer per slave copy, on the watcher's connection to the slave's
@@ -203,7 +201,7 @@ func (e *Engine) copyGone(m mirror.QueueMeta, backend string) {
 		return
 	}
 	e.stopTrimmer(m.ID, backend)
-	_, err = e.update(m.ID, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	_, err = e.records.update(m.ID, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		i := cur.SlaveIndex(backend)
 		if i < 0 {
 			return cur, false
@@ -220,35 +218,4 @@ func (e *Engine) copyGone(m mirror.QueueMeta, backend string) {
 		return
 	}
 	e.log.Warn("a slave copy is gone; the slave leaves the record (the policy adds it again)", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend)
-}
-
-// markSlave records the slave on backend as synchronised or not.
-func (e *Engine) markSlave(id mirror.QueueID, backend string, synchronised bool) error {
-	for range maxConflicts {
-		m, ok := e.opts.Store.Get(id)
-		if !ok {
-			return errors.New("queue no longer recorded")
-		}
-		i := m.SlaveIndex(backend)
-		if i < 0 {
-			return errors.New("no longer a slave")
-		}
-		if m.Slaves[i].Synchronised == synchronised {
-			return nil
-		}
-		m = m.Clone()
-		m.Slaves[i].Synchronised = synchronised
-		ctx, cancel := e.opContext()
-		written, err := e.opts.Writer.Put(ctx, m, m.Version)
-		cancel()
-		if errors.Is(err, store.ErrConflict) {
-			continue
-		}
-		if err == nil {
-			e.log.Info("slave synchronisation recorded", "queue", id.Name, "vhost", id.VHost, "backend", backend, "synchronised", synchronised)
-			e.view.noteWrite(written)
-		}
-		return err
-	}
-	return store.ErrConflict
 }
