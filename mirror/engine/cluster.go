@@ -118,24 +118,12 @@ func (r roles) syncTargets(targets []string, live mirror.LiveSet) []string {
 // SettleLocal is Settle for the slave copies this proxy trims: what the
 // proxies of other nodes send for this node's slaves.
 func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID) {
-	e.mu.RLock()
-	if qs := e.queues[id]; qs != nil {
-		for _, tr := range qs.trimmers {
-			tr.t.Settle(ids...)
-		}
-	}
-	e.mu.RUnlock()
+	e.trimmers.settle(id, ids, false)
 }
 
 // RejectLocal is Reject for the slave copies this proxy trims.
 func (e *Engine) RejectLocal(id mirror.QueueID, ids []mirror.MessageID) {
-	e.mu.RLock()
-	if qs := e.queues[id]; qs != nil {
-		for _, tr := range qs.trimmers {
-			tr.t.Reject(ids...)
-		}
-	}
-	e.mu.RUnlock()
+	e.trimmers.settle(id, ids, true)
 }
 
 // syncInCluster carries out a requested sync (ctl sync_queue) of the
@@ -191,7 +179,7 @@ func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
 	}
 	// The request may come before the loop started the slave's trimmer
 	// (the slave was just added), and a sync copies into it.
-	e.ensureTrimmer(m, e.opts.Node)
+	e.trimmers.ensure(m, e.opts.Node)
 	def, _ := definition(e.opts.Policies, id)
 	run := e.startSync(id, []string{e.opts.Node}, def, true)
 	if run == nil {
@@ -330,7 +318,7 @@ func (e *Engine) buryMissedDeletes() {
 // trimmer when it has one: what Purged does for the slave on this node
 // when a client purged the queue through another proxy.
 func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
-	if tr := e.trimmer(id, e.opts.Node); tr != nil {
+	if tr := e.trimmers.get(id, e.opts.Node); tr != nil {
 		_, err := tr.t.Purge(ctx)
 		return err
 	}

@@ -189,7 +189,7 @@ func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
 		// held, so clients find every message there. A sync running from
 		// the old master or into the new one stops; the loop starts the
 		// next one from the new master.
-		e.stopTrimmer(id, p.To)
+		e.trimmers.stop(id, p.To)
 		e.cancelSync(id)
 		log.Warn("drain: slave promoted", "from", backend, "to", p.To, "epoch", written.Epoch,
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", mirror.CauseShutdown.String())
@@ -224,7 +224,7 @@ func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 	// Deleted only now that the record no longer names it. In a cluster the
 	// trimmer is on the proxy beside the backend, which stops it when it
 	// sees the record.
-	e.stopTrimmer(id, backend)
+	e.trimmers.stop(id, backend)
 	if err := e.operator.deleteCopy(backend, id); err != nil {
 		log.Warn("drain: slave dropped; cannot delete its copy", "err", err)
 	} else {

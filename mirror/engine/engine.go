@@ -97,6 +97,8 @@ type Engine struct {
 	life lifetime
 	// records changes records in the metadata log (records.go).
 	records *recorder
+	// trimmers are the trimmers of the slave copies (trimmers.go).
+	trimmers *trimmers
 	// liveness is which backends count up and take copies (liveness.go).
 	liveness *liveness
 	// operator carries out the engine's own operations on backends
@@ -143,33 +145,12 @@ type Engine struct {
 // queueState is what the engine runs for one queue, guarded by
 // Engine.mu.
 type queueState struct {
-	trimmers map[string]*trimmerRun // by slave backend
-	sync     *syncRun               // the sync running now, nil when none
+	sync *syncRun // the sync running now, nil when none
 	// syncFailed is when the last automatic sync failed, so that it is not
 	// retried at every tick.
 	syncFailed time.Time
 	// partial are the slaves a copy from the master left half done.
 	partial map[string]bool
-	// missing are slaves whose copy was found gone, and since when.
-	missing map[string]time.Time
-	// backlogs of never-synced slaves, by backend (mirror.Backlog).
-	backlogs map[string]*backlog
-}
-
-type trimmerRun struct {
-	t          *controllink.Trimmer
-	generation uint64 // of the watcher's connection it runs on
-	// copiesUntil keeps the trimmer remembering what it trimmed for a
-	// while after a copy into it ended, since copies may still be on
-	// their way to it.
-	copiesUntil time.Time
-}
-
-// backlog is a never-synced slave's mirror.Backlog: Held at its join, and
-// the trimmer's Missed count then, from which Settled is counted.
-type backlog struct {
-	held       int
-	missedBase int
 }
 
 // New returns an engine; nothing runs before Start.
@@ -217,6 +198,10 @@ func New(opts Options) *Engine {
 		e.backends = append(e.backends, b.Name)
 	}
 	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle}
+	e.trimmers = &trimmers{
+		operator: e.operator, store: opts.Store, roles: e.roles, options: opts.Trimmer, logger: opts.Logger, log: log,
+		gone: e.copyGone, byQueue: make(map[mirror.QueueID]*queueTrimmers),
+	}
 	return e
 }
 
@@ -280,17 +265,9 @@ func (e *Engine) Close() {
 		e.wg.Wait()
 		e.syncWG.Wait()
 		e.mu.Lock()
-		var trimmers []*controllink.Trimmer
-		for _, qs := range e.queues {
-			for _, tr := range qs.trimmers {
-				trimmers = append(trimmers, tr.t)
-			}
-		}
 		e.queues = make(map[mirror.QueueID]*queueState)
 		e.mu.Unlock()
-		for _, t := range trimmers {
-			t.Close()
-		}
+		e.trimmers.closeAll()
 	})
 }
 
@@ -383,7 +360,7 @@ func definition(policies *config.PolicyStore, id mirror.QueueID) (config.Definit
 func (e *Engine) stateLocked(id mirror.QueueID) *queueState {
 	qs := e.queues[id]
 	if qs == nil {
-		qs = &queueState{trimmers: map[string]*trimmerRun{}, backlogs: map[string]*backlog{}}
+		qs = &queueState{}
 		e.queues[id] = qs
 	}
 	return qs

@@ -132,10 +132,10 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 		// What the new master's trimmer held is ready again there once it
 		// stops: the messages clients may not have acked, requeued.
 		requeued := 0
-		if tr := e.trimmer(id, p.To); tr != nil {
+		if tr := e.trimmers.get(id, p.To); tr != nil {
 			requeued, _ = tr.t.Stats()
 		}
-		e.stopTrimmer(id, p.To)
+		e.trimmers.stop(id, p.To)
 		log.Warn("master lost; slave promoted", "from", p.From, "to", p.To, "epoch", written.Epoch, "requeued", requeued,
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", cause.String(),
 			"since_detection", time.Since(ev.At), "reason", p.Reason)
@@ -173,11 +173,11 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 		// started first: from then on settlements reach it, so messages
 		// published to it after the purge are trimmed like any.
 		e.cancelSyncTo(id, backend) // it must not call the purged copy synchronised
-		e.stopTrimmer(id, backend)
+		e.trimmers.stop(id, backend)
 		err := e.operator.declareCopy(backend, m) // a transient copy did not survive a restart
 		if err == nil {
-			e.ensureTrimmer(m, backend)
-			if tr := e.trimmer(id, backend); tr != nil {
+			e.trimmers.ensure(m, backend)
+			if tr := e.trimmers.get(id, backend); tr != nil {
 				ctx, cancel := e.life.operation()
 				_, err = tr.t.Purge(ctx)
 				cancel()

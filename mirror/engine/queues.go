@@ -81,7 +81,7 @@ func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.Queue
 	}
 	e.negative.forget(q.ID)
 	e.view.noteWrite(written)
-	e.startTrimmers(written)
+	e.trimmers.startAll(written)
 	return written, nil
 }
 
@@ -119,18 +119,16 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 // stopQueue stops what the engine runs for a queue (trimmers, sync) and
 // forgets it.
 func (e *Engine) stopQueue(id mirror.QueueID) {
+	runs := e.trimmers.forget(id)
 	e.mu.Lock()
 	qs := e.queues[id]
 	delete(e.queues, id)
 	e.mu.Unlock()
-	if qs == nil {
-		return
-	}
-	if qs.sync != nil {
+	if qs != nil && qs.sync != nil {
 		qs.sync.cancel()
 		<-qs.sync.done
 	}
-	for _, tr := range qs.trimmers {
+	for _, tr := range runs {
 		tr.t.Close()
 	}
 }
@@ -143,14 +141,7 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 	if !ok {
 		return
 	}
-	e.mu.RLock()
-	trimmers := map[string]*trimmerRun{}
-	if qs := e.queues[id]; qs != nil {
-		for b, tr := range qs.trimmers {
-			trimmers[b] = tr
-		}
-	}
-	e.mu.RUnlock()
+	trimmers := e.trimmers.of(id)
 	var wg sync.WaitGroup
 	for _, s := range m.Slaves {
 		wg.Add(1)

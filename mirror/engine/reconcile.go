@@ -82,11 +82,11 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 	if plan.HandOver.To != "" {
 		// The new master's copy was a slave: its trimmer gives back what
 		// it held, so clients find every message there.
-		e.stopTrimmer(written.ID, plan.HandOver.To)
+		e.trimmers.stop(written.ID, plan.HandOver.To)
 		log.Info("master handed over", "from", plan.HandOver.From, "to", plan.HandOver.To, "epoch", written.Epoch)
 	}
 	for _, b := range plan.Add {
-		e.ensureTrimmer(written, b)
+		e.trimmers.ensure(written, b)
 	}
 	if sync := e.roles.syncTargets(plan.Sync, e.liveness.live()); len(sync) > 0 {
 		e.startSync(written.ID, sync, def, false)
@@ -95,7 +95,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 		e.checkBacklog(written)
 	}
 	for _, b := range plan.Drop {
-		e.stopTrimmer(written.ID, b)
+		e.trimmers.stop(written.ID, b)
 		if err := e.operator.deleteCopy(b, written.ID); err != nil {
 			log.Warn("cannot delete a dropped copy", "backend", b, "err", err)
 			continue
@@ -179,22 +179,12 @@ func (e *Engine) checkBacklog(m mirror.QueueMeta) {
 		if s.Synchronised || !live.Has(s.Backend) {
 			continue
 		}
-		tr := e.trimmer(m.ID, s.Backend)
+		tr := e.trimmers.get(m.ID, s.Backend)
 		if tr == nil {
 			continue
 		}
 		missed := tr.t.Missed()
-		e.mu.Lock()
-		var bl backlog
-		if qs := e.queues[m.ID]; qs != nil {
-			p := qs.backlogs[s.Backend]
-			if p == nil {
-				p = &backlog{held: q.Messages, missedBase: missed}
-				qs.backlogs[s.Backend] = p
-			}
-			bl = *p
-		}
-		e.mu.Unlock()
+		bl := e.trimmers.backlog(m.ID, s.Backend, q.Messages, missed)
 		b := mirror.Backlog{Held: bl.held, Settled: missed - bl.missedBase}
 		if priority {
 			b.Settled = 0

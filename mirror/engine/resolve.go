@@ -117,7 +117,7 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 	}
 	e.log.Info("queue adopted", "queue", id.Name, "vhost", id.VHost, "master", written.Master, "slaves", written.Backends()[1:])
 	e.view.noteWrite(written)
-	e.startTrimmers(written)
+	e.trimmers.startAll(written)
 	e.poke() // reconcile it with its policy now
 	return written, true, nil
 }

@@ -239,7 +239,7 @@ func (e *Engine) purgePartial(ctx context.Context, id mirror.QueueID, targets []
 		if !partial {
 			continue
 		}
-		tr := e.trimmer(id, t)
+		tr := e.trimmers.get(id, t)
 		if tr == nil {
 			return fmt.Errorf("the slave on %s has no trimmer yet", t)
 		}
@@ -260,36 +260,11 @@ func (e *Engine) purgePartial(ctx context.Context, id mirror.QueueID, targets []
 func (e *Engine) syncSource(m mirror.QueueMeta) string {
 	live := e.liveness.live()
 	for _, s := range m.Slaves {
-		if s.Synchronised && live.Has(s.Backend) && e.trimmer(m.ID, s.Backend) != nil {
+		if s.Synchronised && live.Has(s.Backend) && e.trimmers.get(m.ID, s.Backend) != nil {
 			return s.Backend
 		}
 	}
 	return ""
-}
-
-// expectCopies makes the trimmers of the targets remember what they trim
-// while copies may still reach them: a copy can bring a message the master
-// settled after the slave trimmed its fan-out copy. The returned function
-// ends that a while after the copy.
-func (e *Engine) expectCopies(id mirror.QueueID, targets []string) (func(), error) {
-	var runs []*trimmerRun
-	for _, t := range targets {
-		tr := e.trimmer(id, t)
-		if tr == nil {
-			return nil, fmt.Errorf("the slave on %s has no trimmer yet", t)
-		}
-		runs = append(runs, tr)
-	}
-	for _, tr := range runs {
-		tr.t.ExpectCopies(true)
-	}
-	return func() {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		for _, tr := range runs {
-			tr.copiesUntil = time.Now().Add(30 * time.Second)
-		}
-	}, nil
 }
 
 // copyFromSlave copies the queue from the synchronised slave on source to
@@ -300,11 +275,11 @@ func (e *Engine) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, 
 		return 0, err
 	}
 	defer dst.Close()
-	src := e.trimmer(m.ID, source)
+	src := e.trimmers.get(m.ID, source)
 	if src == nil {
 		return 0, fmt.Errorf("the slave on %s has no trimmer", source)
 	}
-	done, err := e.expectCopies(m.ID, []string{target})
+	done, err := e.trimmers.expectCopies(m.ID, []string{target})
 	if err != nil {
 		return 0, err
 	}
@@ -332,7 +307,7 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 		defer c.Close()
 		dsts = append(dsts, c)
 	}
-	done, err := e.expectCopies(m.ID, targets)
+	done, err := e.trimmers.expectCopies(m.ID, targets)
 	if err != nil {
 		return copyCount{}, err
 	}
@@ -343,7 +318,7 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 	// copyFromMaster).
 	trimmers := make([]*controllink.Trimmer, len(targets))
 	for i, t := range targets {
-		if tr := e.trimmer(m.ID, t); tr != nil {
+		if tr := e.trimmers.get(m.ID, t); tr != nil {
 			trimmers[i] = tr.t
 		}
 	}
@@ -648,4 +623,12 @@ func publishing(d amqp.Delivery) amqp.Publishing {
 		AppId:           d.AppId,
 		Body:            d.Body,
 	}
+}
+
+// syncRunning reports whether a sync of the queue runs.
+func (e *Engine) syncRunning(id mirror.QueueID) bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	qs := e.queues[id]
+	return qs != nil && qs.sync != nil
 }
