@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"time"
 
@@ -126,93 +125,13 @@ func (e *Engine) RejectLocal(id mirror.QueueID, ids []mirror.MessageID) {
 	e.trimmers.settle(id, ids, true)
 }
 
-// syncInCluster carries out a requested sync (ctl sync_queue) of the
-// targets in a cluster: the proxy beside the first live one syncs it
-// (SyncLocal, here or there), and hands the request on to the next when
-// it is done, so that the slaves are synchronised one after another.
-func (e *Engine) syncInCluster(ctx context.Context, id mirror.QueueID, targets []string) error {
-	live := e.liveness.live()
-	for _, t := range targets {
-		if !live.Has(t) {
-			continue
-		}
-		if t == e.opts.Node {
-			return e.SyncLocal(ctx, id)
-		}
-		if err := e.opts.Peers.SyncSlave(ctx, t, id); err != nil {
-			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, t, err)
-		}
-		return nil
-	}
-	return nil
-}
-
 // SyncLocal starts synchronising the slave beside this proxy (another
 // proxy asks for it through Peers.SyncSlave) and, once it is done, hands
 // the request on to the next unsynchronised slave. It never hands on a
 // request it cannot start here, so a request cannot go round between
 // proxies that see the cluster differently.
 func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
-	// This proxy's copy of the log may not have the slave yet when the
-	// asking proxy's has: it was just added. Wait a little for it.
-	var m mirror.QueueMeta
-	for wait := time.Now().Add(5 * time.Second); ; {
-		var ok bool
-		m, ok = e.opts.Store.Get(id)
-		if ok && m.SlaveIndex(e.opts.Node) >= 0 {
-			break
-		}
-		if time.Now().After(wait) {
-			if !ok {
-				return fmt.Errorf("%s: %w", id, mirror.ErrQueueNotFound)
-			}
-			return fmt.Errorf("%s has no slave on %s", id, e.opts.Node)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	if m.Slaves[m.SlaveIndex(e.opts.Node)].Synchronised {
-		return nil
-	}
-	// The request may come before the loop started the slave's trimmer
-	// (the slave was just added), and a sync copies into it.
-	e.trimmers.ensure(m, e.opts.Node)
-	def, _ := definition(e.opts.Policies, id)
-	run := e.startSync(id, []string{e.opts.Node}, def, true)
-	if run == nil {
-		return nil
-	}
-	e.syncWG.Add(1)
-	go func() {
-		defer e.syncWG.Done()
-		select {
-		case <-run.done:
-		case <-e.ctx.Done():
-			return
-		}
-		if run.err != nil {
-			return
-		}
-		m, ok := e.opts.Store.Get(id)
-		if !ok {
-			return
-		}
-		var rest []string
-		for _, s := range m.Slaves {
-			if !s.Synchronised && s.Backend != e.opts.Node {
-				rest = append(rest, s.Backend)
-			}
-		}
-		ctx, cancel := e.life.operation()
-		defer cancel()
-		if err := e.syncInCluster(ctx, id, rest); err != nil {
-			e.log.Warn("cannot hand a requested sync on to the next slave", "queue", id.Name, "vhost", id.VHost, "err", err)
-		}
-	}()
-	return nil
+	return e.syncs.local(ctx, id)
 }
 
 // ownCopiesDelay is how long a cluster proxy that starts lets its copy

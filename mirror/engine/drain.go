@@ -190,7 +190,7 @@ func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
 		// the old master or into the new one stops; the loop starts the
 		// next one from the new master.
 		e.trimmers.stop(id, p.To)
-		e.cancelSync(id)
+		e.syncs.stop(id)
 		log.Warn("drain: slave promoted", "from", backend, "to", p.To, "epoch", written.Epoch,
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", mirror.CauseShutdown.String())
 	}
@@ -201,7 +201,7 @@ func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
 // its trimmer and deletes its copy.
 func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 	q := DrainedQueue{ID: id, Role: RoleSlave}
-	e.cancelSyncTo(id, backend)
+	e.syncs.cancelTo(id, backend)
 	written, err := e.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		i := m.SlaveIndex(backend)
 		if i < 0 {
@@ -231,20 +231,6 @@ func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 		log.Info("drain: slave dropped, copy deleted")
 	}
 	return q
-}
-
-// cancelSync stops the queue's sync, if one runs, and waits for it.
-func (e *Engine) cancelSync(id mirror.QueueID) {
-	e.mu.RLock()
-	var run *syncRun
-	if qs := e.queues[id]; qs != nil {
-		run = qs.sync
-	}
-	e.mu.RUnlock()
-	if run != nil {
-		run.cancel()
-		<-run.done
-	}
 }
 
 // Undrain lets the engine place masters and slaves on backend again; the

@@ -99,6 +99,8 @@ type Engine struct {
 	records *recorder
 	// trimmers are the trimmers of the slave copies (trimmers.go).
 	trimmers *trimmers
+	// syncs are the running syncs (sync.go).
+	syncs *syncs
 	// liveness is which backends count up and take copies (liveness.go).
 	liveness *liveness
 	// operator carries out the engine's own operations on backends
@@ -115,9 +117,6 @@ type Engine struct {
 	negative *negativeCache // Resolve's (resolve.go)
 
 	replies *replyNodes // each backend's Erlang node, for direct reply-to
-
-	mu     sync.RWMutex
-	queues map[mirror.QueueID]*queueState
 
 	evMu   sync.Mutex
 	events []controllink.Event // taken by the loop
@@ -136,21 +135,9 @@ type Engine struct {
 	cancel context.CancelFunc
 	wake   chan struct{} // capacity one: liveness changed
 	wg     sync.WaitGroup
-	syncWG sync.WaitGroup
 
 	startOnce sync.Once
 	closeOnce sync.Once
-}
-
-// queueState is what the engine runs for one queue, guarded by
-// Engine.mu.
-type queueState struct {
-	sync *syncRun // the sync running now, nil when none
-	// syncFailed is when the last automatic sync failed, so that it is not
-	// retried at every tick.
-	syncFailed time.Time
-	// partial are the slaves a copy from the master left half done.
-	partial map[string]bool
 }
 
 // New returns an engine; nothing runs before Start.
@@ -187,7 +174,6 @@ func New(opts Options) *Engine {
 		log:      log,
 		roles:    newRoles(opts),
 		negative: newNegativeCache(opts.NegativeCache),
-		queues:   make(map[mirror.QueueID]*queueState),
 		lost:     make(map[string]map[mirror.QueueID]bool),
 		wake:     make(chan struct{}, 1),
 		view:     view,
@@ -201,6 +187,11 @@ func New(opts Options) *Engine {
 	e.trimmers = &trimmers{
 		operator: e.operator, store: opts.Store, roles: e.roles, options: opts.Trimmer, logger: opts.Logger, log: log,
 		gone: e.copyGone, byQueue: make(map[mirror.QueueID]*queueTrimmers),
+	}
+	e.syncs = &syncs{
+		store: opts.Store, records: e.records, trimmers: e.trimmers, liveness: e.liveness, operator: e.operator,
+		policies: opts.Policies, peers: opts.Peers, roles: e.roles, log: log, life: life,
+		byQueue: make(map[mirror.QueueID]*queueSyncs),
 	}
 	return e
 }
@@ -263,10 +254,7 @@ func (e *Engine) Close() {
 	e.closeOnce.Do(func() {
 		e.cancel()
 		e.wg.Wait()
-		e.syncWG.Wait()
-		e.mu.Lock()
-		e.queues = make(map[mirror.QueueID]*queueState)
-		e.mu.Unlock()
+		e.syncs.close()
 		e.trimmers.closeAll()
 	})
 }
@@ -353,17 +341,6 @@ func definition(policies *config.PolicyStore, id mirror.QueueID) (config.Definit
 		name = user.Name
 	}
 	return def, name
-}
-
-// state returns the queue's state, created when missing; call with mu held
-// for writing.
-func (e *Engine) stateLocked(id mirror.QueueID) *queueState {
-	qs := e.queues[id]
-	if qs == nil {
-		qs = &queueState{}
-		e.queues[id] = qs
-	}
-	return qs
 }
 
 // lifetime is the engine's life as its parts see it: ctx ends at Close,

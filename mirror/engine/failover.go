@@ -64,7 +64,7 @@ func (e *Engine) backendLost(ev controllink.Event) {
 	failed, deferred := false, false
 	settling := e.liveness.settlingAfterPause()
 	for _, m := range e.opts.Store.List() {
-		e.cancelSyncTo(m.ID, ev.Backend)
+		e.syncs.cancelTo(m.ID, ev.Backend)
 		var err error
 		switch {
 		case m.Master == ev.Backend && settling:
@@ -172,7 +172,7 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 		// The copy is purged through a trimmer on the new connection,
 		// started first: from then on settlements reach it, so messages
 		// published to it after the purge are trimmed like any.
-		e.cancelSyncTo(id, backend) // it must not call the purged copy synchronised
+		e.syncs.cancelTo(id, backend) // it must not call the purged copy synchronised
 		e.trimmers.stop(id, backend)
 		err := e.operator.declareCopy(backend, m) // a transient copy did not survive a restart
 		if err == nil {

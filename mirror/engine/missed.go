@@ -120,8 +120,8 @@ func (e *Engine) resyncSlave(id mirror.QueueID, backend string) {
 			return
 		}
 	} else {
-		e.cancelSyncTo(id, backend) // it must not call the slave synchronised
-		e.markPartial(id, []string{backend})
+		e.syncs.cancelTo(id, backend) // it must not call the slave synchronised
+		e.syncs.markPartial(id, []string{backend})
 	}
 	_, err := e.records.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		if i := cur.SlaveIndex(backend); i < 0 || !cur.Slaves[i].Synchronised {

@@ -120,13 +120,9 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 // forgets it.
 func (e *Engine) stopQueue(id mirror.QueueID) {
 	runs := e.trimmers.forget(id)
-	e.mu.Lock()
-	qs := e.queues[id]
-	delete(e.queues, id)
-	e.mu.Unlock()
-	if qs != nil && qs.sync != nil {
-		qs.sync.cancel()
-		<-qs.sync.done
+	if run := e.syncs.forget(id); run != nil {
+		run.cancel()
+		<-run.done
 	}
 	for _, tr := range runs {
 		tr.t.Close()

@@ -39,7 +39,7 @@ func (e *Engine) reconcileAll() {
 			continue
 		}
 		if sync := e.roles.syncTargets(plan.Sync, e.liveness.live()); len(sync) > 0 {
-			e.startSync(m.ID, sync, def, false)
+			e.syncs.start(m.ID, sync, def, false)
 		}
 	}
 }
@@ -89,7 +89,7 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 		e.trimmers.ensure(written, b)
 	}
 	if sync := e.roles.syncTargets(plan.Sync, e.liveness.live()); len(sync) > 0 {
-		e.startSync(written.ID, sync, def, false)
+		e.syncs.start(written.ID, sync, def, false)
 	} else if len(plan.Add) > 0 {
 		// A slave that joins an empty queue is synchronised at once.
 		e.checkBacklog(written)
@@ -164,10 +164,7 @@ func (e *Engine) checkBacklog(m mirror.QueueMeta) {
 	if !live.Has(m.Master) || hasKey(m.Arguments, "x-expires") {
 		return
 	}
-	e.mu.RLock()
-	syncing := e.queues[m.ID] != nil && e.queues[m.ID].sync != nil
-	e.mu.RUnlock()
-	if syncing {
+	if e.syncs.running(m.ID) != nil {
 		return
 	}
 	q, err := e.operator.inspect(m.Master, m.ID)

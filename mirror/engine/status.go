@@ -38,7 +38,7 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]
 			return nil, err
 		}
 		_, policy := definition(e.opts.Policies, m.ID)
-		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: e.syncing(m.ID)}
+		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: e.syncs.targets(m.ID)}
 		for _, b := range e.backends {
 			if e.opts.Watcher.Refuses(b, m.ID.VHost) {
 				st.Refused = append(st.Refused, b)

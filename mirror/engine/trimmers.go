@@ -354,18 +354,12 @@ func (e *Engine) ensureTrimmers() {
 		e.trimmers.startAll(m)
 	}
 	stale, missing, unrecorded := e.trimmers.sweep(byID, time.Now())
-	e.mu.Lock()
-	for id, qs := range e.queues {
-		if _, ok := byID[id]; !ok && qs.sync == nil {
-			unrecorded = append(unrecorded, id)
-		}
-	}
-	e.mu.Unlock()
+	unrecorded = append(unrecorded, e.syncs.idle(byID)...)
 	for _, ref := range stale {
 		e.trimmers.stop(ref.id, ref.backend)
 	}
 	for _, id := range unrecorded {
-		if e.syncRunning(id) {
+		if e.syncs.running(id) != nil {
 			// Its trimmers go (the records have no slave), the sync ends
 			// by itself.
 			for _, b := range e.trimmers.backends(id) {
