@@ -244,18 +244,6 @@ func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
 	return e.operator.purgeCopy(e.opts.Node, id)
 }
 
-// purgeRemote empties a slave copy another node's proxy trims, through
-// that proxy; when it cannot be asked (it is down, and its trimmer's
-// messages are back in the copy) the copy is purged directly.
-func (e *Engine) purgeRemote(ctx context.Context, backend string, id mirror.QueueID) error {
-	err := e.opts.Peers.PurgeSlave(ctx, backend, id)
-	if err == nil {
-		return nil
-	}
-	e.log.Warn("the proxy beside a slave could not purge it; purging it directly", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
-	return e.operator.purgeCopy(backend, id)
-}
-
 // settleRemote hands the settles (rejections with reject) of the queue's
 // slaves on other nodes to their proxies.
 func (e *Engine) settleRemote(id mirror.QueueID, ids []mirror.MessageID, reject bool) {

@@ -99,6 +99,8 @@ type Engine struct {
 	records *recorder
 	// trimmers are the trimmers of the slave copies (trimmers.go).
 	trimmers *trimmers
+	// reconciler does the loop's work on every queue (reconcile.go).
+	reconciler *reconciler
 	// syncs are the running syncs (sync.go).
 	syncs *syncs
 	// liveness is which backends count up and take copies (liveness.go).
@@ -127,9 +129,6 @@ type Engine struct {
 	// ownCopies is the loop's check of this node's copies at a cluster
 	// proxy's start (cluster.go).
 	ownCopies ownCopiesCheck
-	// missed are the slave copies the proxy reported short of a publish
-	// (missed.go).
-	missed missedCopies
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -186,13 +185,19 @@ func New(opts Options) *Engine {
 	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle}
 	e.trimmers = &trimmers{
 		operator: e.operator, store: opts.Store, roles: e.roles, options: opts.Trimmer, logger: opts.Logger, log: log,
-		gone: e.copyGone, byQueue: make(map[mirror.QueueID]*queueTrimmers),
+		byQueue: make(map[mirror.QueueID]*queueTrimmers),
 	}
 	e.syncs = &syncs{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, liveness: e.liveness, operator: e.operator,
 		policies: opts.Policies, peers: opts.Peers, roles: e.roles, log: log, life: life,
 		byQueue: make(map[mirror.QueueID]*queueSyncs),
 	}
+	e.reconciler = &reconciler{
+		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
+		operator: e.operator, policies: opts.Policies, peers: opts.Peers, roles: e.roles, backends: e.backends,
+		log: log, life: life,
+	}
+	e.trimmers.gone = e.reconciler.copyGone
 	return e
 }
 
@@ -276,21 +281,21 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 		case <-e.ctx.Done():
 			return
 		case <-policies:
-			e.reconcileAll()
+			e.reconciler.all()
 		case <-e.wake:
 			for _, ev := range e.takeEvents() {
 				e.handleEvent(ev)
 			}
-			e.handleMissed()
-			e.ensureTrimmers()
-			e.reconcileAll()
+			e.reconciler.handleMissed()
+			e.reconciler.ensureTrimmers()
+			e.reconciler.all()
 		case <-tick.C:
 			e.checkOwnCopies() // cluster.go
 			e.retryRejoins()
-			e.checkExpired()
-			e.ensureTrimmers()
-			e.reconcileAll()
-			e.checkBacklogs()
+			e.reconciler.checkExpired()
+			e.reconciler.ensureTrimmers()
+			e.reconciler.all()
+			e.reconciler.checkBacklogs()
 		}
 	}
 }

@@ -91,7 +91,7 @@ func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.Queue
 // declared one again meanwhile, taking its disappearance for a broker's
 // loss.
 func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
-	e.stopQueue(id)
+	e.reconciler.stopQueue(id)
 	for range maxConflicts {
 		m, ok := e.opts.Store.Get(id)
 		if !ok {
@@ -116,19 +116,6 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 	}
 }
 
-// stopQueue stops what the engine runs for a queue (trimmers, sync) and
-// forgets it.
-func (e *Engine) stopQueue(id mirror.QueueID) {
-	runs := e.trimmers.forget(id)
-	if run := e.syncs.forget(id); run != nil {
-		run.cancel()
-		<-run.done
-	}
-	for _, tr := range runs {
-		tr.t.Close()
-	}
-}
-
 // Purged empties every slave copy of a queue whose master the client
 // purged, through each slave's trimmer (which holds most of the copy's
 // messages unacknowledged). A slave without a trimmer is purged directly.
@@ -147,7 +134,7 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 			if tr := trimmers[backend]; tr != nil {
 				_, err = tr.t.Purge(ctx)
 			} else if !e.roles.trimsHere(backend) {
-				err = e.purgeRemote(ctx, backend, id) // cluster.go
+				err = e.reconciler.purgeRemote(ctx, backend, id) // cluster.go
 			} else {
 				err = e.operator.purgeCopy(backend, id)
 			}

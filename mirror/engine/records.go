@@ -55,6 +55,26 @@ func (r *recorder) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirr
 	return mirror.QueueMeta{}, store.ErrConflict
 }
 
+// put writes m conditionally (expect: the version it replaces, 0 for a
+// new record) and shows the write to Lookup.
+func (r *recorder) put(ctx context.Context, m mirror.QueueMeta, expect uint64) (mirror.QueueMeta, error) {
+	written, err := r.writer.Put(ctx, m, expect)
+	if err == nil {
+		r.view.noteWrite(written)
+	}
+	return written, err
+}
+
+// remove deletes the queue's record conditionally and shows the deletion
+// to Lookup.
+func (r *recorder) remove(ctx context.Context, id mirror.QueueID, expect uint64) error {
+	err := r.writer.Delete(ctx, id, expect)
+	if err == nil {
+		r.view.noteDelete(id)
+	}
+	return err
+}
+
 // markSlave records the slave on backend as synchronised or not.
 func (r *recorder) markSlave(id mirror.QueueID, backend string, synchronised bool) error {
 	for range maxConflicts {
