@@ -2,8 +2,6 @@ package engine
 
 import (
 	"context"
-	"slices"
-	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -134,114 +132,15 @@ func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
 	return e.syncs.local(ctx, id)
 }
 
-// ownCopiesDelay is how long a cluster proxy that starts lets its copy
-// of the log catch up with the leader before it looks at its own node's
-// slaves.
-const ownCopiesDelay = 3 * time.Second
-
-// ownCopiesCheck is the state of checkOwnCopies, owned by the loop.
-type ownCopiesCheck struct {
-	first time.Time // the loop's first tick
-	// atStart are this node's unsynchronised slaves at the first tick: a
-	// slave added later was purged by whoever added it, and may be syncing
-	// by the time the check runs.
-	atStart map[mirror.QueueID]bool
-	done    bool
-}
-
-// checkOwnCopies makes a cluster proxy that starts treat its own node's
-// unsynchronised slaves as copies that come back: they missed what
-// happened while this node was down (its broker, or this proxy that trims
-// them), so they rejoin purged (backendBack) as soon as the backend is up.
-// Only the proxy beside a backend lets its copies rejoin, and a proxy
-// that was down saw no loss to remember. It takes the slaves unsynchronised
-// at its first tick with a leader (serve starts the engine once its log
-// caught up) and lets those still unsynchronised rejoin a few seconds
-// later; a slave added since was purged by whoever added it, and may be
-// synchronising by then.
-func (e *Engine) checkOwnCopies() {
-	c := &e.ownCopies
-	if c.done || !e.roles.clustered || e.opts.Node == "" {
-		return
-	}
-	if c.first.IsZero() {
-		if leader, _ := e.opts.Store.Leader(); leader == "" {
-			return
-		}
-		c.first = time.Now()
-		c.atStart = e.ownUnsynchronised()
-	}
-	if time.Since(c.first) < ownCopiesDelay {
-		return
-	}
-	c.done = true
-	queues := e.lost[e.opts.Node]
-	for _, m := range e.opts.Store.List() {
-		if !c.atStart[m.ID] {
-			continue
-		}
-		if i := m.SlaveIndex(e.opts.Node); i >= 0 && !m.Slaves[i].Synchronised {
-			if queues == nil {
-				queues = make(map[mirror.QueueID]bool)
-				e.lost[e.opts.Node] = queues
-			}
-			queues[m.ID] = true
-		}
-	}
-	if len(queues) > 0 {
-		e.log.Info("this node's unsynchronised slaves rejoin, purged", "queues", len(queues))
-	}
-	e.buryMissedDeletes()
-}
-
-// ownUnsynchronised returns the queues with an unsynchronised slave on
-// this node.
-func (e *Engine) ownUnsynchronised() map[mirror.QueueID]bool {
-	out := make(map[mirror.QueueID]bool)
-	for _, m := range e.opts.Store.List() {
-		if i := m.SlaveIndex(e.opts.Node); i >= 0 && !m.Slaves[i].Synchronised {
-			out[m.ID] = true
-		}
-	}
-	return out
-}
-
-// buryMissedDeletes deletes the copies this node's broker kept of queues
-// deleted while this proxy was down: the tombstones newer than what its
-// log held at start that name this node. A copy it cannot delete now (the
-// broker is not up yet) goes when a client names the queue (Resolve).
-func (e *Engine) buryMissedDeletes() {
-	if !e.liveness.up(e.opts.Node) {
-		return
-	}
-	buried := 0
-	for _, ts := range e.opts.Store.Tombstones() {
-		if ts.Index <= e.opts.Store.OpenedAt() || !slices.Contains(ts.Backends, e.opts.Node) {
-			continue
-		}
-		if _, recorded := e.opts.Store.Get(ts.ID); recorded {
-			continue // declared again since
-		}
-		if _, err := e.operator.buryCopies(ts.ID, []string{e.opts.Node}); err != nil {
-			e.log.Warn("cannot delete this node's copy of a queue deleted while it was down", "queue", ts.ID.Name, "vhost", ts.ID.VHost, "err", err)
-			continue
-		}
-		buried++
-	}
-	if buried > 0 {
-		e.log.Info("copies of queues deleted while this proxy was down are deleted", "queues", buried)
-	}
-}
-
 // PurgeLocal empties this node's slave copy of a queue, through its
 // trimmer when it has one: what Purged does for the slave on this node
 // when a client purged the queue through another proxy.
 func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
-	if tr := e.trimmers.get(id, e.opts.Node); tr != nil {
+	if tr := e.trimmers.get(id, e.roles.node); tr != nil {
 		_, err := tr.t.Purge(ctx)
 		return err
 	}
-	return e.operator.purgeCopy(e.opts.Node, id)
+	return e.operator.purgeCopy(e.roles.node, id)
 }
 
 // settleRemote hands the settles (rejections with reject) of the queue's

@@ -120,15 +120,8 @@ type Engine struct {
 
 	replies *replyNodes // each backend's Erlang node, for direct reply-to
 
-	evMu   sync.Mutex
-	events []controllink.Event // taken by the loop
-	// lost are the backends seen going down, with the queues that held a
-	// copy there then, owned by the loop: those copies rejoin when the
-	// backend is back (the watcher's first Up of a backend is no return).
-	lost map[string]map[mirror.QueueID]bool
-	// ownCopies is the loop's check of this node's copies at a cluster
-	// proxy's start (cluster.go).
-	ownCopies ownCopiesCheck
+	// failover carries out backend events (failover.go).
+	failover *failover
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -173,7 +166,6 @@ func New(opts Options) *Engine {
 		log:      log,
 		roles:    newRoles(opts),
 		negative: newNegativeCache(opts.NegativeCache),
-		lost:     make(map[string]map[mirror.QueueID]bool),
 		wake:     make(chan struct{}, 1),
 		view:     view,
 		operator: &operator{watcher: opts.Watcher, backends: opts.Backends, store: opts.Store, log: log, timeout: opts.OperationTimeout},
@@ -198,6 +190,11 @@ func New(opts Options) *Engine {
 		log: log, life: life,
 	}
 	e.trimmers.gone = e.reconciler.copyGone
+	e.failover = &failover{
+		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
+		operator: e.operator, policies: opts.Policies, roles: e.roles, log: log, life: life, poke: e.poke,
+		lost: make(map[string]map[mirror.QueueID]bool),
+	}
 	return e
 }
 
@@ -239,7 +236,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			case <-e.ctx.Done():
 				return
 			case ev := <-e.opts.Watcher.Events():
-				e.addEvent(ev)
+				e.failover.addEvent(ev)
 			}
 		}
 	}()
@@ -283,54 +280,19 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 		case <-policies:
 			e.reconciler.all()
 		case <-e.wake:
-			for _, ev := range e.takeEvents() {
-				e.handleEvent(ev)
+			for _, ev := range e.failover.takeEvents() {
+				e.failover.handleEvent(ev)
 			}
 			e.reconciler.handleMissed()
 			e.reconciler.ensureTrimmers()
 			e.reconciler.all()
 		case <-tick.C:
-			e.checkOwnCopies() // cluster.go
-			e.retryRejoins()
+			e.failover.checkOwnCopies()
+			e.failover.retryRejoins()
 			e.reconciler.checkExpired()
 			e.reconciler.ensureTrimmers()
 			e.reconciler.all()
 			e.reconciler.checkBacklogs()
-		}
-	}
-}
-
-// handleEvent applies a backend event: a loss at once, a return only after
-// a loss this engine saw.
-func (e *Engine) handleEvent(ev controllink.Event) {
-	switch ev.State {
-	case controllink.Down:
-		queues := e.lost[ev.Backend]
-		if queues == nil {
-			queues = make(map[mirror.QueueID]bool)
-			e.lost[ev.Backend] = queues
-		}
-		for _, m := range e.opts.Store.List() {
-			if m.Holds(ev.Backend) {
-				queues[m.ID] = true
-			}
-		}
-		e.backendLost(ev)
-	case controllink.Up:
-		e.retryRejoins()
-	}
-}
-
-// retryRejoins lets the copies on backends that are up again rejoin, also
-// those that could not at the backend's return.
-func (e *Engine) retryRejoins() {
-	for b, queues := range e.lost {
-		if !e.liveness.up(b) {
-			continue
-		}
-		e.backendBack(b, queues)
-		if len(queues) == 0 {
-			delete(e.lost, b)
 		}
 	}
 }

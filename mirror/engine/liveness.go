@@ -23,6 +23,20 @@ var errMemberFailed = errors.New("the proxy beside it failed (serf): its node co
 // Unknown (no verdict yet) is not down.
 func (e *Engine) BackendDown(backend string) bool { return e.liveness.down(backend) }
 
+// SetPaused tells the engine that its proxy pauses (pause_minority: it
+// sees no more than half of its cluster) or serves again. What a paused
+// proxy takes for lost backends is its side of a partition's view: the
+// majority decides for those it cannot reach. So a paused engine records
+// no loss; each waits until the proxy serves again, and is recorded then
+// if the backend is still down. Recorded at once, after the healing but
+// before this proxy's serf has seen the majority alive again (it is paused
+// until then), a stale verdict could move a master away from a live broker,
+// to a slave that rejoined unsynchronised meanwhile. For ResumeSettle after
+// it serves again, it leaves promotions to the other proxies, which were
+// never cut off: its serf may have seen only one of them alive again so
+// far, and its own probes of the brokers reconnect after the healing too.
+func (e *Engine) SetPaused(paused bool) { e.liveness.setPaused(paused) }
+
 // liveness is which backends the engine counts up, and where it may place
 // copies: the watcher's verdicts, serf's on the proxies beside them
 // (MemberFailed), the drained backends (drain.go) and whether this proxy
@@ -162,7 +176,7 @@ func (e *Engine) MemberFailed(backend string) {
 		return
 	}
 	e.log.Warn("the proxy beside a backend failed; counting the backend down", "backend", backend)
-	e.addEvent(controllink.Event{Backend: backend, State: controllink.Down, Cause: controllink.CauseLost, At: time.Now(), Err: errMemberFailed})
+	e.failover.addEvent(controllink.Event{Backend: backend, State: controllink.Down, Cause: controllink.CauseLost, At: time.Now(), Err: errMemberFailed})
 	// As a reset would: the watcher's connection goes, so that nothing
 	// waits on a broker that may never answer (a frozen host) until
 	// failover_grace, neither the engine's own operations nor ctl
@@ -180,7 +194,7 @@ func (e *Engine) MemberAlive(backend string) {
 		return
 	}
 	e.log.Info("the proxy beside a backend is back", "backend", backend)
-	e.addEvent(controllink.Event{Backend: backend, State: controllink.Up, At: time.Now()})
+	e.failover.addEvent(controllink.Event{Backend: backend, State: controllink.Up, At: time.Now()})
 }
 
 // memberFailures are the backends whose proxy serf declared failed; safe
