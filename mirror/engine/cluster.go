@@ -143,23 +143,16 @@ func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
 	return e.operator.purgeCopy(e.roles.node, id)
 }
 
-// settleRemote hands the settles (rejections with reject) of the queue's
-// slaves on other nodes to their proxies.
-func (e *Engine) settleRemote(id mirror.QueueID, ids []mirror.MessageID, reject bool) {
-	if !e.roles.clustered {
-		return
-	}
-	m, ok := e.Lookup(id)
-	if !ok {
-		return
-	}
+// handSettles hands the settles (rejections with reject) of the slaves of
+// m on other nodes than node to their proxies.
+func handSettles(peers Peers, node string, m mirror.QueueMeta, ids []mirror.MessageID, reject bool) {
 	for _, s := range m.Slaves {
 		switch {
-		case s.Backend == e.opts.Node:
+		case s.Backend == node:
 		case reject:
-			e.opts.Peers.SendRejects(s.Backend, id, ids)
+			peers.SendRejects(s.Backend, m.ID, ids)
 		default:
-			e.opts.Peers.SendSettles(s.Backend, id, ids)
+			peers.SendSettles(s.Backend, m.ID, ids)
 		}
 	}
 }

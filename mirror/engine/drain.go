@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -127,15 +131,39 @@ func (e *Engine) Drain(ctx context.Context, backend string) (DrainReport, error)
 	if err := e.liveness.configured(backend); err != nil {
 		return DrainReport{}, err
 	}
+	report, err := e.drainer.drain(ctx, backend)
+	if err != nil {
+		return report, err
+	}
+	e.poke() // exactly: replacements for the dropped slaves
+	return report, nil
+}
+
+// drainer carries out Drain: promotions away from a backend and the
+// removal of its slaves. The drained set itself is liveness's; drainer
+// keeps no state.
+type drainer struct {
+	store    *store.Store
+	records  *recorder
+	liveness *liveness
+	trimmers *trimmers
+	syncs    *syncs
+	operator *operator
+	policies *config.PolicyStore
+	log      *slog.Logger
+}
+
+// drain is Drain on a configured backend, but for waking the loop.
+func (d *drainer) drain(ctx context.Context, backend string) (DrainReport, error) {
 	// Drained first, so that no reconcile from now on adds a slave there.
-	e.liveness.drained.set(backend, true)
-	e.log.Info("draining backend", "backend", backend)
+	d.liveness.drained.set(backend, true)
+	d.log.Info("draining backend", "backend", backend)
 	report := DrainReport{Backend: backend, Queues: []DrainedQueue{}}
 	// A reconcile that decided before the backend was drained can still
 	// record a slave there after the first pass looked at its queue: the
 	// second pass drops it.
 	for range 2 {
-		for _, m := range e.opts.Store.List() {
+		for _, m := range d.store.List() {
 			if err := ctx.Err(); err != nil {
 				return report, err
 			}
@@ -145,28 +173,27 @@ func (e *Engine) Drain(ctx context.Context, backend string) (DrainReport, error)
 				if i := slices.IndexFunc(report.Queues, func(d DrainedQueue) bool { return d.ID == m.ID }); i >= 0 {
 					continue // kept in the first pass; said once
 				}
-				q = e.drainMaster(m.ID, backend)
+				q = d.master(m.ID, backend)
 			case m.SlaveIndex(backend) >= 0:
-				q = e.drainSlave(m.ID, backend)
+				q = d.slave(m.ID, backend)
 			default:
 				continue
 			}
 			report.Queues = append(report.Queues, q)
 		}
 	}
-	e.poke() // exactly: replacements for the dropped slaves
 	return report, nil
 }
 
-// drainMaster promotes a slave of the queue in backend's place.
-func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
-	def, _ := definition(e.opts.Policies, id)
-	live := e.liveness.placeable()
+// master promotes a slave of the queue in backend's place.
+func (d *drainer) master(id mirror.QueueID, backend string) DrainedQueue {
+	def, _ := definition(d.policies, id)
+	live := d.liveness.placeable()
 	delete(live, backend)
 	q := DrainedQueue{ID: id, Role: RoleMaster}
 	var p mirror.Promotion
 	meanwhile := false
-	written, err := e.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	written, err := d.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		if m.Master != backend {
 			meanwhile = true // by another proxy of a cluster, or a failover
 			return m, false
@@ -174,7 +201,7 @@ func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
 		p = mirror.Promote(m, live, mirror.CauseShutdown, def)
 		return p.Meta, p.Promoted()
 	})
-	log := e.log.With("queue", id.Name, "vhost", id.VHost)
+	log := d.log.With("queue", id.Name, "vhost", id.VHost)
 	q.To, q.Synchronised, q.Reason, q.Epoch = p.To, p.Synchronised, p.Reason, written.Epoch
 	switch {
 	case err != nil:
@@ -189,20 +216,20 @@ func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
 		// held, so clients find every message there. A sync running from
 		// the old master or into the new one stops; the loop starts the
 		// next one from the new master.
-		e.trimmers.stop(id, p.To)
-		e.syncs.stop(id)
+		d.trimmers.stop(id, p.To)
+		d.syncs.stop(id)
 		log.Warn("drain: slave promoted", "from", backend, "to", p.To, "epoch", written.Epoch,
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", mirror.CauseShutdown.String())
 	}
 	return q
 }
 
-// drainSlave drops the backend's slave from the queue's record, then stops
+// slave drops the backend's slave from the queue's record, then stops
 // its trimmer and deletes its copy.
-func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
+func (d *drainer) slave(id mirror.QueueID, backend string) DrainedQueue {
 	q := DrainedQueue{ID: id, Role: RoleSlave}
-	e.syncs.cancelTo(id, backend)
-	written, err := e.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	d.syncs.cancelTo(id, backend)
+	written, err := d.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		i := m.SlaveIndex(backend)
 		if i < 0 {
 			return m, false
@@ -215,7 +242,7 @@ func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 		return m, true
 	})
 	q.Epoch = written.Epoch
-	log := e.log.With("queue", id.Name, "vhost", id.VHost, "backend", backend)
+	log := d.log.With("queue", id.Name, "vhost", id.VHost, "backend", backend)
 	if err != nil {
 		q.Error = err.Error()
 		log.Warn("drain: cannot record a dropped slave", "err", err)
@@ -224,8 +251,8 @@ func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 	// Deleted only now that the record no longer names it. In a cluster the
 	// trimmer is on the proxy beside the backend, which stops it when it
 	// sees the record.
-	e.trimmers.stop(id, backend)
-	if err := e.operator.deleteCopy(backend, id); err != nil {
+	d.trimmers.stop(id, backend)
+	if err := d.operator.deleteCopy(backend, id); err != nil {
 		log.Warn("drain: slave dropped; cannot delete its copy", "err", err)
 	} else {
 		log.Info("drain: slave dropped, copy deleted")

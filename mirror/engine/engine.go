@@ -35,7 +35,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
@@ -109,12 +108,10 @@ type Engine struct {
 	// (backend.go).
 	operator *operator
 
-	// unacked counts what this proxy's clients hold unacknowledged
-	// (CountUnackedWith).
-	unacked atomic.Pointer[func(vhost string) map[mirror.QueueID]int]
-	// unrecorded lists the queues this proxy's clients declared that the
-	// log does not record (ListUnrecordedWith).
-	unrecorded atomic.Pointer[func(vhost string) []mirror.UnrecordedQueue]
+	// drainer carries out ctl drain (drain.go).
+	drainer *drainer
+	// listing answers list_queues (status.go).
+	listing *listing
 
 	negative *negativeCache // Resolve's (resolve.go)
 
@@ -190,6 +187,14 @@ func New(opts Options) *Engine {
 		log: log, life: life,
 	}
 	e.trimmers.gone = e.reconciler.copyGone
+	e.drainer = &drainer{
+		store: opts.Store, records: e.records, liveness: e.liveness, trimmers: e.trimmers, syncs: e.syncs,
+		operator: e.operator, policies: opts.Policies, log: log,
+	}
+	e.listing = &listing{
+		store: opts.Store, policies: opts.Policies, watcher: opts.Watcher, operator: e.operator, syncs: e.syncs,
+		peers: opts.Peers, backends: e.backends, log: log,
+	}
 	e.failover = &failover{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
 		operator: e.operator, policies: opts.Policies, roles: e.roles, log: log, life: life, poke: e.poke,

@@ -177,7 +177,12 @@ func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding,
 // acks for its own goroutine.
 func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 	e.SettleLocal(id, ids)
-	e.settleRemote(id, ids, false) // cluster.go
+	if !e.roles.clustered {
+		return
+	}
+	if m, ok := e.Lookup(id); ok {
+		handSettles(e.opts.Peers, e.roles.node, m, ids, false) // cluster.go
+	}
 }
 
 // Reject tells the trimmers of a queue's slaves that a client rejected
@@ -186,5 +191,10 @@ func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 // (see "Dead-lettering" in mirror/doc.go). It never waits on the network.
 func (e *Engine) Reject(id mirror.QueueID, ids []mirror.MessageID) {
 	e.RejectLocal(id, ids)
-	e.settleRemote(id, ids, true)
+	if !e.roles.clustered {
+		return
+	}
+	if m, ok := e.Lookup(id); ok {
+		handSettles(e.opts.Peers, e.roles.node, m, ids, true)
+	}
 }
