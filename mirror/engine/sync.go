@@ -555,29 +555,16 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 	if q.Messages == 0 {
 		return count, nil
 	}
-	var deliveries <-chan amqp.Delivery
-	stop := func() error { return sch.Cancel(syncConsumerTag, false) }
-	if byGet {
-		deliveries, stop = getLoop(sch, queue)
-	} else {
-		deliveries, err = sch.Consume(queue, syncConsumerTag, false, false, false, false, nil)
-		if err != nil {
-			return count, fmt.Errorf("consuming from the master: %w", err)
-		}
+	deliveries, stop, err := readMaster(sch, queue, byGet)
+	if err != nil {
+		return count, err
 	}
 	var lastTag uint64 // the last delivery the copy read
 	defer func() { giveBack(sch, deliveries, stop, queue, lastTag) }()
-	outs := make([]*confirmWindow, len(dsts))
-	for i, dst := range dsts {
-		ch, err := dst.Channel()
-		if err != nil {
-			return count, fmt.Errorf("opening a channel on a slave: %w", err)
-		}
-		defer ch.Close()
-		if err := ch.Confirm(false); err != nil {
-			return count, fmt.Errorf("confirm mode on a slave: %w", err)
-		}
-		outs[i] = &confirmWindow{ch: ch, batch: batch}
+	outs, closeOuts, err := openConfirmWindows(dsts, batch)
+	defer closeOuts()
+	if err != nil {
+		return count, err
 	}
 	// With no newer publishes, a backlog that clients took part of (or
 	// that expired in part) never makes up the count. So when no delivery
@@ -627,16 +614,10 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 			lastTag = d.DeliveryTag
 			waits.deliveries += time.Since(waitStart)
 			count.read++
-			msg, copiedOne := publishing(d), false
 			publishStart := time.Now()
-			for i, o := range outs {
-				if holds(d, i) {
-					continue
-				}
-				if err := o.publish(ctx, queue, msg); err != nil {
-					return count, err
-				}
-				copiedOne = true
+			copiedOne, err := copyOne(ctx, d, outs, queue, holds)
+			if err != nil {
+				return count, err
 			}
 			waits.confirms += time.Since(publishStart)
 			if copiedOne {
@@ -654,6 +635,59 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 		}
 	}
 	return finish()
+}
+
+// readMaster starts reading queue on the master's channel ch for a copy:
+// with a consumer, or with basic.get when byGet (see getLoop). stop ends
+// the reading; deliveries is closed once it ended.
+func readMaster(ch *amqp.Channel, queue string, byGet bool) (deliveries <-chan amqp.Delivery, stop func() error, err error) {
+	if byGet {
+		deliveries, stop = getLoop(ch, queue)
+		return deliveries, stop, nil
+	}
+	deliveries, err = ch.Consume(queue, syncConsumerTag, false, false, false, false, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("consuming from the master: %w", err)
+	}
+	return deliveries, func() error { return ch.Cancel(syncConsumerTag, false) }, nil
+}
+
+// openConfirmWindows opens a channel in confirm mode on each of dsts. The
+// returned function closes the channels opened, also after an error.
+func openConfirmWindows(dsts []*amqp.Connection, batch int) ([]*confirmWindow, func(), error) {
+	outs := make([]*confirmWindow, 0, len(dsts))
+	closeAll := func() {
+		for i := len(outs) - 1; i >= 0; i-- {
+			outs[i].ch.Close()
+		}
+	}
+	for _, dst := range dsts {
+		ch, err := dst.Channel()
+		if err != nil {
+			return nil, closeAll, fmt.Errorf("opening a channel on a slave: %w", err)
+		}
+		outs = append(outs, &confirmWindow{ch: ch, batch: batch})
+		if err := ch.Confirm(false); err != nil {
+			return nil, closeAll, fmt.Errorf("confirm mode on a slave: %w", err)
+		}
+	}
+	return outs, closeAll, nil
+}
+
+// copyOne copies d to the targets that do not hold it already (holds), and
+// reports whether it copied it to any.
+func copyOne(ctx context.Context, d amqp.Delivery, outs []*confirmWindow, queue string, holds func(d amqp.Delivery, target int) bool) (bool, error) {
+	msg, copied := publishing(d), false
+	for i, o := range outs {
+		if holds(d, i) {
+			continue
+		}
+		if err := o.publish(ctx, queue, msg); err != nil {
+			return copied, err
+		}
+		copied = true
+	}
+	return copied, nil
 }
 
 // syncConsumerTag names a sync's consumer on the master.
