@@ -19,7 +19,7 @@ import (
 // (mirror.Promote with CauseShutdown, so ha-promote-on-shutdown decides,
 // when-synced by default); every slave there leaves its queue's record and
 // its copy is deleted; and until `ctl undrain BACKEND` the engine places no
-// new master or slave there (Place and reconcileAll leave drained backends
+// new master or slave there (Place and reconciler.all leave drained backends
 // out of the live set they decide on).
 //
 // Which backends are drained is kept in this engine's memory only: a

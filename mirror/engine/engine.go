@@ -10,22 +10,55 @@
 // the proxy's own connections, those of the controllink.Watcher, each in
 // the vhost of the queue or exchange concerned (Watcher.VHostConn).
 //
+// # Parts
+//
+// Engine is the API: the methods the proxy, serve, ctl and the cluster's
+// peers call. Behind it, each concern is a type with its own state, lock
+// and methods, which Engine holds by pointer and delegates to; a part that
+// needs another's services holds a pointer to that part alone, never the
+// Engine:
+//
+//	snapshots      the Lookup snapshot and the routing table built on it
+//	recorder       conditional writes of records (read, change, write,
+//	               again on a conflict), shown to Lookup at once
+//	operator       the engine's own operations on one backend (declare,
+//	               delete, purge, probe, a sync's connection); no state
+//	liveness       which backends count up and may take copies: watcher,
+//	               serf's failed members, drained backends, the pause
+//	trimmers       a controllink.Trimmer per slave copy trimmed here, the
+//	               copies found missing, never-synced slaves' backlogs
+//	syncs          the sync running per queue, failed and half-done copies
+//	reconciler     the loop's work on every queue: policy plans, trimmers
+//	               against the records, expired masters, backlogs, copies
+//	               reported short of a publish (the one state it owns)
+//	failover       backend events: promotions, lost slaves, rejoins
+//	drainer        ctl drain's promotions and removals; no state
+//	listing        ctl list_queues, with the functions that ask this
+//	               proxy's clients
+//	negativeCache  Resolve's memory of queues no backend had
+//	replyNodes     each backend's Erlang node, for direct reply-to
+//	roles          which work falls to this proxy in a cluster; a value
+//
 // # Goroutines and locks
 //
 // Start runs three goroutines until Close: one rebuilds the Lookup
 // snapshot on every Store change, one takes the Watcher's events (it must
-// never stop reading them) and wakes the third, which owns the background
-// work: backend losses and returns (promotion, rejoining copies),
-// reconciling every queue with its policy, checking masters that may have
-// deleted themselves, and backlogs of manual slaves. Syncs run in
-// goroutines of their own, one per queue at most. Client goroutines call
-// Place, Declared, Deleted, Purged, Bound and Settle concurrently with all
-// of that; the Store's conditional writes settle races over metadata.
+// never stop reading them) into failover's queue and wakes the third, the
+// loop, which owns the background work: backend losses and returns
+// (failover), reconciling every queue with its policy, checking masters
+// that may have deleted themselves, and backlogs of manual slaves
+// (reconciler). failover's lost backends and start check are the loop's
+// alone. Syncs run in goroutines of their own (syncs), one per queue at
+// most. Client goroutines call Place, Declared, Deleted, Purged, Bound and
+// Settle concurrently with all of that; the Store's conditional writes
+// settle races over metadata.
 //
-// Lock order: Engine.mu before a Trimmer's own lock (Settle is called under
-// a read lock of mu) and the Store's; rebuildMu (the Lookup snapshot),
-// negMu (Resolve's negative cache), evMu (backend events) and replies.mu
-// (each backend's node for direct reply-to) are taken alone. Nothing does
+// Lock order: trimmers.mu before a Trimmer's own lock (settles are handed
+// to the trimmers under a read lock of it) and before the Store's;
+// snapshots.mu before the Store's. Every other lock is taken alone:
+// syncs.mu, failover.mu (the events queue), liveness's (failed members,
+// drained backends), missedCopies.mu, negativeCache.mu and replyNodes.mu.
+// No part calls another while holding its own lock, and nothing does
 // network I/O while holding any of them.
 package engine
 
@@ -89,36 +122,22 @@ type Engine struct {
 	opts     Options
 	log      *slog.Logger
 	backends []string
-	roles    roles // which work falls to this proxy (cluster.go)
+	roles    roles    // which work falls to this proxy (cluster.go)
+	life     lifetime // ctx and the operation timeout, for the parts
 
-	// view is what Lookup reads (snapshot.go).
-	view *snapshots
-	life lifetime
-	// records changes records in the metadata log (records.go).
-	records *recorder
-	// trimmers are the trimmers of the slave copies (trimmers.go).
-	trimmers *trimmers
-	// reconciler does the loop's work on every queue (reconcile.go).
-	reconciler *reconciler
-	// syncs are the running syncs (sync.go).
-	syncs *syncs
-	// liveness is which backends count up and take copies (liveness.go).
-	liveness *liveness
-	// operator carries out the engine's own operations on backends
-	// (backend.go).
-	operator *operator
-
-	// drainer carries out ctl drain (drain.go).
-	drainer *drainer
-	// listing answers list_queues (status.go).
-	listing *listing
-
-	negative *negativeCache // Resolve's (resolve.go)
-
-	replies *replyNodes // each backend's Erlang node, for direct reply-to
-
-	// failover carries out backend events (failover.go).
-	failover *failover
+	// The parts, each with its own state and lock (see "Parts").
+	view       *snapshots     // snapshot.go
+	records    *recorder      // records.go
+	operator   *operator      // backend.go
+	liveness   *liveness      // liveness.go
+	trimmers   *trimmers      // trimmers.go
+	syncs      *syncs         // sync.go
+	reconciler *reconciler    // reconcile.go
+	failover   *failover      // failover.go
+	drainer    *drainer       // drain.go
+	listing    *listing       // status.go, unrecorded.go
+	negative   *negativeCache // resolve.go
+	replies    *replyNodes    // replyto.go
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -152,25 +171,23 @@ func New(opts Options) *Engine {
 	log := opts.Logger.With("component", "mirror-engine")
 	opts.Trimmer.Logger = opts.Logger
 	ctx, cancel := context.WithCancel(context.Background())
-	life := lifetime{ctx: ctx, timeout: opts.OperationTimeout}
-	view := newSnapshots(opts.Store)
 	e := &Engine{
-		ctx:      ctx,
-		cancel:   cancel,
-		life:     life,
-		records:  &recorder{store: opts.Store, writer: opts.Writer, peers: opts.Peers, view: view, log: log, life: life},
-		opts:     opts,
-		log:      log,
-		roles:    newRoles(opts),
-		negative: newNegativeCache(opts.NegativeCache),
-		wake:     make(chan struct{}, 1),
-		view:     view,
-		operator: &operator{watcher: opts.Watcher, backends: opts.Backends, store: opts.Store, log: log, timeout: opts.OperationTimeout},
-		replies:  &replyNodes{watcher: opts.Watcher, timeout: opts.OperationTimeout},
+		opts:   opts,
+		log:    log,
+		roles:  newRoles(opts),
+		life:   lifetime{ctx: ctx, timeout: opts.OperationTimeout},
+		ctx:    ctx,
+		cancel: cancel,
+		wake:   make(chan struct{}, 1),
 	}
 	for _, b := range opts.Backends {
 		e.backends = append(e.backends, b.Name)
 	}
+	e.view = newSnapshots(opts.Store)
+	e.negative = newNegativeCache(opts.NegativeCache)
+	e.replies = &replyNodes{watcher: opts.Watcher, timeout: opts.OperationTimeout}
+	e.records = &recorder{store: opts.Store, writer: opts.Writer, peers: opts.Peers, view: e.view, log: log, life: e.life}
+	e.operator = &operator{watcher: opts.Watcher, backends: opts.Backends, store: opts.Store, log: log, timeout: opts.OperationTimeout}
 	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle}
 	e.trimmers = &trimmers{
 		operator: e.operator, store: opts.Store, roles: e.roles, options: opts.Trimmer, logger: opts.Logger, log: log,
@@ -178,15 +195,22 @@ func New(opts Options) *Engine {
 	}
 	e.syncs = &syncs{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, liveness: e.liveness, operator: e.operator,
-		policies: opts.Policies, peers: opts.Peers, roles: e.roles, log: log, life: life,
+		policies: opts.Policies, peers: opts.Peers, roles: e.roles, log: log, life: e.life,
 		byQueue: make(map[mirror.QueueID]*queueSyncs),
 	}
 	e.reconciler = &reconciler{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
 		operator: e.operator, policies: opts.Policies, peers: opts.Peers, roles: e.roles, backends: e.backends,
-		log: log, life: life,
+		log: log, life: e.life,
 	}
+	// A trimmer that finds its copy missing hands it to the reconciler,
+	// which holds the trimmers: set once both exist.
 	e.trimmers.gone = e.reconciler.copyGone
+	e.failover = &failover{
+		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
+		operator: e.operator, policies: opts.Policies, roles: e.roles, log: log, life: e.life, poke: e.poke,
+		lost: make(map[string]map[mirror.QueueID]bool),
+	}
 	e.drainer = &drainer{
 		store: opts.Store, records: e.records, liveness: e.liveness, trimmers: e.trimmers, syncs: e.syncs,
 		operator: e.operator, policies: opts.Policies, log: log,
@@ -194,11 +218,6 @@ func New(opts Options) *Engine {
 	e.listing = &listing{
 		store: opts.Store, policies: opts.Policies, watcher: opts.Watcher, operator: e.operator, syncs: e.syncs,
 		peers: opts.Peers, backends: e.backends, log: log,
-	}
-	e.failover = &failover{
-		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
-		operator: e.operator, policies: opts.Policies, roles: e.roles, log: log, life: life, poke: e.poke,
-		lost: make(map[string]map[mirror.QueueID]bool),
 	}
 	return e
 }

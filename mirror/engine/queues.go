@@ -134,7 +134,7 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 			if tr := trimmers[backend]; tr != nil {
 				_, err = tr.t.Purge(ctx)
 			} else if !e.roles.trimsHere(backend) {
-				err = e.reconciler.purgeRemote(ctx, backend, id) // cluster.go
+				err = e.reconciler.purgeRemote(ctx, backend, id)
 			} else {
 				err = e.operator.purgeCopy(backend, id)
 			}

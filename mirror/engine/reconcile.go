@@ -37,7 +37,7 @@ type reconciler struct {
 	log      *slog.Logger
 	life     lifetime
 	// missed are the slave copies the proxy reported short of a publish
-	// (missed.go).
+	// (Engine.Missed, missed.go).
 	missed missedCopies
 }
 

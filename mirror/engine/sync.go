@@ -142,7 +142,7 @@ func (s *syncs) cancel(ctx context.Context, id mirror.QueueID) error {
 	}
 }
 
-// cancelSyncTo stops a sync of the queue that copies to backend (lost, or
+// cancelTo stops a sync of the queue that copies to backend (lost, or
 // back and purged), and waits until it has stopped.
 func (s *syncs) cancelTo(id mirror.QueueID, backend string) {
 	if run := s.running(id); run != nil && slices.Contains(run.targets, backend) {
@@ -213,7 +213,7 @@ func (s *syncs) close() {
 	s.mu.Unlock()
 }
 
-// startSync starts a sync of targets unless one runs (then it returns the
+// start starts a sync of targets unless one runs (then it returns the
 // running one) or, for an automatic sync (requested false), one failed a
 // moment ago. It returns nil when there is nothing to do.
 func (s *syncs) start(id mirror.QueueID, targets []string, def config.Definition, requested bool) *syncRun {
@@ -250,7 +250,7 @@ func (s *syncs) start(id mirror.QueueID, targets []string, def config.Definition
 	return run
 }
 
-// syncInCluster carries out a requested sync (ctl sync_queue) of the
+// inCluster carries out a requested sync (ctl sync_queue) of the
 // targets in a cluster: the proxy beside the first live one syncs it
 // (SyncLocal, here or there), and hands the request on to the next when
 // it is done, so that the slaves are synchronised one after another.
@@ -437,7 +437,7 @@ func (s *syncs) purgePartial(ctx context.Context, id mirror.QueueID, targets []s
 	return nil
 }
 
-// syncSource returns the oldest live synchronised slave that has a
+// source returns the oldest live synchronised slave that has a
 // trimmer to copy from, "" when there is none.
 func (s *syncs) source(m mirror.QueueMeta) string {
 	live := s.liveness.live()
