@@ -373,6 +373,46 @@
 //     purged;
 //   - cluster: serf membership driving the Raft voters (sidecar mode).
 //
+// # Inside the engine: who owns which state
+//
+// engine.Engine is only the API the proxy, serve, ctl and the peers
+// call (about forty methods, nearly all delegating). Each concern behind
+// it is a type of its own that owns its state behind its own lock, and
+// reaches the others through narrow pointers to them, never the Engine:
+//
+//	part           owns                                  guarded by
+//	snapshots      the Lookup snapshot, its routing      atomic pointer;
+//	               table                                 mu serialises
+//	                                                     replacing it
+//	recorder       nothing: conditional writes, shown    -
+//	               to Lookup at once
+//	operator       nothing: declare, delete, purge,      -
+//	               probe on a backend; a sync's dial
+//	liveness       serf's failed members, the drained    a lock each,
+//	               backends, the pause                   atomics
+//	trimmers       a Trimmer per slave copy trimmed      mu (a Trimmer
+//	               here, missing copies, backlogs        has its own)
+//	syncs          the sync per queue, failed and        mu
+//	               half-done copies
+//	reconciler     the copies reported short of a        missedCopies.mu
+//	               publish; drives the loop's work
+//	failover       the events queue; the lost backends   mu (the queue);
+//	               and the start check                   the loop's own
+//	drainer        nothing (the drained set is           -
+//	               liveness's)
+//	listing        the functions that ask this proxy's   atomic pointers
+//	               clients (unacked, unrecorded)
+//	negativeCache  queues no backend had, until when     mu
+//	replyNodes     each backend's Erlang node            mu
+//
+// Lock order: trimmers' lock before a Trimmer's lock and the Store's;
+// the snapshot's before the Store's; every other lock is taken alone. No
+// part calls another while holding its own lock, and none holds a lock
+// across network I/O. The metadata itself has one owner, the Store (the
+// Raft log): every part reads it there and writes it through recorder's
+// conditional writes, which settle races between parts, goroutines and
+// proxies alike.
+//
 // How a sync copies when no slave is synchronised (the master alone, as
 // an adopted queue is): a short-lived consumer of the proxy's own takes
 // the master's ready messages, copies each to every new slave at once

@@ -531,6 +531,11 @@ const (
 	stopForPurge // the queue is purged with nothing held
 )
 
+// serve is the trimmer's one goroutine on ch until it must stop, and says
+// why it stopped. It is longer than a function should be, on purpose:
+// its timers and the select over every event source share local state
+// (what the expiry and ack timers are armed for), and in one place the
+// reader sees which event is handled when.
 func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopReason {
 	recycle := time.NewTimer(t.opts.Recycle)
 	defer recycle.Stop()
@@ -897,7 +902,10 @@ func (t *Trimmer) settleDelivery(tag uint64, id mirror.MessageID) {
 
 // flush sends the acks decided since the last flush: one multiple ack for
 // the run of settled deliveries at the front of the channel's unacked
-// deliveries, single acks for the rest.
+// deliveries, single acks for the rest. It is long on purpose: what it
+// sends is decided in one section under t.mu and then sent in an order
+// that matters (nacks and rejections, multiple acks, single acks), and
+// the two halves read as one protocol.
 func (t *Trimmer) flush(ch *amqp.Channel) error {
 	t.mu.Lock()
 	if len(t.toAck) == 0 && len(t.toNack) == 0 {

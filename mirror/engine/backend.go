@@ -3,6 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -10,6 +12,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // The engine's own operations on one backend, with the account in the
@@ -20,16 +23,27 @@ import (
 
 var errBackendDown = controllink.ErrNotUp
 
+// operator carries out the engine's own operations on the backends. It
+// keeps no state of its own: the connections are the watcher's, a sync's
+// are dialled for it (dial).
+type operator struct {
+	watcher  *controllink.Watcher
+	backends []controllink.Backend
+	store    *store.Store // the tombstones (buryCopies)
+	log      *slog.Logger
+	timeout  time.Duration // bounds dialling a sync's connection
+}
+
 // conn returns the watcher's connection to backend in vhost and its
 // generation; the watcher logs a vhost that a backend refuses.
-func (e *Engine) conn(backend, vhost string) (*amqp.Connection, uint64, error) {
-	return e.opts.Watcher.VHostConn(backend, vhost)
+func (o *operator) conn(backend, vhost string) (*amqp.Connection, uint64, error) {
+	return o.watcher.VHostConn(backend, vhost)
 }
 
 // withChannel runs f on a fresh channel of the watcher's connection to
 // backend in vhost, and closes the channel after.
-func (e *Engine) withChannel(backend, vhost string, f func(ch *amqp.Channel) error) error {
-	c, _, err := e.conn(backend, vhost)
+func (o *operator) withChannel(backend, vhost string, f func(ch *amqp.Channel) error) error {
+	c, _, err := o.conn(backend, vhost)
 	if err != nil {
 		return err
 	}
@@ -44,9 +58,9 @@ func (e *Engine) withChannel(backend, vhost string, f func(ch *amqp.Channel) err
 // inspect passive-declares queue id on backend: its ready message and
 // consumer counts. A missing queue is an *amqp.Error with code 404, an
 // exclusive queue of another connection one with 405.
-func (e *Engine) inspect(backend string, id mirror.QueueID) (amqp.Queue, error) {
+func (o *operator) inspect(backend string, id mirror.QueueID) (amqp.Queue, error) {
 	var q amqp.Queue
-	err := e.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
+	err := o.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
 		var err error
 		q, err = ch.QueueDeclarePassive(id.Name, false, false, false, false, nil)
 		return err
@@ -60,9 +74,9 @@ func (e *Engine) inspect(backend string, id mirror.QueueID) (amqp.Queue, error) 
 // would keep an expiring queue alive for ever, and queue.unbind answers
 // unbind-ok for a missing queue. A binding made and removed at once asks
 // the broker's binding table only: 404 when the queue is gone.
-func (e *Engine) exists(backend string, id mirror.QueueID) (bool, error) {
+func (o *operator) exists(backend string, id mirror.QueueID) (bool, error) {
 	const probe = "amqp-mirror-existence-probe"
-	err := e.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
+	err := o.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
 		if err := ch.QueueBind(id.Name, probe, "amq.direct", false, nil); err != nil {
 			return err
 		}
@@ -92,22 +106,22 @@ func replyCode(err error) int {
 // trimmer, its only consumer, recycles its channel now and then, which
 // would delete an auto-delete copy; the engine deletes slaves when their
 // master goes.
-func (e *Engine) declareCopy(backend string, m mirror.QueueMeta) error {
+func (o *operator) declareCopy(backend string, m mirror.QueueMeta) error {
 	args, err := amqpTable(m.Arguments)
 	if err != nil {
 		return fmt.Errorf("%s: arguments: %w", m.ID, err)
 	}
-	return e.withChannel(backend, m.ID.VHost, func(ch *amqp.Channel) error {
+	return o.withChannel(backend, m.ID.VHost, func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(m.ID.Name, m.Durable, false, false, false, args); err != nil {
 			return fmt.Errorf("declaring a copy of %s on %s: %w", m.ID, backend, err)
 		}
-		for _, b := range m.Bindings {
-			bargs, err := amqpTable(b.Arguments)
+		for _, binding := range m.Bindings {
+			bargs, err := amqpTable(binding.Arguments)
 			if err != nil {
 				return fmt.Errorf("%s: binding arguments: %w", m.ID, err)
 			}
-			if err := ch.QueueBind(m.ID.Name, b.RoutingKey, b.Exchange, false, bargs); err != nil {
-				return fmt.Errorf("binding the copy of %s on %s to exchange %q: %w", m.ID, backend, b.Exchange, err)
+			if err := ch.QueueBind(m.ID.Name, binding.RoutingKey, binding.Exchange, false, bargs); err != nil {
+				return fmt.Errorf("binding the copy of %s on %s to exchange %q: %w", m.ID, backend, binding.Exchange, err)
 			}
 		}
 		return nil
@@ -116,8 +130,8 @@ func (e *Engine) declareCopy(backend string, m mirror.QueueMeta) error {
 
 // deleteCopy deletes the copy of queue id on backend; one already gone is
 // not an error.
-func (e *Engine) deleteCopy(backend string, id mirror.QueueID) error {
-	err := e.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
+func (o *operator) deleteCopy(backend string, id mirror.QueueID) error {
+	err := o.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
 		_, err := ch.QueueDelete(id.Name, false, false, false)
 		return err
 	})
@@ -127,24 +141,71 @@ func (e *Engine) deleteCopy(backend string, id mirror.QueueID) error {
 	return err
 }
 
+// purgeCopy purges the copy of queue id on backend directly.
+func (o *operator) purgeCopy(backend string, id mirror.QueueID) error {
+	return o.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
+		_, err := ch.QueuePurge(id.Name, false)
+		return err
+	})
+}
+
+// dial opens a connection of the proxy's own to backend in vhost for
+// one sync.
+// A sync never uses the watcher's connection: RabbitMQ throttles a
+// connection that publishes fast (credit flow), and the watcher's probes
+// on a throttled connection would go unanswered long enough to call the
+// backend down.
+func (o *operator) dial(backend, vhost string) (*amqp.Connection, error) {
+	for _, configured := range o.backends {
+		if configured.Name != backend {
+			continue
+		}
+		url, err := controllink.WithVHost(configured.URL, vhost)
+		if err != nil {
+			return nil, fmt.Errorf("backend %s: %w", backend, err)
+		}
+		dialer := &net.Dialer{Timeout: o.timeout}
+		conn, err := amqp.DialConfig(url, amqp.Config{
+			TLSClientConfig: configured.TLS,
+			Heartbeat:       10 * time.Second,
+			Locale:          "en_US",
+			Dial: func(network, addr string) (net.Conn, error) {
+				conn, err := dialer.Dial(network, addr)
+				if err != nil {
+					return nil, err
+				}
+				// Bounds the handshake; amqp091-go clears it once open.
+				conn.SetDeadline(time.Now().Add(o.timeout))
+				return conn, nil
+			},
+			Properties: amqp.Table{"connection_name": "amqp-mirror sync"},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("backend %s, vhost %q: connecting for a sync: %w", backend, vhost, err)
+		}
+		return conn, nil
+	}
+	return nil, fmt.Errorf("backend %s is not configured", backend)
+}
+
 // buryCopies deletes the copies on backends of a queue that was deleted
 // (the log keeps its tombstone), and reports whether it was: a broker that
 // was down when the queue was deleted kept its copy, which must go, not be
 // adopted as a new queue. A queue the log never knew has no tombstone and
 // is left alone (adopted as before). The tombstone goes when the queue is
 // declared again through a proxy.
-func (e *Engine) buryCopies(id mirror.QueueID, backends []string) (bool, error) {
-	ts, ok := e.opts.Store.Tombstone(id)
+func (o *operator) buryCopies(id mirror.QueueID, backends []string) (bool, error) {
+	ts, ok := o.store.Tombstone(id)
 	if !ok {
 		return false, nil
 	}
 	var errs []error
-	for _, b := range backends {
-		if err := e.deleteCopy(b, id); err != nil {
-			errs = append(errs, fmt.Errorf("deleting the copy of deleted %s on %s: %w", id, b, err))
+	for _, backend := range backends {
+		if err := o.deleteCopy(backend, id); err != nil {
+			errs = append(errs, fmt.Errorf("deleting the copy of deleted %s on %s: %w", id, backend, err))
 			continue
 		}
-		e.log.Info("copy of a deleted queue deleted", "queue", id.Name, "vhost", id.VHost, "backend", b, "deleted_at", ts.At, "epoch", ts.Epoch)
+		o.log.Info("copy of a deleted queue deleted", "queue", id.Name, "vhost", id.VHost, "backend", backend, "deleted_at", ts.At, "epoch", ts.Epoch)
 	}
 	return true, errors.Join(errs...)
 }

@@ -2,9 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
-	"slices"
-	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -69,52 +66,45 @@ type Peers interface {
 	WaitApplied(ctx context.Context, index uint64) error
 }
 
-// appliedEverywhere waits until the other proxies of a cluster have
-// applied a binding's write at index: publishes through any of them are
-// routed by the bindings their own copy of the log shows, and the client
-// that bound may publish through another proxy (or tell someone who does)
-// as soon as it has its bind-ok.
-func (e *Engine) appliedEverywhere(ctx context.Context, index uint64) {
-	if !e.clustered() {
-		return
-	}
-	if err := e.opts.Peers.WaitApplied(ctx, index); err != nil {
-		e.log.Warn("a binding is recorded, but not every proxy confirmed it applied it", "index", index, "err", err)
-	}
+// roles says which work on a queue falls to this proxy: all of it for one
+// proxy alone, the work of its own node in a cluster. It is a plain value,
+// fixed at New.
+type roles struct {
+	node string // Options.Node
+	// clustered is set when the engine shares its work with other proxies
+	// (Options.Peers set).
+	clustered bool
 }
 
-// clustered reports whether the engine shares its work with other
-// proxies (Options.Peers set).
-func (e *Engine) clustered() bool { return e.opts.Peers != nil }
+func newRoles(opts Options) roles { return roles{node: opts.Node, clustered: opts.Peers != nil} }
 
 // trimsHere reports whether this proxy trims the slave copy on backend:
 // every copy for one proxy alone, the copies on its own node in a
 // cluster.
-func (e *Engine) trimsHere(backend string) bool {
-	return !e.clustered() || backend == e.opts.Node
+func (r roles) trimsHere(backend string) bool {
+	return !r.clustered || backend == r.node
 }
 
 // coordinates reports whether this proxy carries out policy changes and
 // expiry for m: always for one proxy alone, when m's master is on its
 // own node in a cluster.
-func (e *Engine) coordinates(m mirror.QueueMeta) bool {
-	return !e.clustered() || m.Master == e.opts.Node
+func (r roles) coordinates(m mirror.QueueMeta) bool {
+	return !r.clustered || m.Master == r.node
 }
 
 // syncTargets filters the slaves a sync should copy to down to those this
 // proxy synchronises: all of them alone; in a cluster its own node's
 // slave, and only when it is the first of targets (join order) on a live
 // backend, so that two proxies never copy from one master at once.
-func (e *Engine) syncTargets(targets []string) []string {
-	if !e.clustered() {
+func (r roles) syncTargets(targets []string, live mirror.LiveSet) []string {
+	if !r.clustered {
 		return targets
 	}
-	live := e.live()
 	for _, t := range targets {
 		if !live.Has(t) {
 			continue
 		}
-		if t == e.opts.Node {
+		if t == r.node {
 			return []string{t}
 		}
 		return nil
@@ -125,45 +115,12 @@ func (e *Engine) syncTargets(targets []string) []string {
 // SettleLocal is Settle for the slave copies this proxy trims: what the
 // proxies of other nodes send for this node's slaves.
 func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID) {
-	e.mu.RLock()
-	if qs := e.queues[id]; qs != nil {
-		for _, tr := range qs.trimmers {
-			tr.t.Settle(ids...)
-		}
-	}
-	e.mu.RUnlock()
+	e.trimmers.settle(id, ids, false)
 }
 
 // RejectLocal is Reject for the slave copies this proxy trims.
 func (e *Engine) RejectLocal(id mirror.QueueID, ids []mirror.MessageID) {
-	e.mu.RLock()
-	if qs := e.queues[id]; qs != nil {
-		for _, tr := range qs.trimmers {
-			tr.t.Reject(ids...)
-		}
-	}
-	e.mu.RUnlock()
-}
-
-// syncInCluster carries out a requested sync (ctl sync_queue) of the
-// targets in a cluster: the proxy beside the first live one syncs it
-// (SyncLocal, here or there), and hands the request on to the next when
-// it is done, so that the slaves are synchronised one after another.
-func (e *Engine) syncInCluster(ctx context.Context, id mirror.QueueID, targets []string) error {
-	live := e.live()
-	for _, t := range targets {
-		if !live.Has(t) {
-			continue
-		}
-		if t == e.opts.Node {
-			return e.SyncLocal(ctx, id)
-		}
-		if err := e.opts.Peers.SyncSlave(ctx, t, id); err != nil {
-			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, t, err)
-		}
-		return nil
-	}
-	return nil
+	e.trimmers.settle(id, ids, true)
 }
 
 // SyncLocal starts synchronising the slave beside this proxy (another
@@ -172,207 +129,30 @@ func (e *Engine) syncInCluster(ctx context.Context, id mirror.QueueID, targets [
 // request it cannot start here, so a request cannot go round between
 // proxies that see the cluster differently.
 func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
-	// This proxy's copy of the log may not have the slave yet when the
-	// asking proxy's has: it was just added. Wait a little for it.
-	var m mirror.QueueMeta
-	for wait := time.Now().Add(5 * time.Second); ; {
-		var ok bool
-		m, ok = e.opts.Store.Get(id)
-		if ok && m.SlaveIndex(e.opts.Node) >= 0 {
-			break
-		}
-		if time.Now().After(wait) {
-			if !ok {
-				return fmt.Errorf("%s: %w", id, mirror.ErrQueueNotFound)
-			}
-			return fmt.Errorf("%s has no slave on %s", id, e.opts.Node)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	if m.Slaves[m.SlaveIndex(e.opts.Node)].Synchronised {
-		return nil
-	}
-	// The request may come before the loop started the slave's trimmer
-	// (the slave was just added), and a sync copies into it.
-	e.ensureTrimmer(m, e.opts.Node)
-	def, _ := e.definition(id)
-	run := e.startSync(id, []string{e.opts.Node}, def, true)
-	if run == nil {
-		return nil
-	}
-	e.syncWG.Add(1)
-	go func() {
-		defer e.syncWG.Done()
-		select {
-		case <-run.done:
-		case <-e.ctx.Done():
-			return
-		}
-		if run.err != nil {
-			return
-		}
-		m, ok := e.opts.Store.Get(id)
-		if !ok {
-			return
-		}
-		var rest []string
-		for _, s := range m.Slaves {
-			if !s.Synchronised && s.Backend != e.opts.Node {
-				rest = append(rest, s.Backend)
-			}
-		}
-		ctx, cancel := e.opContext()
-		defer cancel()
-		if err := e.syncInCluster(ctx, id, rest); err != nil {
-			e.log.Warn("cannot hand a requested sync on to the next slave", "queue", id.Name, "vhost", id.VHost, "err", err)
-		}
-	}()
-	return nil
-}
-
-// ownCopiesDelay is how long a cluster proxy that starts lets its copy
-// of the log catch up with the leader before it looks at its own node's
-// slaves.
-const ownCopiesDelay = 3 * time.Second
-
-// ownCopiesCheck is the state of checkOwnCopies, owned by the loop.
-type ownCopiesCheck struct {
-	first time.Time // the loop's first tick
-	// atStart are this node's unsynchronised slaves at the first tick: a
-	// slave added later was purged by whoever added it, and may be syncing
-	// by the time the check runs.
-	atStart map[mirror.QueueID]bool
-	done    bool
-}
-
-// checkOwnCopies makes a cluster proxy that starts treat its own node's
-// unsynchronised slaves as copies that come back: they missed what
-// happened while this node was down (its broker, or this proxy that trims
-// them), so they rejoin purged (backendBack) as soon as the backend is up.
-// Only the proxy beside a backend lets its copies rejoin, and a proxy
-// that was down saw no loss to remember. It takes the slaves unsynchronised
-// at its first tick with a leader (serve starts the engine once its log
-// caught up) and lets those still unsynchronised rejoin a few seconds
-// later; a slave added since was purged by whoever added it, and may be
-// synchronising by then.
-func (e *Engine) checkOwnCopies() {
-	c := &e.ownCopies
-	if c.done || !e.clustered() || e.opts.Node == "" {
-		return
-	}
-	if c.first.IsZero() {
-		if leader, _ := e.opts.Store.Leader(); leader == "" {
-			return
-		}
-		c.first = time.Now()
-		c.atStart = e.ownUnsynchronised()
-	}
-	if time.Since(c.first) < ownCopiesDelay {
-		return
-	}
-	c.done = true
-	queues := e.lost[e.opts.Node]
-	for _, m := range e.opts.Store.List() {
-		if !c.atStart[m.ID] {
-			continue
-		}
-		if i := m.SlaveIndex(e.opts.Node); i >= 0 && !m.Slaves[i].Synchronised {
-			if queues == nil {
-				queues = make(map[mirror.QueueID]bool)
-				e.lost[e.opts.Node] = queues
-			}
-			queues[m.ID] = true
-		}
-	}
-	if len(queues) > 0 {
-		e.log.Info("this node's unsynchronised slaves rejoin, purged", "queues", len(queues))
-	}
-	e.buryMissedDeletes()
-}
-
-// ownUnsynchronised returns the queues with an unsynchronised slave on
-// this node.
-func (e *Engine) ownUnsynchronised() map[mirror.QueueID]bool {
-	out := make(map[mirror.QueueID]bool)
-	for _, m := range e.opts.Store.List() {
-		if i := m.SlaveIndex(e.opts.Node); i >= 0 && !m.Slaves[i].Synchronised {
-			out[m.ID] = true
-		}
-	}
-	return out
-}
-
-// buryMissedDeletes deletes the copies this node's broker kept of queues
-// deleted while this proxy was down: the tombstones newer than what its
-// log held at start that name this node. A copy it cannot delete now (the
-// broker is not up yet) goes when a client names the queue (Resolve).
-func (e *Engine) buryMissedDeletes() {
-	if !e.up(e.opts.Node) {
-		return
-	}
-	buried := 0
-	for _, ts := range e.opts.Store.Tombstones() {
-		if ts.Index <= e.opts.Store.OpenedAt() || !slices.Contains(ts.Backends, e.opts.Node) {
-			continue
-		}
-		if _, recorded := e.opts.Store.Get(ts.ID); recorded {
-			continue // declared again since
-		}
-		if _, err := e.buryCopies(ts.ID, []string{e.opts.Node}); err != nil {
-			e.log.Warn("cannot delete this node's copy of a queue deleted while it was down", "queue", ts.ID.Name, "vhost", ts.ID.VHost, "err", err)
-			continue
-		}
-		buried++
-	}
-	if buried > 0 {
-		e.log.Info("copies of queues deleted while this proxy was down are deleted", "queues", buried)
-	}
+	return e.syncs.local(ctx, id)
 }
 
 // PurgeLocal empties this node's slave copy of a queue, through its
 // trimmer when it has one: what Purged does for the slave on this node
 // when a client purged the queue through another proxy.
 func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
-	if tr := e.trimmer(id, e.opts.Node); tr != nil {
+	if tr := e.trimmers.get(id, e.roles.node); tr != nil {
 		_, err := tr.t.Purge(ctx)
 		return err
 	}
-	return e.purgeCopy(e.opts.Node, id)
+	return e.operator.purgeCopy(e.roles.node, id)
 }
 
-// purgeRemote empties a slave copy another node's proxy trims, through
-// that proxy; when it cannot be asked (it is down, and its trimmer's
-// messages are back in the copy) the copy is purged directly.
-func (e *Engine) purgeRemote(ctx context.Context, backend string, id mirror.QueueID) error {
-	err := e.opts.Peers.PurgeSlave(ctx, backend, id)
-	if err == nil {
-		return nil
-	}
-	e.log.Warn("the proxy beside a slave could not purge it; purging it directly", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
-	return e.purgeCopy(backend, id)
-}
-
-// settleRemote hands the settles (rejections with reject) of the queue's
-// slaves on other nodes to their proxies.
-func (e *Engine) settleRemote(id mirror.QueueID, ids []mirror.MessageID, reject bool) {
-	if !e.clustered() {
-		return
-	}
-	m, ok := e.Lookup(id)
-	if !ok {
-		return
-	}
+// handSettles hands the settles (rejections with reject) of the slaves of
+// m on other nodes than node to their proxies.
+func handSettles(peers Peers, node string, m mirror.QueueMeta, ids []mirror.MessageID, reject bool) {
 	for _, s := range m.Slaves {
 		switch {
-		case s.Backend == e.opts.Node:
+		case s.Backend == node:
 		case reject:
-			e.opts.Peers.SendRejects(s.Backend, id, ids)
+			peers.SendRejects(s.Backend, m.ID, ids)
 		default:
-			e.opts.Peers.SendSettles(s.Backend, id, ids)
+			peers.SendSettles(s.Backend, m.ID, ids)
 		}
 	}
 }

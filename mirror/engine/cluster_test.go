@@ -40,14 +40,14 @@ func TestClusterShares(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e := &Engine{opts: tc.opts}
-			if got := e.coordinates(m); got != tc.wantCoordinates {
+			r := newRoles(tc.opts)
+			if got := r.coordinates(m); got != tc.wantCoordinates {
 				t.Errorf("coordinates = %v, want %v", got, tc.wantCoordinates)
 			}
-			if got := e.trimsHere("rabbit1"); got != tc.wantTrims1 {
+			if got := r.trimsHere("rabbit1"); got != tc.wantTrims1 {
 				t.Errorf("trimsHere(rabbit1) = %v, want %v", got, tc.wantTrims1)
 			}
-			if got := e.trimsHere("rabbit2"); got != tc.wantTrim {
+			if got := r.trimsHere("rabbit2"); got != tc.wantTrim {
 				t.Errorf("trimsHere(rabbit2) = %v, want %v", got, tc.wantTrim)
 			}
 		})

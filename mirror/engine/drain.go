@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
-	"strings"
 	"sync"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
@@ -16,7 +19,7 @@ import (
 // (mirror.Promote with CauseShutdown, so ha-promote-on-shutdown decides,
 // when-synced by default); every slave there leaves its queue's record and
 // its copy is deleted; and until `ctl undrain BACKEND` the engine places no
-// new master or slave there (Place and reconcileAll leave drained backends
+// new master or slave there (Place and reconciler.all leave drained backends
 // out of the live set they decide on).
 //
 // Which backends are drained is kept in this engine's memory only: a
@@ -110,47 +113,8 @@ func (d *drainedSet) list() []string {
 	return out
 }
 
-// placeable returns the live backends that are not drained: where new
-// masters and slaves may go.
-func (e *Engine) placeable() mirror.LiveSet {
-	live := e.live()
-	for _, b := range e.drained.list() {
-		delete(live, b)
-	}
-	return live
-}
-
-// placeableIn is placeable without the backends that refuse the proxy's
-// account in vhost (it is missing there, or the account lacks
-// permissions): no copy of that vhost's queues can be made or kept in
-// step there. Asking is cheap: the watcher keeps a connection per vhost,
-// and a refusal for a few seconds before it asks the broker again.
-func (e *Engine) placeableIn(vhost string) mirror.LiveSet {
-	live := e.placeable()
-	for b := range live {
-		if !e.accepts(b, vhost) {
-			delete(live, b)
-		}
-	}
-	return live
-}
-
-// accepts reports whether the proxy's account can work in vhost on
-// backend.
-func (e *Engine) accepts(backend, vhost string) bool {
-	_, _, err := e.opts.Watcher.VHostConn(backend, vhost)
-	return err == nil
-}
-
 // Drained returns the drained backends, sorted.
-func (e *Engine) Drained() []string { return e.drained.list() }
-
-func (e *Engine) checkBackend(backend string) error {
-	if slices.Contains(e.backends, backend) {
-		return nil
-	}
-	return fmt.Errorf("backend '%s' (configured: %s): %w", backend, strings.Join(e.backends, ", "), ErrUnknownBackend)
-}
+func (e *Engine) Drained() []string { return e.liveness.drained.list() }
 
 // Drain stops placing copies on backend and moves every queue off it: the
 // masters there are promoted per ha-promote-on-shutdown (the epoch rises),
@@ -164,18 +128,42 @@ func (e *Engine) checkBackend(backend string) error {
 // Changes that could not be recorded are in the report (Error); the call
 // fails only for an unknown backend or when ctx ends.
 func (e *Engine) Drain(ctx context.Context, backend string) (DrainReport, error) {
-	if err := e.checkBackend(backend); err != nil {
+	if err := e.liveness.configured(backend); err != nil {
 		return DrainReport{}, err
 	}
+	report, err := e.drainer.drain(ctx, backend)
+	if err != nil {
+		return report, err
+	}
+	e.poke() // exactly: replacements for the dropped slaves
+	return report, nil
+}
+
+// drainer carries out Drain: promotions away from a backend and the
+// removal of its slaves. The drained set itself is liveness's; drainer
+// keeps no state.
+type drainer struct {
+	store    *store.Store
+	records  *recorder
+	liveness *liveness
+	trimmers *trimmers
+	syncs    *syncs
+	operator *operator
+	policies *config.PolicyStore
+	log      *slog.Logger
+}
+
+// drain is Drain on a configured backend, but for waking the loop.
+func (d *drainer) drain(ctx context.Context, backend string) (DrainReport, error) {
 	// Drained first, so that no reconcile from now on adds a slave there.
-	e.drained.set(backend, true)
-	e.log.Info("draining backend", "backend", backend)
+	d.liveness.drained.set(backend, true)
+	d.log.Info("draining backend", "backend", backend)
 	report := DrainReport{Backend: backend, Queues: []DrainedQueue{}}
 	// A reconcile that decided before the backend was drained can still
 	// record a slave there after the first pass looked at its queue: the
 	// second pass drops it.
 	for range 2 {
-		for _, m := range e.opts.Store.List() {
+		for _, m := range d.store.List() {
 			if err := ctx.Err(); err != nil {
 				return report, err
 			}
@@ -185,28 +173,27 @@ func (e *Engine) Drain(ctx context.Context, backend string) (DrainReport, error)
 				if i := slices.IndexFunc(report.Queues, func(d DrainedQueue) bool { return d.ID == m.ID }); i >= 0 {
 					continue // kept in the first pass; said once
 				}
-				q = e.drainMaster(m.ID, backend)
+				q = d.master(m.ID, backend)
 			case m.SlaveIndex(backend) >= 0:
-				q = e.drainSlave(m.ID, backend)
+				q = d.slave(m.ID, backend)
 			default:
 				continue
 			}
 			report.Queues = append(report.Queues, q)
 		}
 	}
-	e.poke() // exactly: replacements for the dropped slaves
 	return report, nil
 }
 
-// drainMaster promotes a slave of the queue in backend's place.
-func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
-	def, _ := e.definition(id)
-	live := e.placeable()
+// master promotes a slave of the queue in backend's place.
+func (d *drainer) master(id mirror.QueueID, backend string) DrainedQueue {
+	def, _ := definition(d.policies, id)
+	live := d.liveness.placeable()
 	delete(live, backend)
 	q := DrainedQueue{ID: id, Role: RoleMaster}
 	var p mirror.Promotion
 	meanwhile := false
-	written, err := e.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	written, err := d.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		if m.Master != backend {
 			meanwhile = true // by another proxy of a cluster, or a failover
 			return m, false
@@ -214,7 +201,7 @@ func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
 		p = mirror.Promote(m, live, mirror.CauseShutdown, def)
 		return p.Meta, p.Promoted()
 	})
-	log := e.log.With("queue", id.Name, "vhost", id.VHost)
+	log := d.log.With("queue", id.Name, "vhost", id.VHost)
 	q.To, q.Synchronised, q.Reason, q.Epoch = p.To, p.Synchronised, p.Reason, written.Epoch
 	switch {
 	case err != nil:
@@ -229,20 +216,20 @@ func (e *Engine) drainMaster(id mirror.QueueID, backend string) DrainedQueue {
 		// held, so clients find every message there. A sync running from
 		// the old master or into the new one stops; the loop starts the
 		// next one from the new master.
-		e.stopTrimmer(id, p.To)
-		e.cancelSync(id)
+		d.trimmers.stop(id, p.To)
+		d.syncs.stop(id)
 		log.Warn("drain: slave promoted", "from", backend, "to", p.To, "epoch", written.Epoch,
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", mirror.CauseShutdown.String())
 	}
 	return q
 }
 
-// drainSlave drops the backend's slave from the queue's record, then stops
+// slave drops the backend's slave from the queue's record, then stops
 // its trimmer and deletes its copy.
-func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
+func (d *drainer) slave(id mirror.QueueID, backend string) DrainedQueue {
 	q := DrainedQueue{ID: id, Role: RoleSlave}
-	e.cancelSyncTo(id, backend)
-	written, err := e.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	d.syncs.cancelTo(id, backend)
+	written, err := d.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		i := m.SlaveIndex(backend)
 		if i < 0 {
 			return m, false
@@ -255,7 +242,7 @@ func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 		return m, true
 	})
 	q.Epoch = written.Epoch
-	log := e.log.With("queue", id.Name, "vhost", id.VHost, "backend", backend)
+	log := d.log.With("queue", id.Name, "vhost", id.VHost, "backend", backend)
 	if err != nil {
 		q.Error = err.Error()
 		log.Warn("drain: cannot record a dropped slave", "err", err)
@@ -264,8 +251,8 @@ func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 	// Deleted only now that the record no longer names it. In a cluster the
 	// trimmer is on the proxy beside the backend, which stops it when it
 	// sees the record.
-	e.stopTrimmer(id, backend)
-	if err := e.deleteCopy(backend, id); err != nil {
+	d.trimmers.stop(id, backend)
+	if err := d.operator.deleteCopy(backend, id); err != nil {
 		log.Warn("drain: slave dropped; cannot delete its copy", "err", err)
 	} else {
 		log.Info("drain: slave dropped, copy deleted")
@@ -273,28 +260,14 @@ func (e *Engine) drainSlave(id mirror.QueueID, backend string) DrainedQueue {
 	return q
 }
 
-// cancelSync stops the queue's sync, if one runs, and waits for it.
-func (e *Engine) cancelSync(id mirror.QueueID) {
-	e.mu.RLock()
-	var run *syncRun
-	if qs := e.queues[id]; qs != nil {
-		run = qs.sync
-	}
-	e.mu.RUnlock()
-	if run != nil {
-		run.cancel()
-		<-run.done
-	}
-}
-
 // Undrain lets the engine place masters and slaves on backend again; the
 // policies' slaves come back at the next reconcile (purged, then
 // synchronised per ha-sync-mode). Masters that moved stay where they are.
 func (e *Engine) Undrain(ctx context.Context, backend string) error {
-	if err := e.checkBackend(backend); err != nil {
+	if err := e.liveness.configured(backend); err != nil {
 		return err
 	}
-	e.drained.set(backend, false)
+	e.liveness.drained.set(backend, false)
 	e.log.Info("backend undrained", "backend", backend)
 	e.poke()
 	return nil

@@ -92,7 +92,7 @@ func TestDrain(t *testing.T) {
 
 	// Nothing goes to rabbit3 while it is drained: not the ha-mode all
 	// slaves a reconcile adds, not a new queue's master or slaves.
-	h.engine.reconcileAll()
+	h.engine.reconciler.all()
 	for _, id := range []mirror.QueueID{moved.ID, slave.ID} {
 		if m, _ := h.store.Get(id); m.Holds("rabbit3") {
 			t.Errorf("%v: after a reconcile its copies are %v; want none on drained rabbit3", id, m.Backends())

@@ -10,22 +10,55 @@
 // the proxy's own connections, those of the controllink.Watcher, each in
 // the vhost of the queue or exchange concerned (Watcher.VHostConn).
 //
+// # Parts
+//
+// Engine is the API: the methods the proxy, serve, ctl and the cluster's
+// peers call. Behind it, each concern is a type with its own state, lock
+// and methods, which Engine holds by pointer and delegates to; a part that
+// needs another's services holds a pointer to that part alone, never the
+// Engine:
+//
+//	snapshots      the Lookup snapshot and the routing table built on it
+//	recorder       conditional writes of records (read, change, write,
+//	               again on a conflict), shown to Lookup at once
+//	operator       the engine's own operations on one backend (declare,
+//	               delete, purge, probe, a sync's connection); no state
+//	liveness       which backends count up and may take copies: watcher,
+//	               serf's failed members, drained backends, the pause
+//	trimmers       a controllink.Trimmer per slave copy trimmed here, the
+//	               copies found missing, never-synced slaves' backlogs
+//	syncs          the sync running per queue, failed and half-done copies
+//	reconciler     the loop's work on every queue: policy plans, trimmers
+//	               against the records, expired masters, backlogs, copies
+//	               reported short of a publish (the one state it owns)
+//	failover       backend events: promotions, lost slaves, rejoins
+//	drainer        ctl drain's promotions and removals; no state
+//	listing        ctl list_queues, with the functions that ask this
+//	               proxy's clients
+//	negativeCache  Resolve's memory of queues no backend had
+//	replyNodes     each backend's Erlang node, for direct reply-to
+//	roles          which work falls to this proxy in a cluster; a value
+//
 // # Goroutines and locks
 //
 // Start runs three goroutines until Close: one rebuilds the Lookup
 // snapshot on every Store change, one takes the Watcher's events (it must
-// never stop reading them) and wakes the third, which owns the background
-// work: backend losses and returns (promotion, rejoining copies),
-// reconciling every queue with its policy, checking masters that may have
-// deleted themselves, and backlogs of manual slaves. Syncs run in
-// goroutines of their own, one per queue at most. Client goroutines call
-// Place, Declared, Deleted, Purged, Bound and Settle concurrently with all
-// of that; the Store's conditional writes settle races over metadata.
+// never stop reading them) into failover's queue and wakes the third, the
+// loop, which owns the background work: backend losses and returns
+// (failover), reconciling every queue with its policy, checking masters
+// that may have deleted themselves, and backlogs of manual slaves
+// (reconciler). failover's lost backends and start check are the loop's
+// alone. Syncs run in goroutines of their own (syncs), one per queue at
+// most. Client goroutines call Place, Declared, Deleted, Purged, Bound and
+// Settle concurrently with all of that; the Store's conditional writes
+// settle races over metadata.
 //
-// Lock order: Engine.mu before a Trimmer's own lock (Settle is called under
-// a read lock of mu) and the Store's; rebuildMu (the Lookup snapshot),
-// negMu (Resolve's negative cache), evMu (backend events) and replies.mu
-// (each backend's node for direct reply-to) are taken alone. Nothing does
+// Lock order: trimmers.mu before a Trimmer's own lock (settles are handed
+// to the trimmers under a read lock of it) and before the Store's;
+// snapshots.mu before the Store's. Every other lock is taken alone:
+// syncs.mu, failover.mu (the events queue), liveness's (failed members,
+// drained backends), missedCopies.mu, negativeCache.mu and replyNodes.mu.
+// No part calls another while holding its own lock, and nothing does
 // network I/O while holding any of them.
 package engine
 
@@ -35,7 +68,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
@@ -90,95 +122,30 @@ type Engine struct {
 	opts     Options
 	log      *slog.Logger
 	backends []string
+	roles    roles    // which work falls to this proxy (cluster.go)
+	life     lifetime // ctx and the operation timeout, for the parts
 
-	// snapshot is what Lookup reads (see snapshot.go), replaced as a whole,
-	// never modified.
-	snapshot  atomic.Pointer[snapshot]
-	rebuildMu sync.Mutex // serialises replacing it, so that an older List never overwrites a newer write
-
-	// unacked counts what this proxy's clients hold unacknowledged
-	// (CountUnackedWith).
-	unacked atomic.Pointer[func(vhost string) map[mirror.QueueID]int]
-	// unrecorded lists the queues this proxy's clients declared that the
-	// log does not record (ListUnrecordedWith).
-	unrecorded atomic.Pointer[func(vhost string) []mirror.UnrecordedQueue]
-
-	// paused is set while the proxy is paused in a partition's minority,
-	// resumed is when it last served again, in Unix nanoseconds
-	// (SetPaused).
-	paused  atomic.Bool
-	resumed atomic.Int64
-	// unpromoted holds, per queue whose lost master nobody replaced, the
-	// reason last logged (mirror.QueueID → string), so that a decision
-	// taken again every second is logged once.
-	unpromoted sync.Map
-
-	negMu    sync.Mutex
-	negative map[mirror.QueueID]time.Time // queues no backend had, until when
-
-	replies replyNodes // each backend's Erlang node, for direct reply-to
-
-	mu     sync.RWMutex
-	queues map[mirror.QueueID]*queueState
-
-	evMu   sync.Mutex
-	events []controllink.Event // taken by the loop
-	// lost are the backends seen going down, with the queues that held a
-	// copy there then, owned by the loop: those copies rejoin when the
-	// backend is back (the watcher's first Up of a backend is no return).
-	lost map[string]map[mirror.QueueID]bool
-	// ownCopies is the loop's check of this node's copies at a cluster
-	// proxy's start (cluster.go).
-	ownCopies ownCopiesCheck
-	// drained are the backends `ctl drain` emptied (drain.go).
-	drained drainedSet
-	// failedMembers are the backends whose proxy serf declared failed
-	// (liveness.go).
-	failedMembers memberFailures
-	// missed are the slave copies the proxy reported short of a publish
-	// (missed.go).
-	missed missedCopies
+	// The parts, each with its own state and lock (see "Parts").
+	view       *snapshots     // snapshot.go
+	records    *recorder      // records.go
+	operator   *operator      // backend.go
+	liveness   *liveness      // liveness.go
+	trimmers   *trimmers      // trimmers.go
+	syncs      *syncs         // sync.go
+	reconciler *reconciler    // reconcile.go
+	failover   *failover      // failover.go
+	drainer    *drainer       // drain.go
+	listing    *listing       // status.go, unrecorded.go
+	negative   *negativeCache // resolve.go
+	replies    *replyNodes    // replyto.go
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
 	wake   chan struct{} // capacity one: liveness changed
 	wg     sync.WaitGroup
-	syncWG sync.WaitGroup
 
 	startOnce sync.Once
 	closeOnce sync.Once
-}
-
-// queueState is what the engine runs for one queue, guarded by
-// Engine.mu.
-type queueState struct {
-	trimmers map[string]*trimmerRun // by slave backend
-	sync     *syncRun               // the sync running now, nil when none
-	// syncFailed is when the last automatic sync failed, so that it is not
-	// retried at every tick.
-	syncFailed time.Time
-	// partial are the slaves a copy from the master left half done.
-	partial map[string]bool
-	// missing are slaves whose copy was found gone, and since when.
-	missing map[string]time.Time
-	// backlogs of never-synced slaves, by backend (mirror.Backlog).
-	backlogs map[string]*backlog
-}
-
-type trimmerRun struct {
-	t          *controllink.Trimmer
-	generation uint64 // of the watcher's connection it runs on
-	// copiesUntil keeps the trimmer remembering what it trimmed for a
-	// while after a copy into it ended, since copies may still be on
-	// their way to it.
-	copiesUntil time.Time
-}
-
-// backlog is a never-synced slave's mirror.Backlog: Held at its join, and
-// the trimmer's Missed count then, from which Settled is counted.
-type backlog struct {
-	held       int
-	missedBase int
 }
 
 // New returns an engine; nothing runs before Start.
@@ -203,19 +170,55 @@ func New(opts Options) *Engine {
 	}
 	log := opts.Logger.With("component", "mirror-engine")
 	opts.Trimmer.Logger = opts.Logger
+	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
-		opts:     opts,
-		log:      log,
-		negative: make(map[mirror.QueueID]time.Time),
-		queues:   make(map[mirror.QueueID]*queueState),
-		lost:     make(map[string]map[mirror.QueueID]bool),
-		wake:     make(chan struct{}, 1),
+		opts:   opts,
+		log:    log,
+		roles:  newRoles(opts),
+		life:   lifetime{ctx: ctx, timeout: opts.OperationTimeout},
+		ctx:    ctx,
+		cancel: cancel,
+		wake:   make(chan struct{}, 1),
 	}
 	for _, b := range opts.Backends {
 		e.backends = append(e.backends, b.Name)
 	}
-	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.snapshot.Store(&snapshot{})
+	e.view = newSnapshots(opts.Store)
+	e.negative = newNegativeCache(opts.NegativeCache)
+	e.replies = &replyNodes{watcher: opts.Watcher, timeout: opts.OperationTimeout}
+	e.records = &recorder{store: opts.Store, writer: opts.Writer, peers: opts.Peers, view: e.view, log: log, life: e.life}
+	e.operator = &operator{watcher: opts.Watcher, backends: opts.Backends, store: opts.Store, log: log, timeout: opts.OperationTimeout}
+	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle}
+	e.trimmers = &trimmers{
+		operator: e.operator, store: opts.Store, roles: e.roles, options: opts.Trimmer, logger: opts.Logger, log: log,
+		byQueue: make(map[mirror.QueueID]*queueTrimmers),
+	}
+	e.syncs = &syncs{
+		store: opts.Store, records: e.records, trimmers: e.trimmers, liveness: e.liveness, operator: e.operator,
+		policies: opts.Policies, peers: opts.Peers, roles: e.roles, log: log, life: e.life,
+		byQueue: make(map[mirror.QueueID]*queueSyncs),
+	}
+	e.reconciler = &reconciler{
+		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
+		operator: e.operator, policies: opts.Policies, peers: opts.Peers, roles: e.roles, backends: e.backends,
+		log: log, life: e.life,
+	}
+	// A trimmer that finds its copy missing hands it to the reconciler,
+	// which holds the trimmers: set once both exist.
+	e.trimmers.gone = e.reconciler.copyGone
+	e.failover = &failover{
+		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
+		operator: e.operator, policies: opts.Policies, roles: e.roles, log: log, life: e.life, poke: e.poke,
+		lost: make(map[string]map[mirror.QueueID]bool),
+	}
+	e.drainer = &drainer{
+		store: opts.Store, records: e.records, liveness: e.liveness, trimmers: e.trimmers, syncs: e.syncs,
+		operator: e.operator, policies: opts.Policies, log: log,
+	}
+	e.listing = &listing{
+		store: opts.Store, policies: opts.Policies, watcher: opts.Watcher, operator: e.operator, syncs: e.syncs,
+		peers: opts.Peers, backends: e.backends, log: log,
+	}
 	return e
 }
 
@@ -230,8 +233,8 @@ func (e *Engine) Start(ctx context.Context) error {
 	if !started {
 		return errors.New("mirror engine: started twice")
 	}
-	e.awaitVerdicts(ctx)
-	e.rebuild()
+	e.liveness.awaitVerdicts(ctx)
+	e.view.rebuild()
 	changes, stopChanges := e.opts.Store.Changes()
 	policies, stopPolicies := e.opts.Policies.Subscribe()
 	e.wg.Add(3)
@@ -246,7 +249,7 @@ func (e *Engine) Start(ctx context.Context) error {
 				if !ok {
 					return
 				}
-				e.rebuild()
+				e.view.rebuild()
 			}
 		}
 	}()
@@ -257,7 +260,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			case <-e.ctx.Done():
 				return
 			case ev := <-e.opts.Watcher.Events():
-				e.addEvent(ev)
+				e.failover.addEvent(ev)
 			}
 		}
 	}()
@@ -277,41 +280,9 @@ func (e *Engine) Close() {
 	e.closeOnce.Do(func() {
 		e.cancel()
 		e.wg.Wait()
-		e.syncWG.Wait()
-		e.mu.Lock()
-		var trimmers []*controllink.Trimmer
-		for _, qs := range e.queues {
-			for _, tr := range qs.trimmers {
-				trimmers = append(trimmers, tr.t)
-			}
-		}
-		e.queues = make(map[mirror.QueueID]*queueState)
-		e.mu.Unlock()
-		for _, t := range trimmers {
-			t.Close()
-		}
+		e.syncs.close()
+		e.trimmers.closeAll()
 	})
-}
-
-func (e *Engine) awaitVerdicts(ctx context.Context) {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-	for {
-		unknown := false
-		for _, b := range e.backends {
-			if e.opts.Watcher.State(b) == controllink.Unknown {
-				unknown = true
-			}
-		}
-		if !unknown {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
 
 // poke asks the background loop to look at every queue now.
@@ -331,75 +302,29 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 		case <-e.ctx.Done():
 			return
 		case <-policies:
-			e.reconcileAll()
+			e.reconciler.all()
 		case <-e.wake:
-			for _, ev := range e.takeEvents() {
-				e.handleEvent(ev)
+			for _, ev := range e.failover.takeEvents() {
+				e.failover.handleEvent(ev)
 			}
-			e.handleMissed()
-			e.ensureTrimmers()
-			e.reconcileAll()
+			e.reconciler.handleMissed()
+			e.reconciler.ensureTrimmers()
+			e.reconciler.all()
 		case <-tick.C:
-			e.checkOwnCopies() // cluster.go
-			e.retryRejoins()
-			e.checkExpired()
-			e.ensureTrimmers()
-			e.reconcileAll()
-			e.checkBacklogs()
+			e.failover.checkOwnCopies()
+			e.failover.retryRejoins()
+			e.reconciler.checkExpired()
+			e.reconciler.ensureTrimmers()
+			e.reconciler.all()
+			e.reconciler.checkBacklogs()
 		}
 	}
-}
-
-// handleEvent applies a backend event: a loss at once, a return only after
-// a loss this engine saw.
-func (e *Engine) handleEvent(ev controllink.Event) {
-	switch ev.State {
-	case controllink.Down:
-		queues := e.lost[ev.Backend]
-		if queues == nil {
-			queues = make(map[mirror.QueueID]bool)
-			e.lost[ev.Backend] = queues
-		}
-		for _, m := range e.opts.Store.List() {
-			if m.Holds(ev.Backend) {
-				queues[m.ID] = true
-			}
-		}
-		e.backendLost(ev)
-	case controllink.Up:
-		e.retryRejoins()
-	}
-}
-
-// retryRejoins lets the copies on backends that are up again rejoin, also
-// those that could not at the backend's return.
-func (e *Engine) retryRejoins() {
-	for b, queues := range e.lost {
-		if !e.up(b) {
-			continue
-		}
-		e.backendBack(b, queues)
-		if len(queues) == 0 {
-			delete(e.lost, b)
-		}
-	}
-}
-
-// live returns the backends the engine counts up (liveness.go).
-func (e *Engine) live() mirror.LiveSet {
-	var up []string
-	for _, b := range e.backends {
-		if e.up(b) {
-			up = append(up, b)
-		}
-	}
-	return mirror.NewLiveSet(up...)
 }
 
 // definition returns the effective policy definition of a queue and the
 // name of the user policy that applies ("" for none).
-func (e *Engine) definition(id mirror.QueueID) (config.Definition, string) {
-	snap := e.opts.Policies.Snapshot()
+func definition(policies *config.PolicyStore, id mirror.QueueID) (config.Definition, string) {
+	snap := policies.Snapshot()
 	user := snap.Match(id.VHost, id.Name, config.KindQueue, false)
 	def := config.Effective(user, snap.MatchOperator(id.VHost, id.Name, config.KindQueue, false))
 	name := ""
@@ -409,19 +334,17 @@ func (e *Engine) definition(id mirror.QueueID) (config.Definition, string) {
 	return def, name
 }
 
-// state returns the queue's state, created when missing; call with mu held
-// for writing.
-func (e *Engine) stateLocked(id mirror.QueueID) *queueState {
-	qs := e.queues[id]
-	if qs == nil {
-		qs = &queueState{trimmers: map[string]*trimmerRun{}, backlogs: map[string]*backlog{}}
-		e.queues[id] = qs
-	}
-	return qs
+// lifetime is the engine's life as its parts see it: ctx ends at Close,
+// and one background operation on a backend or the log is bounded by
+// timeout (Options.OperationTimeout).
+type lifetime struct {
+	ctx     context.Context
+	timeout time.Duration
 }
 
-func (e *Engine) opContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(e.ctx, e.opts.OperationTimeout)
+// operation returns the context of one background operation.
+func (l lifetime) operation() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(l.ctx, l.timeout)
 }
 
 // random is the random locator's source.

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -32,12 +31,12 @@ func (e *Engine) LookupExchange(id mirror.ExchangeID) (mirror.ExchangeMeta, bool
 // exchange's vhost.
 func (e *Engine) ExchangeAbsent(ctx context.Context, id mirror.ExchangeID) []string {
 	var absent []string
-	live := e.live()
+	live := e.liveness.live()
 	for _, b := range e.opts.Backends {
 		if !live.Has(b.Name) || ctx.Err() != nil {
 			continue
 		}
-		err := e.withChannel(b.Name, id.VHost, func(ch *amqp.Channel) error {
+		err := e.operator.withChannel(b.Name, id.VHost, func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclarePassive(id.Name, "direct", false, false, false, false, nil)
 		})
 		if replyCode(err) == amqp.NotFound {
@@ -54,7 +53,7 @@ func (e *Engine) ExchangeAbsent(ctx context.Context, id mirror.ExchangeID) []str
 func (e *Engine) ExchangeDeclared(ctx context.Context, x mirror.ExchangeMeta) {
 	// Not recorded, the exchange stays unknown: its publishes go to every
 	// backend, which is never wrong.
-	_ = e.updateExchange(ctx, x.ID, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
+	_ = e.records.updateExchange(ctx, x.ID, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
 		if exists && cur.Type != "" {
 			return cur, false
 		}
@@ -95,7 +94,7 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 		}
 		// A failure is logged; the binding left behind matters only if an
 		// exchange of that name is declared again.
-		_ = e.updateExchange(ctx, x.ID, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
+		_ = e.records.updateExchange(ctx, x.ID, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
 			if !exists {
 				return cur, false
 			}
@@ -105,7 +104,7 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 	}
 	for _, q := range e.opts.Store.List() {
 		if q.ID.VHost == id.VHost && slices.ContainsFunc(q.Bindings, func(b mirror.Binding) bool { return b.Exchange == id.Name }) {
-			err := e.changeBindings(ctx, q.ID, func(bindings []mirror.Binding) ([]mirror.Binding, bool) {
+			err := e.records.changeBindings(ctx, q.ID, func(bindings []mirror.Binding) ([]mirror.Binding, bool) {
 				before := len(bindings)
 				kept := slices.DeleteFunc(bindings, func(b mirror.Binding) bool { return b.Exchange == id.Name })
 				return kept, len(kept) != before
@@ -115,7 +114,7 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 			}
 		}
 	}
-	e.rebuild()
+	e.view.rebuild()
 }
 
 // ExchangeBound records an exchange-to-exchange binding added (bound true)
@@ -124,7 +123,7 @@ func (e *Engine) ExchangeDeleted(ctx context.Context, id mirror.ExchangeID) {
 // binding is known when the route of another exchange passes through it.
 // An error says the binding exists on the brokers but not in the log.
 func (e *Engine) ExchangeBound(ctx context.Context, source mirror.ExchangeID, b mirror.ExchangeBinding, bound bool) error {
-	return e.updateExchange(ctx, source, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
+	return e.records.updateExchange(ctx, source, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
 		if !exists {
 			if !bound {
 				return cur, false
@@ -151,7 +150,7 @@ func (e *Engine) ExchangeBound(ctx context.Context, source mirror.ExchangeID, b 
 // holds a binding the log does not know, and gets every publish to it. An
 // error says the log does not know that yet.
 func (e *Engine) BoundUnrecorded(ctx context.Context, exchange mirror.ExchangeID, backend string) error {
-	return e.updateExchange(ctx, exchange, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
+	return e.records.updateExchange(ctx, exchange, func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool) {
 		if !exists || !cur.IsFresh(backend) {
 			return cur, false
 		}
@@ -160,55 +159,10 @@ func (e *Engine) BoundUnrecorded(ctx context.Context, exchange mirror.ExchangeID
 	})
 }
 
-// updateExchange applies change to the exchange's record (a copy; exists
-// false when there is none) and writes the result when change says so,
-// read again on a conflict with another writer. The Lookup snapshot is
-// rebuilt at once: the client's next publish must be routed by it.
-func (e *Engine) updateExchange(ctx context.Context, id mirror.ExchangeID, change func(cur mirror.ExchangeMeta, exists bool) (mirror.ExchangeMeta, bool)) error {
-	defer e.rebuild()
-	for range maxConflicts {
-		cur, exists := e.opts.Store.GetExchange(id)
-		next, write := change(cur, exists)
-		if !write {
-			return nil
-		}
-		var expect uint64
-		if exists {
-			expect = cur.Version
-		}
-		written, err := e.opts.Writer.PutExchange(ctx, next, expect)
-		if errors.Is(err, store.ErrConflict) {
-			continue
-		}
-		if err != nil {
-			e.log.Warn("cannot record an exchange", "exchange", id.Name, "vhost", id.VHost, "err", err)
-			return err
-		}
-		// A write forwarded to the leader may not be applied here yet; the
-		// rebuild must show it.
-		if err := e.opts.Store.WaitApplied(ctx, written.Version); err != nil {
-			e.log.Warn("an exchange's record is written but not applied here yet", "exchange", id.Name, "vhost", id.VHost, "err", err)
-		}
-		e.appliedEverywhere(ctx, written.Version)
-		return nil
-	}
-	return fmt.Errorf("recording %s: %w (%d times)", id, store.ErrConflict, maxConflicts)
-}
-
 // Routing returns the routing table of the metadata as this proxy sees
 // it now; the same table until the metadata changes, so a caller may keep
 // a route it computed while Routing returns the same table.
-func (e *Engine) Routing() *mirror.RoutingTable {
-	s := e.snapshot.Load()
-	if t := s.routing.Load(); t != nil {
-		return t
-	}
-	t := mirror.NewRoutingTable(e.backends, s.exchanges, s.queues())
-	if !s.routing.CompareAndSwap(nil, t) {
-		return s.routing.Load()
-	}
-	return t
-}
+func (e *Engine) Routing() *mirror.RoutingTable { return e.view.routing(e.backends) }
 
 // WaitApplied returns once this proxy has applied the metadata log up to
 // index and its routing shows it (another proxy recorded a binding and
@@ -217,6 +171,6 @@ func (e *Engine) WaitApplied(ctx context.Context, index uint64) error {
 	if err := e.opts.Store.WaitApplied(ctx, index); err != nil {
 		return err
 	}
-	e.rebuild()
+	e.view.rebuild()
 	return nil
 }

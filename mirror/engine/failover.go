@@ -1,12 +1,16 @@
 package engine
 
 import (
-	"errors"
+	"log/slog"
+	"slices"
+	"sync"
 	"time"
+
+	"github.com/amqp-mirror/amqp-mirror/config"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
-	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Backend events in the metadata: a master lost is replaced by its oldest
@@ -18,84 +22,91 @@ import (
 // the proxy's; here the new master's trimmer is stopped, so that what it
 // held returns to its queue, ready.
 
+// failover carries out backend events in the metadata: it takes the
+// watcher's events (and serf's verdicts, as events) for the loop, records
+// promotions and lost slaves, and lets returning copies rejoin. The events
+// queue is guarded by mu, taken alone; lost and ownCopies are the loop's
+// (only its goroutine touches them).
+type failover struct {
+	store    *store.Store
+	records  *recorder
+	trimmers *trimmers
+	syncs    *syncs
+	liveness *liveness
+	operator *operator
+	policies *config.PolicyStore
+	roles    roles
+	log      *slog.Logger
+	life     lifetime
+	poke     func() // wakes the loop (Engine.poke)
+
+	mu     sync.Mutex
+	events []controllink.Event // taken by the loop
+	// lost are the backends seen going down, with the queues that held a
+	// copy there then, owned by the loop: those copies rejoin when the
+	// backend is back (the watcher's first Up of a backend is no return).
+	lost map[string]map[mirror.QueueID]bool
+	// ownCopies is the loop's check of this node's copies at a cluster
+	// proxy's start (checkOwnCopies).
+	ownCopies ownCopiesCheck
+	// unpromoted holds, per queue whose lost master nobody replaced, the
+	// reason last logged (mirror.QueueID → string), so that a decision
+	// taken again every second is logged once.
+	unpromoted sync.Map
+}
+
 // takeEvents returns the backend events received since the last call.
-func (e *Engine) takeEvents() []controllink.Event {
-	e.evMu.Lock()
-	defer e.evMu.Unlock()
-	evs := e.events
-	e.events = nil
+func (f *failover) takeEvents() []controllink.Event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	evs := f.events
+	f.events = nil
 	return evs
 }
 
 // addEvent queues a watcher event for the loop; it never blocks.
-func (e *Engine) addEvent(ev controllink.Event) {
-	e.evMu.Lock()
-	e.events = append(e.events, ev)
-	e.evMu.Unlock()
-	e.poke()
-}
-
-// SetPaused tells the engine that its proxy pauses (pause_minority: it
-// sees no more than half of its cluster) or serves again. What a paused
-// proxy takes for lost backends is its side of a partition's view: the
-// majority decides for those it cannot reach. So a paused engine records
-// no loss; each waits until the proxy serves again, and is recorded then
-// if the backend is still down. Recorded at once, after the healing but
-// before this proxy's serf has seen the majority alive again (it is paused
-// until then), a stale verdict could move a master away from a live broker,
-// to a slave that rejoined unsynchronised meanwhile. For ResumeSettle after
-// it serves again, it leaves promotions to the other proxies, which were
-// never cut off: its serf may have seen only one of them alive again so
-// far, and its own probes of the brokers reconnect after the healing too.
-func (e *Engine) SetPaused(paused bool) {
-	if !paused && e.paused.Load() {
-		e.resumed.Store(time.Now().UnixNano())
-	}
-	e.paused.Store(paused)
-}
-
-// settlingAfterPause reports whether the proxy served again less than
-// ResumeSettle ago.
-func (e *Engine) settlingAfterPause() bool {
-	at := e.resumed.Load()
-	return at != 0 && time.Since(time.Unix(0, at)) < e.opts.ResumeSettle
+func (f *failover) addEvent(ev controllink.Event) {
+	f.mu.Lock()
+	f.events = append(f.events, ev)
+	f.mu.Unlock()
+	f.poke()
 }
 
 // backendLost records a backend's loss in the metadata of every queue with
 // a copy there.
-func (e *Engine) backendLost(ev controllink.Event) {
-	if e.paused.Load() {
-		e.log.Info("backend lost while this proxy is paused in a minority; recorded once it serves again, if still down", "backend", ev.Backend)
-		e.retryLoss(ev)
+func (f *failover) backendLost(ev controllink.Event) {
+	if f.liveness.isPaused() {
+		f.log.Info("backend lost while this proxy is paused in a minority; recorded once it serves again, if still down", "backend", ev.Backend)
+		f.retryLoss(ev)
 		return
 	}
 	cause := mirror.CauseFailure
 	if ev.Cause == controllink.CauseShutdown {
 		cause = mirror.CauseShutdown
 	}
-	live := e.live()
+	live := f.liveness.live()
 	delete(live, ev.Backend) // whatever the watcher says now, this event is a loss
 	failed, deferred, waiting := false, false, false
-	settling := e.settlingAfterPause()
-	for _, m := range e.opts.Store.List() {
-		e.cancelSyncTo(m.ID, ev.Backend)
+	settling := f.liveness.settlingAfterPause()
+	for _, m := range f.store.List() {
+		f.syncs.cancelTo(m.ID, ev.Backend)
 		var err error
 		switch {
 		case m.Master == ev.Backend && settling:
 			deferred = true
 		case m.Master == ev.Backend:
 			var noLiveSlave bool
-			noLiveSlave, err = e.promote(m.ID, ev, cause, live)
+			noLiveSlave, err = f.promote(m.ID, ev, cause, live)
 			waiting = waiting || noLiveSlave
 		case m.SlaveIndex(ev.Backend) >= 0:
-			_, err = e.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+			_, err = f.records.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 				return mirror.SlaveLost(m, ev.Backend)
 			})
 		}
 		failed = failed || err != nil
 	}
 	if deferred {
-		e.log.Info("a master's backend lost soon after this proxy served again; its promotion is left to the other proxies for now", "backend", ev.Backend)
+		f.log.Info("a master's backend lost soon after this proxy served again; its promotion is left to the other proxies for now", "backend", ev.Backend)
 	}
 	if failed || deferred || waiting {
 		// A write that could not be recorded (in a cluster: no leader
@@ -103,36 +114,35 @@ func (e *Engine) backendLost(ev controllink.Event) {
 		// counted down at that moment (probes that time out on a loaded
 		// host), is decided again a moment later, while the backend is
 		// still down.
-		e.retryLoss(ev)
+		f.retryLoss(ev)
 	}
 }
 
 // retryLoss decides a backend's loss again a second from now if the
 // backend is still down then, and waits on while the proxy is paused.
-func (e *Engine) retryLoss(ev controllink.Event) {
-	if e.ctx.Err() != nil {
+func (f *failover) retryLoss(ev controllink.Event) {
+	if f.life.ctx.Err() != nil {
 		return
 	}
 	time.AfterFunc(time.Second, func() {
 		switch {
-		case e.ctx.Err() != nil || e.up(ev.Backend):
-		case e.paused.Load():
-			e.retryLoss(ev)
+		case f.life.ctx.Err() != nil || f.liveness.up(ev.Backend):
+		case f.liveness.isPaused():
+			f.retryLoss(ev)
 		default:
-			e.addEvent(ev)
+			f.addEvent(ev)
 		}
 	})
 }
 
 // promote replaces the lost master of a queue, deciding again on the
-// current record if another writer got there first.
-//
-// noLiveSlave reports that nobody was promoted for want of a live slave.
-func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.Cause, live mirror.LiveSet) (noLiveSlave bool, err error) {
-	def, _ := e.definition(id)
+// current record if another writer got there first. noLiveSlave reports
+// that nobody was promoted for want of a live slave.
+func (f *failover) promote(id mirror.QueueID, ev controllink.Event, cause mirror.Cause, live mirror.LiveSet) (noLiveSlave bool, err error) {
+	def, _ := definition(f.policies, id)
 	var p mirror.Promotion
 	meanwhile := false
-	written, err := e.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+	written, err := f.records.update(id, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
 		if m.Master != ev.Backend {
 			meanwhile = true // by another proxy of a cluster, or an earlier event
 			return m, false
@@ -140,7 +150,7 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 		p = mirror.Promote(m, live, cause, def)
 		return p.Meta, p.Promoted()
 	})
-	log := e.log.With("queue", id.Name, "vhost", id.VHost)
+	log := f.log.With("queue", id.Name, "vhost", id.VHost)
 	switch {
 	case err != nil:
 		log.Warn("cannot record a promotion", "from", ev.Backend, "err", err)
@@ -149,18 +159,18 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 	case !p.Promoted():
 		// Decided again every second while it waits for a slave's backend:
 		// said once per queue and reason.
-		if last, seen := e.unpromoted.Swap(id, p.Reason); !seen || last != p.Reason {
+		if last, seen := f.unpromoted.Swap(id, p.Reason); !seen || last != p.Reason {
 			log.Warn("master lost; nobody promoted", "master", ev.Backend, "cause", cause.String(), "reason", p.Reason)
 		}
 	default:
-		e.unpromoted.Delete(id)
+		f.unpromoted.Delete(id)
 		// What the new master's trimmer held is ready again there once it
 		// stops: the messages clients may not have acked, requeued.
 		requeued := 0
-		if tr := e.trimmer(id, p.To); tr != nil {
+		if tr := f.trimmers.get(id, p.To); tr != nil {
 			requeued, _ = tr.t.Stats()
 		}
-		e.stopTrimmer(id, p.To)
+		f.trimmers.stop(id, p.To)
 		log.Warn("master lost; slave promoted", "from", p.From, "to", p.To, "epoch", written.Epoch, "requeued", requeued,
 			"synchronised", p.Synchronised, "loses_messages", p.LosesMessages(), "cause", cause.String(),
 			"since_detection", time.Since(ev.At), "reason", p.Reason)
@@ -173,8 +183,8 @@ func (e *Engine) promote(id mirror.QueueID, ev controllink.Event, cause mirror.C
 // masters that were replaced, and the slaves. A queue that waited for its
 // master has nothing to do. Copies that rejoined leave queues; the loop
 // tries the rest again later.
-func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
-	if !e.trimsHere(backend) {
+func (f *failover) backendBack(backend string, queues map[mirror.QueueID]bool) {
+	if !f.roles.trimsHere(backend) {
 		// In a cluster the proxy beside the backend lets its copies rejoin
 		// (cluster.go): a purge from a second proxy could come after the
 		// rejoin and empty what was published to the copy since.
@@ -182,11 +192,11 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 		return
 	}
 	for id := range queues {
-		m, ok := e.opts.Store.Get(id)
+		m, ok := f.store.Get(id)
 		if !ok {
 			// Deleted while the backend was down: its copy goes too.
-			if _, err := e.buryCopies(id, []string{backend}); err != nil {
-				e.log.Warn("cannot delete a returning copy of a deleted queue; retrying", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
+			if _, err := f.operator.buryCopies(id, []string{backend}); err != nil {
+				f.log.Warn("cannot delete a returning copy of a deleted queue; retrying", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
 				continue
 			}
 		}
@@ -197,21 +207,21 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 		// The copy is purged through a trimmer on the new connection,
 		// started first: from then on settlements reach it, so messages
 		// published to it after the purge are trimmed like any.
-		e.cancelSyncTo(id, backend) // it must not call the purged copy synchronised
-		e.stopTrimmer(id, backend)
-		err := e.declareCopy(backend, m) // a transient copy did not survive a restart
+		f.syncs.cancelTo(id, backend) // it must not call the purged copy synchronised
+		f.trimmers.stop(id, backend)
+		err := f.operator.declareCopy(backend, m) // a transient copy did not survive a restart
 		if err == nil {
-			e.ensureTrimmer(m, backend)
-			if tr := e.trimmer(id, backend); tr != nil {
-				ctx, cancel := e.opContext()
+			f.trimmers.ensure(m, backend)
+			if tr := f.trimmers.get(id, backend); tr != nil {
+				ctx, cancel := f.life.operation()
 				_, err = tr.t.Purge(ctx)
 				cancel()
 			} else {
-				err = e.purgeCopy(backend, id)
+				err = f.operator.purgeCopy(backend, id)
 			}
 		}
 		if err == nil {
-			_, err = e.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+			_, err = f.records.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
 				if cur.Master == backend {
 					return cur, false
 				}
@@ -220,37 +230,144 @@ func (e *Engine) backendBack(backend string, queues map[mirror.QueueID]bool) {
 			})
 		}
 		if err != nil {
-			e.log.Warn("a returning copy cannot rejoin; retrying", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
+			f.log.Warn("a returning copy cannot rejoin; retrying", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
 			continue
 		}
 		delete(queues, id)
-		e.log.Info("copy rejoined as the youngest slave, purged", "queue", id.Name, "vhost", id.VHost, "backend", backend)
+		f.log.Info("copy rejoined as the youngest slave, purged", "queue", id.Name, "vhost", id.VHost, "backend", backend)
 	}
 }
 
-// update applies change to the queue's current record and writes it
-// conditionally, deciding again on conflicts. It returns the record
-// written (or the current one when change changed nothing).
-func (e *Engine) update(id mirror.QueueID, change func(mirror.QueueMeta) (mirror.QueueMeta, bool)) (mirror.QueueMeta, error) {
-	for range maxConflicts {
-		m, ok := e.opts.Store.Get(id)
-		if !ok {
-			return mirror.QueueMeta{}, errors.New("queue no longer recorded")
+// handleEvent applies a backend event: a loss at once, a return only after
+// a loss this engine saw.
+func (f *failover) handleEvent(ev controllink.Event) {
+	switch ev.State {
+	case controllink.Down:
+		queues := f.lost[ev.Backend]
+		if queues == nil {
+			queues = make(map[mirror.QueueID]bool)
+			f.lost[ev.Backend] = queues
 		}
-		next, changed := change(m)
-		if !changed {
-			return m, nil
+		for _, m := range f.store.List() {
+			if m.Holds(ev.Backend) {
+				queues[m.ID] = true
+			}
 		}
-		ctx, cancel := e.opContext()
-		written, err := e.opts.Writer.Put(ctx, next, m.Version)
-		cancel()
-		if errors.Is(err, store.ErrConflict) {
+		f.backendLost(ev)
+	case controllink.Up:
+		f.retryRejoins()
+	}
+}
+
+// retryRejoins lets the copies on backends that are up again rejoin, also
+// those that could not at the backend's return.
+func (f *failover) retryRejoins() {
+	for b, queues := range f.lost {
+		if !f.liveness.up(b) {
 			continue
 		}
-		if err == nil {
-			e.noteWrite(written)
+		f.backendBack(b, queues)
+		if len(queues) == 0 {
+			delete(f.lost, b)
 		}
-		return written, err
 	}
-	return mirror.QueueMeta{}, store.ErrConflict
+}
+
+// ownCopiesDelay is how long a cluster proxy that starts lets its copy
+// of the log catch up with the leader before it looks at its own node's
+// slaves.
+const ownCopiesDelay = 3 * time.Second
+
+// ownCopiesCheck is the state of checkOwnCopies, owned by the loop.
+type ownCopiesCheck struct {
+	first time.Time // the loop's first tick
+	// atStart are this node's unsynchronised slaves at the first tick: a
+	// slave added later was purged by whoever added it, and may be syncing
+	// by the time the check runs.
+	atStart map[mirror.QueueID]bool
+	done    bool
+}
+
+// checkOwnCopies makes a cluster proxy that starts treat its own node's
+// unsynchronised slaves as copies that come back: they missed what
+// happened while this node was down (its broker, or this proxy that trims
+// them), so they rejoin purged (backendBack) as soon as the backend is up.
+// Only the proxy beside a backend lets its copies rejoin, and a proxy
+// that was down saw no loss to remember. It takes the slaves unsynchronised
+// at its first tick with a leader (serve starts the engine once its log
+// caught up) and lets those still unsynchronised rejoin a few seconds
+// later; a slave added since was purged by whoever added it, and may be
+// synchronising by then.
+func (f *failover) checkOwnCopies() {
+	c := &f.ownCopies
+	if c.done || !f.roles.clustered || f.roles.node == "" {
+		return
+	}
+	if c.first.IsZero() {
+		if leader, _ := f.store.Leader(); leader == "" {
+			return
+		}
+		c.first = time.Now()
+		c.atStart = f.ownUnsynchronised()
+	}
+	if time.Since(c.first) < ownCopiesDelay {
+		return
+	}
+	c.done = true
+	queues := f.lost[f.roles.node]
+	for _, m := range f.store.List() {
+		if !c.atStart[m.ID] {
+			continue
+		}
+		if i := m.SlaveIndex(f.roles.node); i >= 0 && !m.Slaves[i].Synchronised {
+			if queues == nil {
+				queues = make(map[mirror.QueueID]bool)
+				f.lost[f.roles.node] = queues
+			}
+			queues[m.ID] = true
+		}
+	}
+	if len(queues) > 0 {
+		f.log.Info("this node's unsynchronised slaves rejoin, purged", "queues", len(queues))
+	}
+	f.buryMissedDeletes()
+}
+
+// ownUnsynchronised returns the queues with an unsynchronised slave on
+// this node.
+func (f *failover) ownUnsynchronised() map[mirror.QueueID]bool {
+	out := make(map[mirror.QueueID]bool)
+	for _, m := range f.store.List() {
+		if i := m.SlaveIndex(f.roles.node); i >= 0 && !m.Slaves[i].Synchronised {
+			out[m.ID] = true
+		}
+	}
+	return out
+}
+
+// buryMissedDeletes deletes the copies this node's broker kept of queues
+// deleted while this proxy was down: the tombstones newer than what its
+// log held at start that name this node. A copy it cannot delete now (the
+// broker is not up yet) goes when a client names the queue (Resolve).
+func (f *failover) buryMissedDeletes() {
+	if !f.liveness.up(f.roles.node) {
+		return
+	}
+	buried := 0
+	for _, ts := range f.store.Tombstones() {
+		if ts.Index <= f.store.OpenedAt() || !slices.Contains(ts.Backends, f.roles.node) {
+			continue
+		}
+		if _, recorded := f.store.Get(ts.ID); recorded {
+			continue // declared again since
+		}
+		if _, err := f.operator.buryCopies(ts.ID, []string{f.roles.node}); err != nil {
+			f.log.Warn("cannot delete this node's copy of a queue deleted while it was down", "queue", ts.ID.Name, "vhost", ts.ID.VHost, "err", err)
+			continue
+		}
+		buried++
+	}
+	if buried > 0 {
+		f.log.Info("copies of queues deleted while this proxy was down are deleted", "queues", buried)
+	}
 }

@@ -317,7 +317,7 @@ func consumeAndSettle(t *testing.T, e *Engine, m mirror.QueueMeta, count int) []
 // held returns what the trimmer of the slave on backend holds, -1 without
 // one.
 func held(e *Engine, id mirror.QueueID, backend string) int {
-	tr := e.trimmer(id, backend)
+	tr := e.trimmers.get(id, backend)
 	if tr == nil {
 		return -1
 	}

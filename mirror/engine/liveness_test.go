@@ -45,7 +45,7 @@ func TestMemberFailedCountsBackendDown(t *testing.T) {
 		return nil
 	})
 	t.Logf("promoted %v after MemberFailed", time.Since(failed))
-	if h.engine.live().Has("rabbit2") {
+	if h.engine.liveness.live().Has("rabbit2") {
 		t.Error("rabbit2 still counts as live while its proxy is failed")
 	}
 

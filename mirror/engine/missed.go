@@ -64,78 +64,8 @@ func (m *missedCopies) take() map[string]*missedOn {
 // The background loop makes such a slave unsynchronised. It does not
 // block: the proxy calls it from a link's read loop.
 func (e *Engine) Missed(backend string, queue *mirror.QueueID) {
-	e.missed.add(backend, queue)
+	e.reconciler.missed.add(backend, queue)
 	e.poke()
-}
-
-// handleMissed makes every reported synchronised slave rejoin as the
-// youngest unsynchronised slave (mirror.Rejoin), as a RabbitMQ mirror that
-// lost messages restarts as a new mirror: it no longer counts towards
-// confirms or as a promotion candidate, and it synchronises again (at once
-// with ha-sync-mode automatic). The reports of a backend counted down wait
-// until it is up again: usually its loss is recorded meanwhile (its slaves
-// rejoin purged when it is back, unsynchronised, and the report finds
-// nothing to do), but a loss this proxy did not record (it was paused in a
-// minority, and the backend was back before it served again) leaves the
-// slave synchronised in the log, without the publishes this proxy could
-// not send it while it counted the backend down (TestSidecarPartition
-// in CI: 91 messages the master held and such a slave lacked).
-func (e *Engine) handleMissed() {
-	reports := e.missed.take()
-	if len(reports) == 0 {
-		return
-	}
-	live := e.live()
-	for backend, on := range reports {
-		if !live.Has(backend) {
-			e.missed.keep(backend, on)
-			continue
-		}
-		for _, m := range e.opts.Store.List() {
-			i := m.SlaveIndex(backend)
-			if i < 0 || !m.Slaves[i].Synchronised || !on.all && !on.queues[m.ID] {
-				continue
-			}
-			e.resyncSlave(m.ID, backend)
-		}
-	}
-}
-
-// resyncSlave turns the synchronised slave of queue id on backend into the
-// youngest unsynchronised one whose copy is emptied before it is copied to
-// again. Beside its trimmer (trimsHere) the copy is marked partial, which
-// the next sync purges first; a slave another proxy trims is purged through
-// that proxy before the record changes, so that its own sync never copies
-// to it before the purge.
-func (e *Engine) resyncSlave(id mirror.QueueID, backend string) {
-	log := e.log.With("queue", id.Name, "vhost", id.VHost, "backend", backend)
-	local := e.trimsHere(backend)
-	if !local {
-		ctx, cancel := e.opContext()
-		err := e.purgeRemote(ctx, backend, id)
-		cancel()
-		if err != nil {
-			log.Warn("a slave missed publishes and cannot be purged; trying again later", "err", err)
-			e.missed.add(backend, &id)
-			return
-		}
-	} else {
-		e.cancelSyncTo(id, backend) // it must not call the slave synchronised
-		e.markPartial(id, []string{backend})
-	}
-	_, err := e.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
-		if i := cur.SlaveIndex(backend); i < 0 || !cur.Slaves[i].Synchronised {
-			return cur, false
-		}
-		r := mirror.Rejoin(cur, backend)
-		return r.Meta, r.Joined
-	})
-	if err != nil {
-		log.Warn("a slave missed publishes; cannot record it unsynchronised; trying again later", "err", err)
-		e.missed.add(backend, &id)
-		return
-	}
-	log.Warn("a slave missed publishes (nacked, a client's link to it broke before it confirmed, or not sent while its backend was counted down): no longer synchronised, it rejoined as the youngest slave")
 }
 
 // Holds reports whether the metadata counts backend as the master or a
@@ -159,18 +89,5 @@ func (e *Engine) Holds(backend string, queue *mirror.QueueID) bool {
 		m, ok := e.Lookup(*queue)
 		return ok && holds(m)
 	}
-	// The lock-free snapshot, as Lookup reads it: recent writes override
-	// the base.
-	s := e.snapshot.Load()
-	for _, w := range s.recent {
-		if !w.deleted && holds(w.meta) {
-			return true
-		}
-	}
-	for id, m := range s.base {
-		if _, overridden := s.recent[id]; !overridden && holds(m) {
-			return true
-		}
-	}
-	return false
+	return e.view.anyQueue(holds)
 }

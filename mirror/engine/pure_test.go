@@ -121,7 +121,7 @@ func TestLookupDoesNotAllocate(t *testing.T) {
 	defer e.cancel()
 	id := mirror.QueueID{VHost: "/", Name: "orders"}
 	m := map[mirror.QueueID]mirror.QueueMeta{id: {ID: id, Master: "rabbit1", Slaves: []mirror.Slave{{Backend: "rabbit2"}}}}
-	e.snapshot.Store(&snapshot{base: m, recent: map[mirror.QueueID]recentWrite{{Name: "new"}: {}}})
+	e.view.current.Store(&snapshot{base: m, recent: map[mirror.QueueID]recentWrite{{Name: "new"}: {}}})
 	var found bool
 	allocs := testing.AllocsPerRun(1000, func() {
 		_, found = e.Lookup(id)
@@ -142,7 +142,7 @@ func BenchmarkLookup(b *testing.B) {
 		id := mirror.QueueID{VHost: "/", Name: fmt.Sprint("queue-", i)}
 		m[id] = mirror.QueueMeta{ID: id, Master: "rabbit1"}
 	}
-	e.snapshot.Store(&snapshot{base: m})
+	e.view.current.Store(&snapshot{base: m})
 	id := mirror.QueueID{VHost: "/", Name: "queue-4242"}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -160,14 +160,14 @@ func TestSnapshotOverlay(t *testing.T) {
 	q := func(name, master string, version uint64) mirror.QueueMeta {
 		return mirror.QueueMeta{ID: mirror.QueueID{VHost: "/", Name: name}, Master: master, Version: version}
 	}
-	e.snapshot.Store(&snapshot{base: map[mirror.QueueID]mirror.QueueMeta{
+	e.view.current.Store(&snapshot{base: map[mirror.QueueID]mirror.QueueMeta{
 		{VHost: "/", Name: "a"}: q("a", "rabbit1", 1),
 		{VHost: "/", Name: "b"}: q("b", "rabbit1", 2),
 	}})
-	e.noteWrite(q("c", "rabbit2", 3)) // new
-	e.noteWrite(q("a", "rabbit3", 4)) // promoted
-	e.noteDelete(q("b", "", 0).ID)    // deleted
-	e.noteWrite(q("a", "rabbit2", 3)) // an older write of a, arriving late
+	e.view.noteWrite(q("c", "rabbit2", 3)) // new
+	e.view.noteWrite(q("a", "rabbit3", 4)) // promoted
+	e.view.noteDelete(q("b", "", 0).ID)    // deleted
+	e.view.noteWrite(q("a", "rabbit2", 3)) // an older write of a, arriving late
 	tests := []struct {
 		name   string
 		master string
@@ -184,7 +184,7 @@ func TestSnapshotOverlay(t *testing.T) {
 			t.Errorf("Lookup(%s) = master %q, %v; want %q, %v", tt.name, got.Master, ok, tt.master, tt.found)
 		}
 	}
-	if got, want := e.countMasters(), map[string]int{"rabbit2": 1, "rabbit3": 1}; !reflect.DeepEqual(got, want) {
+	if got, want := e.view.countMasters(e.backends), map[string]int{"rabbit2": 1, "rabbit3": 1}; !reflect.DeepEqual(got, want) {
 		t.Errorf("countMasters = %v, want %v", got, want)
 	}
 }

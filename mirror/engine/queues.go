@@ -7,8 +7,6 @@ import (
 	"slices"
 	"sync"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/store"
@@ -17,16 +15,12 @@ import (
 // What the proxy tells the engine about queues its clients declare, use
 // and delete (proxy.Mirror).
 
-// maxConflicts bounds the retries of a read-modify-write of one queue's
-// metadata that keeps losing to other writers.
-const maxConflicts = 10
-
 // Place decides where a new queue lives: its master by the locator (the
 // x-queue-master-locator argument, the policy's, the configured one), its
 // slaves by the effective policy, all synchronised since the queue is new
 // and empty. Nothing is recorded.
 func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode string) (mirror.QueueMeta, error) {
-	def, _ := e.definition(q.ID)
+	def, _ := definition(e.opts.Policies, q.ID)
 	argument, err := tableString(q.Arguments, "x-queue-master-locator")
 	if err != nil {
 		return mirror.QueueMeta{}, fmt.Errorf("placing %s: arguments: %w", q.ID, err)
@@ -35,7 +29,7 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	if err != nil {
 		return mirror.QueueMeta{}, fmt.Errorf("placing %s: %w", q.ID, err)
 	}
-	live := e.placeableIn(q.ID.VHost) // never on a drained backend (drain.go)
+	live := e.liveness.placeableIn(q.ID.VHost) // never on a drained backend (drain.go)
 	candidates := e.backends
 	if def.HAMode == config.HANodes {
 		// Master on a named backend where one is up: a master elsewhere
@@ -54,7 +48,7 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	placement := mirror.Placement{
 		Backends:   candidates,
 		Live:       live,
-		Masters:    e.countMasters(),
+		Masters:    e.view.countMasters(e.backends),
 		ClientNode: clientNode,
 		Random:     random,
 	}
@@ -72,24 +66,6 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	return out, nil
 }
 
-// countMasters counts the queues each backend masters, from the Lookup
-// snapshot (no copy of the Store's state).
-func (e *Engine) countMasters() map[string]int {
-	s := e.snapshot.Load()
-	counts := make(map[string]int, len(e.backends))
-	for id, m := range s.base {
-		if _, overridden := s.recent[id]; !overridden {
-			counts[m.Master]++
-		}
-	}
-	for _, w := range s.recent {
-		if !w.deleted {
-			counts[w.meta.Master]++
-		}
-	}
-	return counts
-}
-
 // Declared records a queue the proxy declared on every backend of q and
 // starts trimming its slaves. When the queue was recorded meanwhile (by
 // another client or proxy), the stored record is returned.
@@ -103,9 +79,9 @@ func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.Queue
 	if err != nil {
 		return mirror.QueueMeta{}, err
 	}
-	e.forgetNegative(q.ID)
-	e.noteWrite(written)
-	e.startTrimmers(written)
+	e.negative.forget(q.ID)
+	e.view.noteWrite(written)
+	e.trimmers.startAll(written)
 	return written, nil
 }
 
@@ -115,14 +91,14 @@ func (e *Engine) Declared(ctx context.Context, q mirror.QueueMeta) (mirror.Queue
 // declared one again meanwhile, taking its disappearance for a broker's
 // loss.
 func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
-	e.stopQueue(id)
+	e.reconciler.stopQueue(id)
 	for range maxConflicts {
 		m, ok := e.opts.Store.Get(id)
 		if !ok {
 			break
 		}
 		for _, s := range m.Slaves {
-			if err := e.deleteCopy(s.Backend, id); err != nil && !errors.Is(err, errBackendDown) {
+			if err := e.operator.deleteCopy(s.Backend, id); err != nil && !errors.Is(err, errBackendDown) {
 				e.log.Debug("cannot delete a slave copy again", "queue", id.Name, "backend", s.Backend, "err", err)
 			}
 		}
@@ -136,26 +112,7 @@ func (e *Engine) Deleted(ctx context.Context, id mirror.QueueID) {
 		break
 	}
 	if _, ok := e.opts.Store.Get(id); !ok {
-		e.noteDelete(id)
-	}
-}
-
-// stopQueue stops what the engine runs for a queue (trimmers, sync) and
-// forgets it.
-func (e *Engine) stopQueue(id mirror.QueueID) {
-	e.mu.Lock()
-	qs := e.queues[id]
-	delete(e.queues, id)
-	e.mu.Unlock()
-	if qs == nil {
-		return
-	}
-	if qs.sync != nil {
-		qs.sync.cancel()
-		<-qs.sync.done
-	}
-	for _, tr := range qs.trimmers {
-		tr.t.Close()
+		e.view.noteDelete(id)
 	}
 }
 
@@ -167,14 +124,7 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 	if !ok {
 		return
 	}
-	e.mu.RLock()
-	trimmers := map[string]*trimmerRun{}
-	if qs := e.queues[id]; qs != nil {
-		for b, tr := range qs.trimmers {
-			trimmers[b] = tr
-		}
-	}
-	e.mu.RUnlock()
+	trimmers := e.trimmers.of(id)
 	var wg sync.WaitGroup
 	for _, s := range m.Slaves {
 		wg.Add(1)
@@ -183,10 +133,10 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 			var err error
 			if tr := trimmers[backend]; tr != nil {
 				_, err = tr.t.Purge(ctx)
-			} else if !e.trimsHere(backend) {
-				err = e.purgeRemote(ctx, backend, id) // cluster.go
+			} else if !e.roles.trimsHere(backend) {
+				err = e.reconciler.purgeRemote(ctx, backend, id)
 			} else {
-				err = e.purgeCopy(backend, id)
+				err = e.operator.purgeCopy(backend, id)
 			}
 			if err != nil {
 				e.log.Warn("cannot purge a slave copy", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
@@ -196,20 +146,13 @@ func (e *Engine) Purged(ctx context.Context, id mirror.QueueID) {
 	wg.Wait()
 }
 
-func (e *Engine) purgeCopy(backend string, id mirror.QueueID) error {
-	return e.withChannel(backend, id.VHost, func(ch *amqp.Channel) error {
-		_, err := ch.QueuePurge(id.Name, false)
-		return err
-	})
-}
-
 // Bound records a binding made (bound) or removed on every copy of a
 // queue, so that a slave added later is bound the same way and publishes
 // to the exchange are routed to the queue. An error says the binding
 // exists on the brokers but not in the log: publishes through the proxies
 // may miss the queue, and the client must not be told it is bound.
 func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding, bound bool) error {
-	err := e.changeBindings(ctx, id, func(bindings []mirror.Binding) ([]mirror.Binding, bool) {
+	err := e.records.changeBindings(ctx, id, func(bindings []mirror.Binding) ([]mirror.Binding, bool) {
 		i := slices.IndexFunc(bindings, func(x mirror.Binding) bool {
 			return x.Exchange == b.Exchange && x.RoutingKey == b.RoutingKey && slices.Equal(x.Arguments, b.Arguments)
 		})
@@ -229,43 +172,17 @@ func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding,
 	return nil
 }
 
-// changeBindings writes the queue's bindings as change returns them (from
-// a copy it may modify) when it says so, read again on a conflict with
-// another writer. A queue no longer recorded is no error: its bindings
-// went with it. The write is visible to this proxy's routing when it
-// returns, and in a cluster to every other proxy's: the client's next
-// publish, through any of them, must be routed by it.
-func (e *Engine) changeBindings(ctx context.Context, id mirror.QueueID, change func([]mirror.Binding) ([]mirror.Binding, bool)) error {
-	for range maxConflicts {
-		m, ok := e.opts.Store.Get(id)
-		if !ok {
-			return nil
-		}
-		m = m.Clone()
-		var write bool
-		if m.Bindings, write = change(m.Bindings); !write {
-			return nil
-		}
-		written, err := e.opts.Writer.Put(ctx, m, m.Version)
-		if errors.Is(err, store.ErrConflict) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		e.noteWrite(written)
-		e.appliedEverywhere(ctx, written.Version)
-		return nil
-	}
-	return fmt.Errorf("%w (%d times)", store.ErrConflict, maxConflicts)
-}
-
 // Settle tells the trimmers of a queue's slaves that the master's copies
 // of ids are gone. It never waits on the network: each trimmer queues the
 // acks for its own goroutine.
 func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 	e.SettleLocal(id, ids)
-	e.settleRemote(id, ids, false) // cluster.go
+	if !e.roles.clustered {
+		return
+	}
+	if m, ok := e.Lookup(id); ok {
+		handSettles(e.opts.Peers, e.roles.node, m, ids, false) // cluster.go
+	}
 }
 
 // Reject tells the trimmers of a queue's slaves that a client rejected
@@ -274,5 +191,10 @@ func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 // (see "Dead-lettering" in mirror/doc.go). It never waits on the network.
 func (e *Engine) Reject(id mirror.QueueID, ids []mirror.MessageID) {
 	e.RejectLocal(id, ids)
-	e.settleRemote(id, ids, true)
+	if !e.roles.clustered {
+		return
+	}
+	if m, ok := e.Lookup(id); ok {
+		handSettles(e.opts.Peers, e.roles.node, m, ids, true)
+	}
 }

@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
@@ -13,33 +15,59 @@ import (
 // policy (mirror.Reconcile, carried out here), masters that deleted
 // themselves, and the backlogs of slaves that never synced.
 
-// reconcileAll reconciles every recorded queue with its effective policy.
+// reconciler does the loop's work on every queue: it carries out the
+// policies' plans, keeps the trimmers in line with the records, forgets
+// queues whose master deleted itself, marks caught-up slaves synchronised
+// and handles the copies the proxy reported short of a publish (missed,
+// the one state it owns). It runs on the loop's goroutine, except
+// stopQueue (Engine.Deleted), purgeRemote (Engine.Purged) and copyGone
+// (a trimmer that cannot start). It needs most of the engine's parts,
+// each through its own narrow pointer.
+type reconciler struct {
+	store    *store.Store
+	records  *recorder
+	trimmers *trimmers
+	syncs    *syncs
+	liveness *liveness
+	operator *operator
+	policies *config.PolicyStore
+	peers    Peers // nil for one proxy alone
+	roles    roles
+	backends []string
+	log      *slog.Logger
+	life     lifetime
+	// missed are the slave copies the proxy reported short of a publish
+	// (Engine.Missed, missed.go).
+	missed missedCopies
+}
+
+// all reconciles every recorded queue with its effective policy.
 // Reconcile is pure and cheap, so every queue is looked at every time; only
 // a plan that changes something touches a backend.
-func (e *Engine) reconcileAll() {
+func (r *reconciler) all() {
 	// Drained backends count as down here: no slave is added there, and a
 	// master kept there is left alone until undrain (drain.go); so do the
 	// backends that refuse the proxy's account in the queue's vhost.
 	placeable := make(map[string]mirror.LiveSet)
-	for _, m := range e.opts.Store.List() {
-		if e.ctx.Err() != nil {
+	for _, m := range r.store.List() {
+		if r.life.ctx.Err() != nil {
 			return
 		}
 		live, ok := placeable[m.ID.VHost]
 		if !ok {
-			live = e.placeableIn(m.ID.VHost)
+			live = r.liveness.placeableIn(m.ID.VHost)
 			placeable[m.ID.VHost] = live
 		}
-		def, _ := e.definition(m.ID)
-		plan := mirror.Reconcile(m, def, e.backends, live)
+		def, _ := definition(r.policies, m.ID)
+		plan := mirror.Reconcile(m, def, r.backends, live)
 		if plan.Changed() {
-			if e.coordinates(m) {
-				e.carryOut(m, plan, def)
+			if r.roles.coordinates(m) {
+				r.carryOut(m, plan, def)
 			}
 			continue
 		}
-		if sync := e.syncTargets(plan.Sync); len(sync) > 0 {
-			e.startSync(m.ID, sync, def, false)
+		if sync := r.roles.syncTargets(plan.Sync, r.liveness.live()); len(sync) > 0 {
+			r.syncs.start(m.ID, sync, def, false)
 		}
 	}
 }
@@ -47,23 +75,23 @@ func (e *Engine) reconcileAll() {
 // carryOut carries out a plan in the order Plan documents: declare the new
 // copies, record, start trimming and syncing them, and delete dropped
 // copies last, once the metadata no longer names them.
-func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.Definition) {
-	log := e.log.With("queue", read.ID.Name, "vhost", read.ID.VHost)
+func (r *reconciler) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.Definition) {
+	log := r.log.With("queue", read.ID.Name, "vhost", read.ID.VHost)
 	for _, b := range plan.Add {
-		err := e.declareCopy(b, plan.Meta)
+		err := r.operator.declareCopy(b, plan.Meta)
 		if err == nil {
 			// A new slave starts empty: a copy left there (an old master
 			// back after a promotion, a slave dropped while its backend
 			// was down) is stale.
-			err = e.purgeCopy(b, plan.Meta.ID)
+			err = r.operator.purgeCopy(b, plan.Meta.ID)
 		}
 		if err != nil {
 			log.Warn("cannot add a slave; retrying later", "backend", b, "err", err)
 			return
 		}
 	}
-	ctx, cancel := e.opContext()
-	written, err := e.opts.Writer.Put(ctx, plan.Meta, read.Version)
+	ctx, cancel := r.life.operation()
+	written, err := r.records.put(ctx, plan.Meta, read.Version)
 	cancel()
 	if err != nil {
 		// A conflict means someone changed the queue meanwhile: the next
@@ -72,31 +100,30 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 		if errors.Is(err, store.ErrConflict) {
 			level = slog.LevelDebug
 		}
-		log.Log(e.ctx, level, "cannot record a policy change; retrying later", "err", err)
+		log.Log(r.life.ctx, level, "cannot record a policy change; retrying later", "err", err)
 		return
 	}
-	e.noteWrite(written)
 	if len(plan.Add) > 0 {
 		log.Info("slaves added", "backends", plan.Add, "slaves", written.Backends()[1:])
 	}
 	if plan.HandOver.To != "" {
 		// The new master's copy was a slave: its trimmer gives back what
 		// it held, so clients find every message there.
-		e.stopTrimmer(written.ID, plan.HandOver.To)
+		r.trimmers.stop(written.ID, plan.HandOver.To)
 		log.Info("master handed over", "from", plan.HandOver.From, "to", plan.HandOver.To, "epoch", written.Epoch)
 	}
 	for _, b := range plan.Add {
-		e.ensureTrimmer(written, b)
+		r.trimmers.ensure(written, b)
 	}
-	if sync := e.syncTargets(plan.Sync); len(sync) > 0 {
-		e.startSync(written.ID, sync, def, false)
+	if sync := r.roles.syncTargets(plan.Sync, r.liveness.live()); len(sync) > 0 {
+		r.syncs.start(written.ID, sync, def, false)
 	} else if len(plan.Add) > 0 {
 		// A slave that joins an empty queue is synchronised at once.
-		e.checkBacklog(written)
+		r.checkBacklog(written)
 	}
 	for _, b := range plan.Drop {
-		e.stopTrimmer(written.ID, b)
-		if err := e.deleteCopy(b, written.ID); err != nil {
+		r.trimmers.stop(written.ID, b)
+		if err := r.operator.deleteCopy(b, written.ID); err != nil {
 			log.Warn("cannot delete a dropped copy", "backend", b, "err", err)
 			continue
 		}
@@ -106,36 +133,35 @@ func (e *Engine) carryOut(read mirror.QueueMeta, plan mirror.Plan, def config.De
 
 // checkExpired finds queues whose master deleted itself (auto-delete after
 // its last consumer went, x-expires) and removes their slaves and record.
-func (e *Engine) checkExpired() {
-	live := e.live()
-	for _, m := range e.opts.Store.List() {
-		if !m.AutoDelete && !hasKey(m.Arguments, "x-expires") || !live.Has(m.Master) || !e.coordinates(m) {
+func (r *reconciler) checkExpired() {
+	live := r.liveness.live()
+	for _, m := range r.store.List() {
+		if !m.AutoDelete && !hasKey(m.Arguments, "x-expires") || !live.Has(m.Master) || !r.roles.coordinates(m) {
 			continue
 		}
-		if ok, err := e.exists(m.Master, m.ID); ok || err != nil {
+		if ok, err := r.operator.exists(m.Master, m.ID); ok || err != nil {
 			continue
 		}
-		e.forget(m, "its master deleted itself")
+		r.forget(m, "its master deleted itself")
 	}
 }
 
 // forget removes a queue whose master is gone: its slaves' copies and its
 // record.
-func (e *Engine) forget(m mirror.QueueMeta, why string) {
-	e.stopQueue(m.ID)
+func (r *reconciler) forget(m mirror.QueueMeta, why string) {
+	r.stopQueue(m.ID)
 	for _, s := range m.Slaves {
-		if err := e.deleteCopy(s.Backend, m.ID); err != nil {
-			e.log.Warn("cannot delete a slave copy", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", s.Backend, "err", err)
+		if err := r.operator.deleteCopy(s.Backend, m.ID); err != nil {
+			r.log.Warn("cannot delete a slave copy", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", s.Backend, "err", err)
 		}
 	}
-	ctx, cancel := e.opContext()
+	ctx, cancel := r.life.operation()
 	defer cancel()
-	if err := e.opts.Writer.Delete(ctx, m.ID, m.Version); err != nil {
-		e.log.Warn("cannot remove a queue's record", "queue", m.ID.Name, "vhost", m.ID.VHost, "err", err)
+	if err := r.records.remove(ctx, m.ID, m.Version); err != nil {
+		r.log.Warn("cannot remove a queue's record", "queue", m.ID.Name, "vhost", m.ID.VHost, "err", err)
 		return
 	}
-	e.noteDelete(m.ID)
-	e.log.Info("queue forgotten", "queue", m.ID.Name, "vhost", m.ID.VHost, "why", why)
+	r.log.Info("queue forgotten", "queue", m.ID.Name, "vhost", m.ID.VHost, "why", why)
 }
 
 // checkBacklogs marks never-synced slaves synchronised once the master's
@@ -143,13 +169,13 @@ func (e *Engine) forget(m mirror.QueueMeta, why string) {
 // which RabbitMQ counts as a use of the queue: queues with x-expires are
 // left out, or the check would keep them alive for ever (their slaves
 // synchronise by sync_queue or ha-sync-mode automatic).
-func (e *Engine) checkBacklogs() {
-	for _, m := range e.opts.Store.List() {
-		if e.ctx.Err() != nil {
+func (r *reconciler) checkBacklogs() {
+	for _, m := range r.store.List() {
+		if r.life.ctx.Err() != nil {
 			return
 		}
 		if len(m.SynchronisedSlaves()) < len(m.Slaves) {
-			e.checkBacklog(m)
+			r.checkBacklog(m)
 		}
 	}
 }
@@ -159,18 +185,15 @@ func (e *Engine) checkBacklogs() {
 // the slave, and is settled by the settlements the slave's trimmer missed
 // (the messages it never had). A priority queue delivers out of order, so
 // only an empty master counts there.
-func (e *Engine) checkBacklog(m mirror.QueueMeta) {
-	live := e.live()
+func (r *reconciler) checkBacklog(m mirror.QueueMeta) {
+	live := r.liveness.live()
 	if !live.Has(m.Master) || hasKey(m.Arguments, "x-expires") {
 		return
 	}
-	e.mu.RLock()
-	syncing := e.queues[m.ID] != nil && e.queues[m.ID].sync != nil
-	e.mu.RUnlock()
-	if syncing {
+	if r.syncs.running(m.ID) != nil {
 		return
 	}
-	q, err := e.inspect(m.Master, m.ID)
+	q, err := r.operator.inspect(m.Master, m.ID)
 	if err != nil {
 		return
 	}
@@ -179,31 +202,195 @@ func (e *Engine) checkBacklog(m mirror.QueueMeta) {
 		if s.Synchronised || !live.Has(s.Backend) {
 			continue
 		}
-		tr := e.trimmer(m.ID, s.Backend)
+		tr := r.trimmers.get(m.ID, s.Backend)
 		if tr == nil {
 			continue
 		}
 		missed := tr.t.Missed()
-		e.mu.Lock()
-		var bl backlog
-		if qs := e.queues[m.ID]; qs != nil {
-			p := qs.backlogs[s.Backend]
-			if p == nil {
-				p = &backlog{held: q.Messages, missedBase: missed}
-				qs.backlogs[s.Backend] = p
-			}
-			bl = *p
-		}
-		e.mu.Unlock()
+		bl := r.trimmers.backlog(m.ID, s.Backend, q.Messages, missed)
 		b := mirror.Backlog{Held: bl.held, Settled: missed - bl.missedBase}
 		if priority {
 			b.Settled = 0
 			b.Held = max(b.Held, 1)
 		}
 		if b.CaughtUp(q.Messages == 0) {
-			if err := e.markSlave(m.ID, s.Backend, true); err != nil {
-				e.log.Warn("cannot record a caught-up slave", "queue", m.ID.Name, "backend", s.Backend, "err", err)
+			if err := r.records.markSlave(m.ID, s.Backend, true); err != nil {
+				r.log.Warn("cannot record a caught-up slave", "queue", m.ID.Name, "backend", s.Backend, "err", err)
 			}
 		}
 	}
+}
+
+// ensureTrimmers brings the trimmers in line with the metadata: one per
+// slave on a live backend, on its current connection; none for queues or
+// slaves the metadata no longer has (another proxy dropped them).
+func (r *reconciler) ensureTrimmers() {
+	metas := r.store.List()
+	byID := make(map[mirror.QueueID]mirror.QueueMeta, len(metas))
+	for _, m := range metas {
+		byID[m.ID] = m
+		r.trimmers.startAll(m)
+	}
+	stale, missing, unrecorded := r.trimmers.sweep(byID, time.Now())
+	unrecorded = append(unrecorded, r.syncs.idle(byID)...)
+	for _, ref := range stale {
+		r.trimmers.stop(ref.id, ref.backend)
+	}
+	for _, id := range unrecorded {
+		if r.syncs.running(id) != nil {
+			// Its trimmers go (the records have no slave), the sync ends
+			// by itself.
+			for _, b := range r.trimmers.backends(id) {
+				r.trimmers.stop(id, b)
+			}
+			continue
+		}
+		r.stopQueue(id)
+	}
+	for _, ref := range missing {
+		r.copyGone(byID[ref.id], ref.backend)
+	}
+}
+
+// missingGrace is how long a slave copy must be missing before the engine
+// acts on it. A client's queue.delete removes every copy and then tells
+// the engine (Deleted); a trimmer sees its copy go in between, and acting
+// at once would declare the copy again behind the client's back.
+const missingGrace = 5 * time.Second
+
+// copyGone handles a slave copy that is gone (someone deleted it on its
+// broker, or a client deleted the queue and the proxy has not said so
+// yet). Once it has been gone for missingGrace: when the master is gone
+// too (it deleted itself, or was deleted past the proxy) the queue is
+// forgotten; otherwise the slave leaves the record, and the policy adds it
+// again like any new slave (declared, empty, synchronised per ha-sync-mode).
+func (r *reconciler) copyGone(m mirror.QueueMeta, backend string) {
+	since, seen := r.trimmers.markMissing(m.ID, backend)
+	if !seen || time.Since(since) < missingGrace || !r.liveness.live().Has(m.Master) {
+		return
+	}
+	if _, recorded := r.store.Get(m.ID); !recorded {
+		return
+	}
+	exists, err := r.operator.exists(m.Master, m.ID)
+	if err != nil {
+		return
+	}
+	if !exists {
+		r.forget(m, "its master and a slave copy are gone")
+		return
+	}
+	r.trimmers.stop(m.ID, backend)
+	_, err = r.records.update(m.ID, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+		i := cur.SlaveIndex(backend)
+		if i < 0 {
+			return cur, false
+		}
+		cur = cur.Clone()
+		cur.Slaves = append(cur.Slaves[:i], cur.Slaves[i+1:]...)
+		if len(cur.Slaves) == 0 {
+			cur.Slaves = nil
+		}
+		return cur, true
+	})
+	if err != nil {
+		r.log.Warn("cannot record a slave whose copy is gone", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend, "err", err)
+		return
+	}
+	r.log.Warn("a slave copy is gone; the slave leaves the record (the policy adds it again)", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend)
+}
+
+// stopQueue stops what the engine runs for a queue (trimmers, sync) and
+// forgets it.
+func (r *reconciler) stopQueue(id mirror.QueueID) {
+	runs := r.trimmers.forget(id)
+	if run := r.syncs.forget(id); run != nil {
+		run.cancel()
+		<-run.done
+	}
+	for _, tr := range runs {
+		tr.t.Close()
+	}
+}
+
+// handleMissed makes every reported synchronised slave rejoin as the
+// youngest unsynchronised slave (mirror.Rejoin), as a RabbitMQ mirror that
+// lost messages restarts as a new mirror: it no longer counts towards
+// confirms or as a promotion candidate, and it synchronises again (at once
+// with ha-sync-mode automatic). The reports of a backend counted down wait
+// until it is up again: usually its loss is recorded meanwhile (its slaves
+// rejoin purged when it is back, unsynchronised, and the report finds
+// nothing to do), but a loss this proxy did not record (it was paused in a
+// minority, and the backend was back before it served again) leaves the
+// slave synchronised in the log, without the publishes this proxy could
+// not send it while it counted the backend down (TestSidecarPartition
+// in CI: 91 messages the master held and such a slave lacked).
+func (r *reconciler) handleMissed() {
+	reports := r.missed.take()
+	if len(reports) == 0 {
+		return
+	}
+	live := r.liveness.live()
+	for backend, on := range reports {
+		if !live.Has(backend) {
+			r.missed.keep(backend, on)
+			continue
+		}
+		for _, m := range r.store.List() {
+			i := m.SlaveIndex(backend)
+			if i < 0 || !m.Slaves[i].Synchronised || !on.all && !on.queues[m.ID] {
+				continue
+			}
+			r.resyncSlave(m.ID, backend)
+		}
+	}
+}
+
+// resyncSlave turns the synchronised slave of queue id on backend into the
+// youngest unsynchronised one whose copy is emptied before it is copied to
+// again. Beside its trimmer (trimsHere) the copy is marked partial, which
+// the next sync purges first; a slave another proxy trims is purged through
+// that proxy before the record changes, so that its own sync never copies
+// to it before the purge.
+func (r *reconciler) resyncSlave(id mirror.QueueID, backend string) {
+	log := r.log.With("queue", id.Name, "vhost", id.VHost, "backend", backend)
+	local := r.roles.trimsHere(backend)
+	if !local {
+		ctx, cancel := r.life.operation()
+		err := r.purgeRemote(ctx, backend, id)
+		cancel()
+		if err != nil {
+			log.Warn("a slave missed publishes and cannot be purged; trying again later", "err", err)
+			r.missed.add(backend, &id)
+			return
+		}
+	} else {
+		r.syncs.cancelTo(id, backend) // it must not call the slave synchronised
+		r.syncs.markPartial(id, []string{backend})
+	}
+	_, err := r.records.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
+		if i := cur.SlaveIndex(backend); i < 0 || !cur.Slaves[i].Synchronised {
+			return cur, false
+		}
+		rejoin := mirror.Rejoin(cur, backend)
+		return rejoin.Meta, rejoin.Joined
+	})
+	if err != nil {
+		log.Warn("a slave missed publishes; cannot record it unsynchronised; trying again later", "err", err)
+		r.missed.add(backend, &id)
+		return
+	}
+	log.Warn("a slave missed publishes (nacked, a client's link to it broke before it confirmed, or not sent while its backend was counted down): no longer synchronised, it rejoined as the youngest slave")
+}
+
+// purgeRemote empties a slave copy another node's proxy trims, through
+// that proxy; when it cannot be asked (it is down, and its trimmer's
+// messages are back in the copy) the copy is purged directly.
+func (r *reconciler) purgeRemote(ctx context.Context, backend string, id mirror.QueueID) error {
+	err := r.peers.PurgeSlave(ctx, backend, id)
+	if err == nil {
+		return nil
+	}
+	r.log.Warn("the proxy beside a slave could not purge it; purging it directly", "queue", id.Name, "vhost", id.VHost, "backend", backend, "err", err)
+	return r.operator.purgeCopy(backend, id)
 }

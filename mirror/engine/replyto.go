@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 )
 
 // Which backend owns a direct reply-to name (mirror.ReplyToNode): the proxy
@@ -28,8 +29,12 @@ const replyProbeKey = "amq.amqp-mirror.reply-to-probe"
 // again.
 const replyProbeRetry = time.Second
 
-// replyNodes remembers each backend's node, by backend.
+// replyNodes remembers each backend's node, by backend, and probes the
+// backends for it on the watcher's connections.
 type replyNodes struct {
+	watcher *controllink.Watcher
+	timeout time.Duration // bounds one probe
+
 	mu        sync.Mutex
 	byBackend map[string]replyProbe
 }
@@ -47,7 +52,7 @@ type replyProbe struct {
 func (e *Engine) ReplyBackend(ctx context.Context, node string) (backend string, ok bool) {
 	generations := make(map[string]uint64, len(e.backends))
 	for _, b := range e.backends {
-		if _, gen, err := e.urlConn(b); err == nil {
+		if _, gen, err := e.replies.urlConn(b); err == nil {
 			generations[b] = gen
 		}
 	}
@@ -56,7 +61,7 @@ func (e *Engine) ReplyBackend(ctx context.Context, node string) (backend string,
 		if owner != "" {
 			break
 		}
-		found, gen, err := e.probeReplyNode(ctx, b)
+		found, gen, err := e.replies.probe(ctx, b)
 		e.replies.record(b, found, gen, err, time.Now())
 		if err != nil {
 			e.log.Warn("cannot learn the backend's Erlang node for direct reply-to", "backend", b, "err", err)
@@ -108,12 +113,12 @@ func (r *replyNodes) record(backend, node string, generation uint64, err error, 
 	r.byBackend[backend] = replyProbe{node: node, generation: generation}
 }
 
-// probeReplyNode asks backend for a direct reply-to name of its own and
+// probe asks backend for a direct reply-to name of its own and
 // returns the node it names, with the generation of the connection asked.
-func (e *Engine) probeReplyNode(ctx context.Context, backend string) (string, uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, e.opts.OperationTimeout)
+func (r *replyNodes) probe(ctx context.Context, backend string) (string, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	conn, gen, err := e.urlConn(backend)
+	conn, gen, err := r.urlConn(backend)
 	if err != nil {
 		return "", 0, err
 	}
@@ -146,8 +151,8 @@ func (e *Engine) probeReplyNode(ctx context.Context, backend string) (string, ui
 
 // urlConn is the watcher's connection to backend in the vhost of its URL:
 // a broker's node is the same in every vhost.
-func (e *Engine) urlConn(backend string) (*amqp.Connection, uint64, error) {
-	c, gen := e.opts.Watcher.Conn(backend)
+func (r *replyNodes) urlConn(backend string) (*amqp.Connection, uint64, error) {
+	c, gen := r.watcher.Conn(backend)
 	if c == nil {
 		return nil, 0, fmt.Errorf("backend %s: %w", backend, errBackendDown)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -42,20 +43,20 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 	if m, ok := e.opts.Store.Get(id); ok {
 		return m, true, nil
 	}
-	if e.negativeCached(id) {
+	if e.negative.has(id) {
 		return mirror.QueueMeta{}, false, nil
 	}
-	live := e.live()
+	live := e.liveness.live()
 	var copies []found
 	var errs []error
 	for _, b := range e.backends {
-		if !live.Has(b) || !e.accepts(b, id.VHost) {
+		if !live.Has(b) || !e.liveness.accepts(b, id.VHost) {
 			continue // a backend refusing the vhost cannot be asked, nor hold a copy the proxy can mirror
 		}
 		if err := ctx.Err(); err != nil {
 			return mirror.QueueMeta{}, false, err
 		}
-		q, err := e.inspect(b, id)
+		q, err := e.operator.inspect(b, id)
 		switch replyCode(err) {
 		case 0:
 			if err != nil {
@@ -76,7 +77,7 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 			// have it.
 			return mirror.QueueMeta{}, false, fmt.Errorf("resolving %s: %w", id, errors.Join(errs...))
 		}
-		e.cacheNegative(id)
+		e.negative.add(id)
 		return mirror.QueueMeta{}, false, nil
 	}
 	// A deleted queue's copies that hold messages are stale: deleted. An
@@ -89,11 +90,11 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 			stale = append(stale, c.backend)
 		}
 	}
-	if buried, err := e.buryCopies(id, stale); buried {
+	if buried, err := e.operator.buryCopies(id, stale); buried {
 		if err != nil {
 			return mirror.QueueMeta{}, false, fmt.Errorf("resolving %s: %w", id, err)
 		}
-		e.cacheNegative(id)
+		e.negative.add(id)
 		return mirror.QueueMeta{}, false, nil
 	}
 	m := adoptedMeta(id, copies)
@@ -115,8 +116,8 @@ func (e *Engine) Resolve(ctx context.Context, id mirror.QueueID) (mirror.QueueMe
 		return mirror.QueueMeta{}, false, fmt.Errorf("adopting %s: %w", id, err)
 	}
 	e.log.Info("queue adopted", "queue", id.Name, "vhost", id.VHost, "master", written.Master, "slaves", written.Backends()[1:])
-	e.noteWrite(written)
-	e.startTrimmers(written)
+	e.view.noteWrite(written)
+	e.trimmers.startAll(written)
 	e.poke() // reconcile it with its policy now
 	return written, true, nil
 }
@@ -143,37 +144,50 @@ func adoptedMeta(id mirror.QueueID, copies []found) mirror.QueueMeta {
 	return m
 }
 
-func (e *Engine) negativeCached(id mirror.QueueID) bool {
-	e.negMu.Lock()
-	defer e.negMu.Unlock()
-	until, ok := e.negative[id]
+// negativeCache remembers, for a moment, the queues no backend had when
+// Resolve asked, so that a stream of publishes to a missing queue does not
+// probe the backends for each message.
+type negativeCache struct {
+	ttl   time.Duration
+	mu    sync.Mutex
+	until map[mirror.QueueID]time.Time // queues no backend had, until when
+}
+
+func newNegativeCache(ttl time.Duration) *negativeCache {
+	return &negativeCache{ttl: ttl, until: make(map[mirror.QueueID]time.Time)}
+}
+
+func (n *negativeCache) has(id mirror.QueueID) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	until, ok := n.until[id]
 	if ok && time.Now().Before(until) {
 		return true
 	}
 	if ok {
-		delete(e.negative, id)
+		delete(n.until, id)
 	}
 	return false
 }
 
-func (e *Engine) cacheNegative(id mirror.QueueID) {
-	e.negMu.Lock()
-	defer e.negMu.Unlock()
+func (n *negativeCache) add(id mirror.QueueID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	now := time.Now()
-	if len(e.negative) > 10000 {
+	if len(n.until) > 10000 {
 		// Bounded: a client naming many missing queues must not grow it
 		// for ever; expired entries go first.
-		for k, until := range e.negative {
+		for k, until := range n.until {
 			if now.After(until) {
-				delete(e.negative, k)
+				delete(n.until, k)
 			}
 		}
 	}
-	e.negative[id] = now.Add(e.opts.NegativeCache)
+	n.until[id] = now.Add(n.ttl)
 }
 
-func (e *Engine) forgetNegative(id mirror.QueueID) {
-	e.negMu.Lock()
-	delete(e.negative, id)
-	e.negMu.Unlock()
+func (n *negativeCache) forget(id mirror.QueueID) {
+	n.mu.Lock()
+	delete(n.until, id)
+	n.mu.Unlock()
 }

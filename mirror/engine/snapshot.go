@@ -2,9 +2,11 @@ package engine
 
 import (
 	"maps"
+	"sync"
 	"sync/atomic"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // The Lookup snapshot. Lookup runs for every publish, so it reads an
@@ -19,6 +21,21 @@ import (
 
 // maxRecent bounds the writes kept beside the base.
 const maxRecent = 64
+
+// snapshots owns the Lookup snapshot: the value Lookup reads, and the lock
+// that serialises replacing it.
+type snapshots struct {
+	store *store.Store
+	// current is replaced as a whole, never modified.
+	current atomic.Pointer[snapshot]
+	mu      sync.Mutex // serialises replacing current, so that an older List never overwrites a newer write
+}
+
+func newSnapshots(s *store.Store) *snapshots {
+	v := &snapshots{store: s}
+	v.current.Store(&snapshot{})
+	return v
+}
 
 type snapshot struct {
 	base   map[mirror.QueueID]mirror.QueueMeta
@@ -54,8 +71,11 @@ type recentWrite struct {
 }
 
 // Lookup returns what the metadata log says about a queue.
-func (e *Engine) Lookup(id mirror.QueueID) (mirror.QueueMeta, bool) {
-	s := e.snapshot.Load()
+func (e *Engine) Lookup(id mirror.QueueID) (mirror.QueueMeta, bool) { return e.view.lookup(id) }
+
+// lookup is Engine.Lookup.
+func (v *snapshots) lookup(id mirror.QueueID) (mirror.QueueMeta, bool) {
+	s := v.current.Load()
 	if w, ok := s.recent[id]; ok {
 		return w.meta, !w.deleted
 	}
@@ -64,35 +84,35 @@ func (e *Engine) Lookup(id mirror.QueueID) (mirror.QueueMeta, bool) {
 }
 
 // rebuild replaces the snapshot with the Store's current state.
-func (e *Engine) rebuild() {
-	e.rebuildMu.Lock()
-	defer e.rebuildMu.Unlock()
-	e.rebuildLocked()
+func (v *snapshots) rebuild() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.rebuildLocked()
 }
 
-func (e *Engine) rebuildLocked() {
-	list := e.opts.Store.List()
+func (v *snapshots) rebuildLocked() {
+	list := v.store.List()
 	base := make(map[mirror.QueueID]mirror.QueueMeta, len(list))
 	for _, q := range list {
 		base[q.ID] = q
 	}
-	e.snapshot.Store(&snapshot{base: base, exchanges: e.opts.Store.ListExchanges()})
+	v.current.Store(&snapshot{base: base, exchanges: v.store.ListExchanges()})
 }
 
 // noteWrite makes a record the engine wrote visible to Lookup at once.
 // The Store had applied it when the write returned, so a rebuild that
 // starts after this contains it too.
-func (e *Engine) noteWrite(m mirror.QueueMeta) { e.note(m.ID, recentWrite{meta: m}) }
+func (v *snapshots) noteWrite(m mirror.QueueMeta) { v.note(m.ID, recentWrite{meta: m}) }
 
 // noteDelete makes a deletion visible to Lookup at once.
-func (e *Engine) noteDelete(id mirror.QueueID) { e.note(id, recentWrite{deleted: true}) }
+func (v *snapshots) noteDelete(id mirror.QueueID) { v.note(id, recentWrite{deleted: true}) }
 
-func (e *Engine) note(id mirror.QueueID, w recentWrite) {
-	e.rebuildMu.Lock()
-	defer e.rebuildMu.Unlock()
-	old := e.snapshot.Load()
+func (v *snapshots) note(id mirror.QueueID, w recentWrite) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	old := v.current.Load()
 	if len(old.recent) >= maxRecent {
-		e.rebuildLocked()
+		v.rebuildLocked()
 		return
 	}
 	if cur, ok := old.recent[id]; ok && !cur.deleted && !w.deleted && cur.meta.Version > w.meta.Version {
@@ -101,5 +121,54 @@ func (e *Engine) note(id mirror.QueueID, w recentWrite) {
 	recent := make(map[mirror.QueueID]recentWrite, len(old.recent)+1)
 	maps.Copy(recent, old.recent)
 	recent[id] = w
-	e.snapshot.Store(&snapshot{base: old.base, recent: recent, exchanges: old.exchanges})
+	v.current.Store(&snapshot{base: old.base, recent: recent, exchanges: old.exchanges})
+}
+
+// countMasters counts the queues each backend masters, from the snapshot
+// (no copy of the Store's state).
+func (v *snapshots) countMasters(backends []string) map[string]int {
+	s := v.current.Load()
+	counts := make(map[string]int, len(backends))
+	for id, m := range s.base {
+		if _, overridden := s.recent[id]; !overridden {
+			counts[m.Master]++
+		}
+	}
+	for _, w := range s.recent {
+		if !w.deleted {
+			counts[w.meta.Master]++
+		}
+	}
+	return counts
+}
+
+// routing is Engine.Routing: the routing table of the current snapshot,
+// built once per snapshot.
+func (v *snapshots) routing(backends []string) *mirror.RoutingTable {
+	s := v.current.Load()
+	if t := s.routing.Load(); t != nil {
+		return t
+	}
+	t := mirror.NewRoutingTable(backends, s.exchanges, s.queues())
+	if !s.routing.CompareAndSwap(nil, t) {
+		return s.routing.Load()
+	}
+	return t
+}
+
+// anyQueue reports whether f holds for a queue's record, read as lookup
+// reads them: recent writes override the base.
+func (v *snapshots) anyQueue(f func(mirror.QueueMeta) bool) bool {
+	s := v.current.Load()
+	for _, w := range s.recent {
+		if !w.deleted && f(w.meta) {
+			return true
+		}
+	}
+	for id, m := range s.base {
+		if _, overridden := s.recent[id]; !overridden && f(m) {
+			return true
+		}
+	}
+	return false
 }

@@ -2,17 +2,22 @@ package engine
 
 import (
 	"context"
+	"log/slog"
 	"maps"
+	"sync/atomic"
 	"time"
 
+	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // CountUnackedWith sets how the engine counts the messages this proxy's
 // clients hold unacknowledged, per queue of a vhost (proxy.Server.Unacked),
 // for list_queues. Without it the engine counts none.
 func (e *Engine) CountUnackedWith(f func(vhost string) map[mirror.QueueID]int) {
-	e.unacked.Store(&f)
+	e.listing.unacked.Store(&f)
 }
 
 // ListQueues returns every recorded queue of vhost ("" for every vhost)
@@ -24,30 +29,58 @@ func (e *Engine) CountUnackedWith(f func(vhost string) map[mirror.QueueID]int) {
 // the exclusive and server-named queues clients declared, which the log
 // does not record (unrecordedStatus). It is `ctl list_queues`.
 func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]mirror.QueueStatus, error) {
+	return e.listing.list(ctx, vhost, unacked)
+}
+
+// listing answers `ctl list_queues`: the log's queues with what their
+// masters' brokers say, the unacknowledged counts of every proxy's
+// clients and the queues the log does not record. The functions that ask
+// this proxy's clients are set once serve has built the proxy, so they
+// are atomic pointers; the rest is the engine's parts, read only.
+type listing struct {
+	store    *store.Store
+	policies *config.PolicyStore
+	watcher  *controllink.Watcher // which backends refuse a vhost
+	operator *operator
+	syncs    *syncs
+	peers    Peers // nil for one proxy alone
+	backends []string
+	log      *slog.Logger
+
+	// unacked counts what this proxy's clients hold unacknowledged
+	// (CountUnackedWith).
+	unacked atomic.Pointer[func(vhost string) map[mirror.QueueID]int]
+	// unrecorded lists the queues this proxy's clients declared that the
+	// log does not record (ListUnrecordedWith).
+	unrecorded atomic.Pointer[func(vhost string) []mirror.UnrecordedQueue]
+}
+
+// list is Engine.ListQueues.
+func (l *listing) list(ctx context.Context, vhost string, unacked bool) ([]mirror.QueueStatus, error) {
 	var out []mirror.QueueStatus
 	var counts map[mirror.QueueID]int
 	known := false
 	if unacked {
-		counts, known = e.countUnacked(ctx, vhost)
+		counts, known = l.countUnacked(ctx, vhost)
 	}
-	for _, m := range e.opts.Store.List() {
+	for _, m := range l.store.List() {
 		if vhost != "" && m.ID.VHost != vhost {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		_, policy := e.definition(m.ID)
-		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: e.syncing(m.ID)}
-		for _, b := range e.backends {
-			if e.opts.Watcher.Refuses(b, m.ID.VHost) {
+		_, policy := definition(l.policies, m.ID)
+		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: l.syncs.targets(m.ID)}
+		for _, b := range l.backends {
+			if l.watcher.Refuses(b, m.ID.VHost) {
 				st.Refused = append(st.Refused, b)
 			}
 		}
 		if known {
 			st.MessagesUnacked = counts[m.ID]
 		}
-		if q, err := e.inspect(m.Master, m.ID); err == nil {
+		if q, err := l.operator.inspect(m.Master, m.ID); err == nil {
 			st.MessagesReady, st.Consumers = q.Messages, q.Consumers
 			if known {
 				st.Messages = q.Messages + st.MessagesUnacked
@@ -55,7 +88,7 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]
 		}
 		out = append(out, st)
 	}
-	unrecorded, err := e.unrecordedStatus(ctx, vhost, counts, known)
+	unrecorded, err := l.unrecordedStatus(ctx, vhost, counts, known)
 	if err != nil {
 		return nil, err
 	}
@@ -72,19 +105,19 @@ const unackedAskTimeout = time.Second
 // proxy and, in a cluster, of the other live proxies hold unacknowledged;
 // known is false when a proxy did not answer. A proxy that is gone has no
 // clients left: their brokers took the deliveries back.
-func (e *Engine) countUnacked(ctx context.Context, vhost string) (counts map[mirror.QueueID]int, known bool) {
+func (l *listing) countUnacked(ctx context.Context, vhost string) (counts map[mirror.QueueID]int, known bool) {
 	counts = make(map[mirror.QueueID]int)
-	if f := e.unacked.Load(); f != nil {
+	if f := l.unacked.Load(); f != nil {
 		maps.Copy(counts, (*f)(vhost))
 	}
-	if !e.clustered() {
+	if l.peers == nil {
 		return counts, true
 	}
 	ctx, cancel := context.WithTimeout(ctx, unackedAskTimeout)
 	defer cancel()
-	theirs, err := e.opts.Peers.Unacked(ctx, vhost)
+	theirs, err := l.peers.Unacked(ctx, vhost)
 	if err != nil {
-		e.log.Warn("list_queues: the unacknowledged messages of other proxies' clients are unknown", "vhost", vhost, "err", err)
+		l.log.Warn("list_queues: the unacknowledged messages of other proxies' clients are unknown", "vhost", vhost, "err", err)
 		return counts, false
 	}
 	for id, n := range theirs {

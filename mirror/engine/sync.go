@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -14,6 +14,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Synchronisation: copying the master's messages to unsynchronised slaves
@@ -49,22 +50,70 @@ type syncRun struct {
 // CancelSyncQueue stops it. A sync already running goes on. Its outcome is
 // logged, and list_queues shows its slaves synchronised when it is done.
 func (e *Engine) SyncQueue(ctx context.Context, id mirror.QueueID) error {
-	m, ok := e.opts.Store.Get(id)
+	return e.syncs.request(ctx, id)
+}
+
+// syncs owns the syncs of the engine: the one running per queue, when the
+// last automatic one failed, and the slaves a copy from the master left
+// half done, behind a lock of its own, taken alone. It copies into the
+// trimmers' copies and records slaves synchronised through recorder; in a
+// cluster it hands requests on through Peers.
+type syncs struct {
+	store    *store.Store
+	records  *recorder
+	trimmers *trimmers
+	liveness *liveness
+	operator *operator
+	policies *config.PolicyStore
+	peers    Peers // nil for one proxy alone
+	roles    roles
+	log      *slog.Logger
+	life     lifetime
+	wg       sync.WaitGroup // the sync goroutines
+
+	mu      sync.RWMutex
+	byQueue map[mirror.QueueID]*queueSyncs
+}
+
+// queueSyncs is the sync state of one queue.
+type queueSyncs struct {
+	run *syncRun // the sync running now, nil when none
+	// failed is when the last automatic sync failed, so that it is not
+	// retried at every tick.
+	failed time.Time
+	// partial are the slaves a copy from the master left half done.
+	partial map[string]bool
+}
+
+// entryLocked returns the queue's entry, created when missing; call with
+// mu held for writing.
+func (s *syncs) entryLocked(id mirror.QueueID) *queueSyncs {
+	q := s.byQueue[id]
+	if q == nil {
+		q = &queueSyncs{}
+		s.byQueue[id] = q
+	}
+	return q
+}
+
+// request is Engine.SyncQueue.
+func (s *syncs) request(ctx context.Context, id mirror.QueueID) error {
+	m, ok := s.store.Get(id)
 	if !ok {
 		return fmt.Errorf("%s: %w", id, mirror.ErrQueueNotFound)
 	}
-	live := e.live()
+	live := s.liveness.live()
 	var targets []string
-	for _, s := range m.Slaves {
-		if !s.Synchronised && live.Has(s.Backend) {
-			targets = append(targets, s.Backend)
+	for _, slave := range m.Slaves {
+		if !slave.Synchronised && live.Has(slave.Backend) {
+			targets = append(targets, slave.Backend)
 		}
 	}
-	def, _ := e.definition(id)
-	if e.clustered() {
-		return e.syncInCluster(ctx, id, targets) // cluster.go
+	def, _ := definition(s.policies, id)
+	if s.roles.clustered {
+		return s.inCluster(ctx, id, targets)
 	}
-	e.startSync(id, targets, def, true)
+	s.start(id, targets, def, true)
 	return nil
 }
 
@@ -74,12 +123,13 @@ func (e *Engine) CancelSyncQueue(ctx context.Context, id mirror.QueueID) error {
 	if _, ok := e.opts.Store.Get(id); !ok {
 		return fmt.Errorf("%s: %w", id, mirror.ErrQueueNotFound)
 	}
-	e.mu.RLock()
-	var run *syncRun
-	if qs := e.queues[id]; qs != nil {
-		run = qs.sync
-	}
-	e.mu.RUnlock()
+	return e.syncs.cancel(ctx, id)
+}
+
+// cancel stops the queue's sync, if one runs, and waits for it until ctx
+// ends.
+func (s *syncs) cancel(ctx context.Context, id mirror.QueueID) error {
+	run := s.running(id)
 	if run == nil {
 		return nil
 	}
@@ -92,81 +142,212 @@ func (e *Engine) CancelSyncQueue(ctx context.Context, id mirror.QueueID) error {
 	}
 }
 
-// cancelSyncTo stops a sync of the queue that copies to backend (lost, or
+// cancelTo stops a sync of the queue that copies to backend (lost, or
 // back and purged), and waits until it has stopped.
-func (e *Engine) cancelSyncTo(id mirror.QueueID, backend string) {
-	e.mu.RLock()
-	var run *syncRun
-	if qs := e.queues[id]; qs != nil && qs.sync != nil && slices.Contains(qs.sync.targets, backend) {
-		run = qs.sync
-	}
-	e.mu.RUnlock()
-	if run != nil {
+func (s *syncs) cancelTo(id mirror.QueueID, backend string) {
+	if run := s.running(id); run != nil && slices.Contains(run.targets, backend) {
 		run.cancel()
 		<-run.done
 	}
 }
 
-// syncing returns the slaves a sync of the queue copies to now.
-func (e *Engine) syncing(id mirror.QueueID) []string {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	if qs := e.queues[id]; qs != nil && qs.sync != nil {
-		return slices.Clone(qs.sync.targets)
+// stop stops the queue's sync, if one runs, and waits for it.
+func (s *syncs) stop(id mirror.QueueID) {
+	if run := s.running(id); run != nil {
+		run.cancel()
+		<-run.done
+	}
+}
+
+// running returns the queue's sync running now, nil when none.
+func (s *syncs) running(id mirror.QueueID) *syncRun {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if q := s.byQueue[id]; q != nil {
+		return q.run
 	}
 	return nil
 }
 
-// startSync starts a sync of targets unless one runs (then it returns the
+// targets returns the slaves a sync of the queue copies to now.
+func (s *syncs) targets(id mirror.QueueID) []string {
+	if run := s.running(id); run != nil {
+		return slices.Clone(run.targets)
+	}
+	return nil
+}
+
+// forget forgets the queue and returns its running sync, nil when none,
+// for the caller to stop.
+func (s *syncs) forget(id mirror.QueueID) *syncRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.byQueue[id]
+	delete(s.byQueue, id)
+	if q == nil {
+		return nil
+	}
+	return q.run
+}
+
+// idle returns the queues that have sync state but no sync running and
+// are not in recorded.
+func (s *syncs) idle(recorded map[mirror.QueueID]mirror.QueueMeta) []mirror.QueueID {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []mirror.QueueID
+	for id, q := range s.byQueue {
+		if _, ok := recorded[id]; !ok && q.run == nil {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// close waits for the syncs to end (the engine's lifetime ended) and
+// forgets every queue.
+func (s *syncs) close() {
+	s.wg.Wait()
+	s.mu.Lock()
+	s.byQueue = make(map[mirror.QueueID]*queueSyncs)
+	s.mu.Unlock()
+}
+
+// start starts a sync of targets unless one runs (then it returns the
 // running one) or, for an automatic sync (requested false), one failed a
 // moment ago. It returns nil when there is nothing to do.
-func (e *Engine) startSync(id mirror.QueueID, targets []string, def config.Definition, requested bool) *syncRun {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.ctx.Err() != nil {
+func (s *syncs) start(id mirror.QueueID, targets []string, def config.Definition, requested bool) *syncRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.life.ctx.Err() != nil {
 		return nil
 	}
-	qs := e.stateLocked(id)
-	if qs.sync != nil {
-		return qs.sync
+	q := s.entryLocked(id)
+	if q.run != nil {
+		return q.run
 	}
-	if len(targets) == 0 || !requested && time.Since(qs.syncFailed) < syncRetry {
+	if len(targets) == 0 || !requested && time.Since(q.failed) < syncRetry {
 		return nil
 	}
-	ctx, cancel := context.WithCancel(e.ctx)
+	ctx, cancel := context.WithCancel(s.life.ctx)
 	run := &syncRun{targets: slices.Clone(targets), cancel: cancel, done: make(chan struct{})}
-	qs.sync = run
-	e.syncWG.Add(1)
+	q.run = run
+	s.wg.Add(1)
 	go func() {
-		defer e.syncWG.Done()
+		defer s.wg.Done()
 		defer cancel()
-		run.err = e.runSync(ctx, id, run.targets, def)
-		e.mu.Lock()
-		if qs := e.queues[id]; qs != nil && qs.sync == run {
-			qs.sync = nil
+		run.err = s.run(ctx, id, run.targets, def)
+		s.mu.Lock()
+		if q := s.byQueue[id]; q != nil && q.run == run {
+			q.run = nil
 			if run.err != nil {
-				qs.syncFailed = time.Now()
+				q.failed = time.Now()
 			}
 		}
-		e.mu.Unlock()
+		s.mu.Unlock()
 		close(run.done)
 	}()
 	return run
 }
 
-// runSync synchronises the targets and records each synchronised once
+// inCluster carries out a requested sync (ctl sync_queue) of the
+// targets in a cluster: the proxy beside the first live one syncs it
+// (SyncLocal, here or there), and hands the request on to the next when
+// it is done, so that the slaves are synchronised one after another.
+func (s *syncs) inCluster(ctx context.Context, id mirror.QueueID, targets []string) error {
+	live := s.liveness.live()
+	for _, t := range targets {
+		if !live.Has(t) {
+			continue
+		}
+		if t == s.roles.node {
+			return s.local(ctx, id)
+		}
+		if err := s.peers.SyncSlave(ctx, t, id); err != nil {
+			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, t, err)
+		}
+		return nil
+	}
+	return nil
+}
+
+// local is Engine.SyncLocal.
+func (s *syncs) local(ctx context.Context, id mirror.QueueID) error {
+	// This proxy's copy of the log may not have the slave yet when the
+	// asking proxy's has: it was just added. Wait a little for it.
+	var m mirror.QueueMeta
+	for wait := time.Now().Add(5 * time.Second); ; {
+		var ok bool
+		m, ok = s.store.Get(id)
+		if ok && m.SlaveIndex(s.roles.node) >= 0 {
+			break
+		}
+		if time.Now().After(wait) {
+			if !ok {
+				return fmt.Errorf("%s: %w", id, mirror.ErrQueueNotFound)
+			}
+			return fmt.Errorf("%s has no slave on %s", id, s.roles.node)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if m.Slaves[m.SlaveIndex(s.roles.node)].Synchronised {
+		return nil
+	}
+	// The request may come before the loop started the slave's trimmer
+	// (the slave was just added), and a sync copies into it.
+	s.trimmers.ensure(m, s.roles.node)
+	def, _ := definition(s.policies, id)
+	run := s.start(id, []string{s.roles.node}, def, true)
+	if run == nil {
+		return nil
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-run.done:
+		case <-s.life.ctx.Done():
+			return
+		}
+		if run.err != nil {
+			return
+		}
+		m, ok := s.store.Get(id)
+		if !ok {
+			return
+		}
+		var rest []string
+		for _, slave := range m.Slaves {
+			if !slave.Synchronised && slave.Backend != s.roles.node {
+				rest = append(rest, slave.Backend)
+			}
+		}
+		ctx, cancel := s.life.operation()
+		defer cancel()
+		if err := s.inCluster(ctx, id, rest); err != nil {
+			s.log.Warn("cannot hand a requested sync on to the next slave", "queue", id.Name, "vhost", id.VHost, "err", err)
+		}
+	}()
+	return nil
+}
+
+// run synchronises the targets and records each synchronised once
 // its copy is complete. With a synchronised slave to copy from, targets are
 // copied one after another from its trimmer; without one, all at once from
 // the master, so that the master's messages are held (and given back,
 // redelivered) only once.
-func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []string, def config.Definition) error {
+func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, def config.Definition) error {
 	batch := def.WithDefaults().SyncBatchSize
 	if batch <= 0 {
 		batch = config.DefaultSyncBatchSize
 	}
-	log := e.log.With("queue", id.Name, "vhost", id.VHost)
+	log := s.log.With("queue", id.Name, "vhost", id.VHost)
 	for {
-		m, ok := e.opts.Store.Get(id)
+		m, ok := s.store.Get(id)
 		if !ok {
 			return fmt.Errorf("%s: no longer recorded", id)
 		}
@@ -179,21 +360,21 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 		if len(pending) == 0 {
 			return nil
 		}
-		source := e.syncSource(m)
+		source := s.source(m)
 		if source == "" {
 			// From the master, to every target at once.
 			started := time.Now()
-			if err := e.purgePartial(ctx, id, pending); err != nil {
+			if err := s.purgePartial(ctx, id, pending); err != nil {
 				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
 			}
-			copied, err := e.copyFromMaster(ctx, m, pending, batch)
+			copied, err := s.copyFromMaster(ctx, m, pending, batch)
 			if err != nil {
-				e.markPartial(id, pending)
+				s.markPartial(id, pending)
 				log.Warn("sync failed", "slaves", pending, "source", m.Master, "copied", copied.copied, "read", copied.read, "err", err)
 				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
 			}
 			for _, t := range pending {
-				if err := e.markSlave(id, t, true); err != nil {
+				if err := s.records.markSlave(id, t, true); err != nil {
 					return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, t, err)
 				}
 			}
@@ -202,12 +383,12 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 		}
 		target := pending[0]
 		started := time.Now()
-		copied, err := e.copyFromSlave(ctx, m, source, target, batch)
+		copied, err := s.copyFromSlave(ctx, m, source, target, batch)
 		if err != nil {
 			log.Warn("sync failed", "slave", target, "source", source, "copied", copied, "err", err)
 			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, target, err)
 		}
-		if err := e.markSlave(id, target, true); err != nil {
+		if err := s.records.markSlave(id, target, true); err != nil {
 			return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, target, err)
 		}
 		log.Info("slave synchronised", "slave", target, "source", source, "copied", copied, "took", time.Since(started))
@@ -218,94 +399,69 @@ func (e *Engine) runSync(ctx context.Context, id mirror.QueueID, targets []strin
 // half way: what it copied is on them, and the next copy from the master
 // could take one of those for a message that reached them by fan-out and
 // stop early (and would copy messages without identity a second time).
-func (e *Engine) markPartial(id mirror.QueueID, targets []string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	qs := e.stateLocked(id)
-	if qs.partial == nil {
-		qs.partial = make(map[string]bool)
+func (s *syncs) markPartial(id mirror.QueueID, targets []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.entryLocked(id)
+	if q.partial == nil {
+		q.partial = make(map[string]bool)
 	}
 	for _, t := range targets {
-		qs.partial[t] = true
+		q.partial[t] = true
 	}
 }
 
 // purgePartial empties the targets a copy from the master left half done,
 // through their trimmers, before the next copy.
-func (e *Engine) purgePartial(ctx context.Context, id mirror.QueueID, targets []string) error {
+func (s *syncs) purgePartial(ctx context.Context, id mirror.QueueID, targets []string) error {
 	for _, t := range targets {
-		e.mu.RLock()
-		partial := e.queues[id] != nil && e.queues[id].partial[t]
-		e.mu.RUnlock()
+		s.mu.RLock()
+		partial := s.byQueue[id] != nil && s.byQueue[id].partial[t]
+		s.mu.RUnlock()
 		if !partial {
 			continue
 		}
-		tr := e.trimmer(id, t)
+		tr := s.trimmers.get(id, t)
 		if tr == nil {
 			return fmt.Errorf("the slave on %s has no trimmer yet", t)
 		}
 		if _, err := tr.t.Purge(ctx); err != nil {
 			return err
 		}
-		e.mu.Lock()
-		if qs := e.queues[id]; qs != nil {
-			delete(qs.partial, t)
+		s.mu.Lock()
+		if q := s.byQueue[id]; q != nil {
+			delete(q.partial, t)
 		}
-		e.mu.Unlock()
+		s.mu.Unlock()
 	}
 	return nil
 }
 
-// syncSource returns the oldest live synchronised slave that has a
+// source returns the oldest live synchronised slave that has a
 // trimmer to copy from, "" when there is none.
-func (e *Engine) syncSource(m mirror.QueueMeta) string {
-	live := e.live()
-	for _, s := range m.Slaves {
-		if s.Synchronised && live.Has(s.Backend) && e.trimmer(m.ID, s.Backend) != nil {
-			return s.Backend
+func (s *syncs) source(m mirror.QueueMeta) string {
+	live := s.liveness.live()
+	for _, slave := range m.Slaves {
+		if slave.Synchronised && live.Has(slave.Backend) && s.trimmers.get(m.ID, slave.Backend) != nil {
+			return slave.Backend
 		}
 	}
 	return ""
 }
 
-// expectCopies makes the trimmers of the targets remember what they trim
-// while copies may still reach them: a copy can bring a message the master
-// settled after the slave trimmed its fan-out copy. The returned function
-// ends that a while after the copy.
-func (e *Engine) expectCopies(id mirror.QueueID, targets []string) (func(), error) {
-	var runs []*trimmerRun
-	for _, t := range targets {
-		tr := e.trimmer(id, t)
-		if tr == nil {
-			return nil, fmt.Errorf("the slave on %s has no trimmer yet", t)
-		}
-		runs = append(runs, tr)
-	}
-	for _, tr := range runs {
-		tr.t.ExpectCopies(true)
-	}
-	return func() {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		for _, tr := range runs {
-			tr.copiesUntil = time.Now().Add(30 * time.Second)
-		}
-	}, nil
-}
-
 // copyFromSlave copies the queue from the synchronised slave on source to
 // the slave on target (controllink.Trimmer.CopyTo).
-func (e *Engine) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, target string, batch int) (int, error) {
-	dst, err := e.dialSync(target, m.ID.VHost)
+func (s *syncs) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, target string, batch int) (int, error) {
+	dst, err := s.operator.dial(target, m.ID.VHost)
 	if err != nil {
 		return 0, err
 	}
 	defer dst.Close()
-	src := e.trimmer(m.ID, source)
+	src := s.trimmers.get(m.ID, source)
 	if src == nil {
 		return 0, fmt.Errorf("the slave on %s has no trimmer", source)
 	}
-	done, err := e.expectCopies(m.ID, []string{target})
+	done, err := s.trimmers.expectCopies(m.ID, []string{target})
 	if err != nil {
 		return 0, err
 	}
@@ -318,22 +474,22 @@ func (e *Engine) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, 
 // confirmed, then gives them back (see the comment at the top of this
 // file). It holds the messages in memory meanwhile: the master's ready
 // count at the start, at most.
-func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets []string, batch int) (copyCount, error) {
-	src, err := e.dialSync(m.Master, m.ID.VHost)
+func (s *syncs) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets []string, batch int) (copyCount, error) {
+	src, err := s.operator.dial(m.Master, m.ID.VHost)
 	if err != nil {
 		return copyCount{}, err
 	}
 	defer src.Close()
 	var dsts []*amqp.Connection
 	for _, t := range targets {
-		c, err := e.dialSync(t, m.ID.VHost)
+		c, err := s.operator.dial(t, m.ID.VHost)
 		if err != nil {
 			return copyCount{}, err
 		}
 		defer c.Close()
 		dsts = append(dsts, c)
 	}
-	done, err := e.expectCopies(m.ID, targets)
+	done, err := s.trimmers.expectCopies(m.ID, targets)
 	if err != nil {
 		return copyCount{}, err
 	}
@@ -344,7 +500,7 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 	// copyFromMaster).
 	trimmers := make([]*controllink.Trimmer, len(targets))
 	for i, t := range targets {
-		if tr := e.trimmer(m.ID, t); tr != nil {
+		if tr := s.trimmers.get(m.ID, t); tr != nil {
 			trimmers[i] = tr.t
 		}
 	}
@@ -354,7 +510,7 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 		return ok && trimmers[target] != nil && trimmers[target].Holds(id)
 	}
 	progress := func(c copyCount, started time.Time, waits copyWaits) {
-		e.log.Info("sync in progress", "queue", m.ID.Name, "vhost", m.ID.VHost, "slaves", targets,
+		s.log.Info("sync in progress", "queue", m.ID.Name, "vhost", m.ID.VHost, "slaves", targets,
 			"copied", c.copied, "read", c.read, "elapsed", time.Since(started).Round(time.Millisecond),
 			"waited_for_deliveries", waits.deliveries.Round(time.Millisecond), "waited_for_confirms", waits.confirms.Round(time.Millisecond))
 	}
@@ -363,45 +519,6 @@ func (e *Engine) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets
 	// basic.get, which is no consumer (and slower: a round trip each).
 	byGet := m.AutoDelete || m.Adopted
 	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, byGet, holds, progress)
-}
-
-// dialSync opens a connection of the proxy's own to backend in vhost for
-// one sync.
-// A sync never uses the watcher's connection: RabbitMQ throttles a
-// connection that publishes fast (credit flow), and the watcher's probes
-// on a throttled connection would go unanswered long enough to call the
-// backend down.
-func (e *Engine) dialSync(backend, vhost string) (*amqp.Connection, error) {
-	for _, b := range e.opts.Backends {
-		if b.Name != backend {
-			continue
-		}
-		url, err := controllink.WithVHost(b.URL, vhost)
-		if err != nil {
-			return nil, fmt.Errorf("backend %s: %w", backend, err)
-		}
-		dialer := &net.Dialer{Timeout: e.opts.OperationTimeout}
-		conn, err := amqp.DialConfig(url, amqp.Config{
-			TLSClientConfig: b.TLS,
-			Heartbeat:       10 * time.Second,
-			Locale:          "en_US",
-			Dial: func(network, addr string) (net.Conn, error) {
-				conn, err := dialer.Dial(network, addr)
-				if err != nil {
-					return nil, err
-				}
-				// Bounds the handshake; amqp091-go clears it once open.
-				conn.SetDeadline(time.Now().Add(e.opts.OperationTimeout))
-				return conn, nil
-			},
-			Properties: amqp.Table{"connection_name": "amqp-mirror sync"},
-		})
-		if err != nil {
-			return nil, fmt.Errorf("backend %s, vhost %q: connecting for a sync: %w", backend, vhost, err)
-		}
-		return conn, nil
-	}
-	return nil, fmt.Errorf("backend %s is not configured", backend)
 }
 
 // copyFromMaster is the copy itself, on the master's connection src to the
@@ -438,29 +555,16 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 	if q.Messages == 0 {
 		return count, nil
 	}
-	var deliveries <-chan amqp.Delivery
-	stop := func() error { return sch.Cancel(syncConsumerTag, false) }
-	if byGet {
-		deliveries, stop = getLoop(sch, queue)
-	} else {
-		deliveries, err = sch.Consume(queue, syncConsumerTag, false, false, false, false, nil)
-		if err != nil {
-			return count, fmt.Errorf("consuming from the master: %w", err)
-		}
+	deliveries, stop, err := readMaster(sch, queue, byGet)
+	if err != nil {
+		return count, err
 	}
 	var lastTag uint64 // the last delivery the copy read
 	defer func() { giveBack(sch, deliveries, stop, queue, lastTag) }()
-	outs := make([]*confirmWindow, len(dsts))
-	for i, dst := range dsts {
-		ch, err := dst.Channel()
-		if err != nil {
-			return count, fmt.Errorf("opening a channel on a slave: %w", err)
-		}
-		defer ch.Close()
-		if err := ch.Confirm(false); err != nil {
-			return count, fmt.Errorf("confirm mode on a slave: %w", err)
-		}
-		outs[i] = &confirmWindow{ch: ch, batch: batch}
+	outs, closeOuts, err := openConfirmWindows(dsts, batch)
+	defer closeOuts()
+	if err != nil {
+		return count, err
 	}
 	// With no newer publishes, a backlog that clients took part of (or
 	// that expired in part) never makes up the count. So when no delivery
@@ -510,16 +614,10 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 			lastTag = d.DeliveryTag
 			waits.deliveries += time.Since(waitStart)
 			count.read++
-			msg, copiedOne := publishing(d), false
 			publishStart := time.Now()
-			for i, o := range outs {
-				if holds(d, i) {
-					continue
-				}
-				if err := o.publish(ctx, queue, msg); err != nil {
-					return count, err
-				}
-				copiedOne = true
+			copiedOne, err := copyOne(ctx, d, outs, queue, holds)
+			if err != nil {
+				return count, err
 			}
 			waits.confirms += time.Since(publishStart)
 			if copiedOne {
@@ -537,6 +635,59 @@ func copyFromMaster(ctx context.Context, src *amqp.Connection, dsts []*amqp.Conn
 		}
 	}
 	return finish()
+}
+
+// readMaster starts reading queue on the master's channel ch for a copy:
+// with a consumer, or with basic.get when byGet (see getLoop). stop ends
+// the reading; deliveries is closed once it ended.
+func readMaster(ch *amqp.Channel, queue string, byGet bool) (deliveries <-chan amqp.Delivery, stop func() error, err error) {
+	if byGet {
+		deliveries, stop = getLoop(ch, queue)
+		return deliveries, stop, nil
+	}
+	deliveries, err = ch.Consume(queue, syncConsumerTag, false, false, false, false, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("consuming from the master: %w", err)
+	}
+	return deliveries, func() error { return ch.Cancel(syncConsumerTag, false) }, nil
+}
+
+// openConfirmWindows opens a channel in confirm mode on each of dsts. The
+// returned function closes the channels opened, also after an error.
+func openConfirmWindows(dsts []*amqp.Connection, batch int) ([]*confirmWindow, func(), error) {
+	outs := make([]*confirmWindow, 0, len(dsts))
+	closeAll := func() {
+		for i := len(outs) - 1; i >= 0; i-- {
+			outs[i].ch.Close()
+		}
+	}
+	for _, dst := range dsts {
+		ch, err := dst.Channel()
+		if err != nil {
+			return nil, closeAll, fmt.Errorf("opening a channel on a slave: %w", err)
+		}
+		outs = append(outs, &confirmWindow{ch: ch, batch: batch})
+		if err := ch.Confirm(false); err != nil {
+			return nil, closeAll, fmt.Errorf("confirm mode on a slave: %w", err)
+		}
+	}
+	return outs, closeAll, nil
+}
+
+// copyOne copies d to the targets that do not hold it already (holds), and
+// reports whether it copied it to any.
+func copyOne(ctx context.Context, d amqp.Delivery, outs []*confirmWindow, queue string, holds func(d amqp.Delivery, target int) bool) (bool, error) {
+	msg, copied := publishing(d), false
+	for i, o := range outs {
+		if holds(d, i) {
+			continue
+		}
+		if err := o.publish(ctx, queue, msg); err != nil {
+			return copied, err
+		}
+		copied = true
+	}
+	return copied, nil
 }
 
 // syncConsumerTag names a sync's consumer on the master.

@@ -1,7 +1,9 @@
 package engine
 
 import (
-	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -16,69 +18,123 @@ import (
 // connection: when the watcher reconnects (the backend went down and came
 // back), the trimmer is replaced by one on the new connection.
 
-// startTrimmers starts the missing trimmers of m's slaves on live
-// backends.
-func (e *Engine) startTrimmers(m mirror.QueueMeta) {
+// trimmers owns the trimmers of the slave copies this proxy trims, by
+// queue and backend, with the copies found missing. Its lock guards its
+// maps and the runs' fields; a Trimmer has its own lock, taken under it
+// (settle), never the other way round.
+type trimmers struct {
+	operator *operator // the watcher's connections
+	store    *store.Store
+	roles    roles
+	// options are Options.Trimmer; logger is Options.Logger, for the
+	// trimmers' own logs.
+	options controllink.TrimmerOptions
+	logger  *slog.Logger
+	log     *slog.Logger
+	// gone handles a slave copy whose trimmer cannot start because the
+	// copy is missing (Engine.copyGone). It takes the trimmers' lock
+	// itself, so it is called without it.
+	gone func(m mirror.QueueMeta, backend string)
+
+	mu      sync.RWMutex
+	byQueue map[mirror.QueueID]*queueTrimmers
+}
+
+// queueTrimmers are one queue's trimmers and missing copies, by backend.
+type queueTrimmers struct {
+	runs map[string]*trimmerRun
+	// missing are slaves whose copy was found gone, and since when.
+	missing map[string]time.Time
+}
+
+type trimmerRun struct {
+	t          *controllink.Trimmer
+	generation uint64 // of the watcher's connection it runs on
+	// copiesUntil keeps the trimmer remembering what it trimmed for a
+	// while after a copy into it ended, since copies may still be on
+	// their way to it.
+	copiesUntil time.Time
+	// backlog is the never-synced slave's backlog, set at the first look
+	// (checkBacklog); it goes with the trimmer whose Missed count it
+	// holds.
+	backlog *backlog
+}
+
+// backlog is a never-synced slave's mirror.Backlog: Held at its join, and
+// the trimmer's Missed count then, from which Settled is counted.
+type backlog struct {
+	held       int
+	missedBase int
+}
+
+// entryLocked returns the queue's entry, created when missing; call with
+// mu held for writing.
+func (t *trimmers) entryLocked(id mirror.QueueID) *queueTrimmers {
+	q := t.byQueue[id]
+	if q == nil {
+		q = &queueTrimmers{runs: map[string]*trimmerRun{}}
+		t.byQueue[id] = q
+	}
+	return q
+}
+
+// startAll starts the missing trimmers of m's slaves on live backends.
+func (t *trimmers) startAll(m mirror.QueueMeta) {
 	for _, s := range m.Slaves {
-		e.ensureTrimmer(m, s.Backend)
+		t.ensure(m, s.Backend)
 	}
 }
 
-// ensureTrimmer makes sure the slave on backend has a trimmer on the
-// watcher's current connection to it.
-func (e *Engine) ensureTrimmer(m mirror.QueueMeta, backend string) {
-	if !e.trimsHere(backend) {
+// ensure makes sure the slave on backend has a trimmer on the watcher's
+// current connection to it.
+func (t *trimmers) ensure(m mirror.QueueMeta, backend string) {
+	if !t.roles.trimsHere(backend) {
 		return // another node's proxy trims it (cluster.go)
 	}
-	conn, gen, err := e.conn(backend, m.ID.VHost)
+	conn, gen, err := t.operator.conn(backend, m.ID.VHost)
 	if err != nil {
-		e.stopTrimmer(m.ID, backend) // its connection is gone with the backend, or refused
+		t.stop(m.ID, backend) // its connection is gone with the backend, or refused
 		return
 	}
-	e.mu.RLock()
-	var current *trimmerRun
-	if qs := e.queues[m.ID]; qs != nil {
-		current = qs.trimmers[backend]
-	}
-	e.mu.RUnlock()
+	current := t.get(m.ID, backend)
 	if current != nil && current.generation == gen {
 		return
 	}
 	if current != nil {
-		e.stopTrimmer(m.ID, backend)
+		t.stop(m.ID, backend)
 	}
-	t, err := controllink.StartTrimmer(conn, m.ID.Name, e.trimmerOptions(m))
+	trimmer, err := controllink.StartTrimmer(conn, m.ID.Name, t.trimmerOptions(m))
 	if replyCode(err) == amqp.NotFound {
-		e.copyGone(m, backend)
+		t.gone(m, backend)
 		return
 	}
 	if err != nil {
-		e.log.Warn("cannot trim a slave copy; retrying", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend, "err", err)
+		t.log.Warn("cannot trim a slave copy; retrying", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend, "err", err)
 		return
 	}
-	e.mu.Lock()
-	_, recorded := e.opts.Store.Get(m.ID)
-	qs := e.stateLocked(m.ID)
-	if old := qs.trimmers[backend]; old != nil || !recorded {
+	t.mu.Lock()
+	_, recorded := t.store.Get(m.ID)
+	q := t.entryLocked(m.ID)
+	if old := q.runs[backend]; old != nil || !recorded {
 		// Someone else started one meanwhile, or the queue was deleted.
-		e.mu.Unlock()
-		t.Close()
+		t.mu.Unlock()
+		trimmer.Close()
 		if !recorded {
-			e.mu.Lock()
-			if qs := e.queues[m.ID]; qs != nil && len(qs.trimmers) == 0 && qs.sync == nil {
-				delete(e.queues, m.ID)
+			t.mu.Lock()
+			if q := t.byQueue[m.ID]; q != nil && len(q.runs) == 0 {
+				delete(t.byQueue, m.ID)
 			}
-			e.mu.Unlock()
+			t.mu.Unlock()
 		}
 		return
 	}
-	qs.trimmers[backend] = &trimmerRun{t: t, generation: gen}
-	e.mu.Unlock()
+	q.runs[backend] = &trimmerRun{t: trimmer, generation: gen}
+	t.mu.Unlock()
 }
 
-func (e *Engine) trimmerOptions(m mirror.QueueMeta) controllink.TrimmerOptions {
-	o := e.opts.Trimmer
-	o.Logger = e.opts.Logger.With("vhost", m.ID.VHost)
+func (t *trimmers) trimmerOptions(m mirror.QueueMeta) controllink.TrimmerOptions {
+	o := t.options
+	o.Logger = t.logger.With("vhost", m.ID.VHost)
 	// The trimmer gives back held messages once the queue's TTL has passed,
 	// for the slave's broker to expire them as the master's does.
 	args, err := amqpTable(m.Arguments)
@@ -89,63 +145,122 @@ func (e *Engine) trimmerOptions(m mirror.QueueMeta) controllink.TrimmerOptions {
 	return o
 }
 
-// stopTrimmer stops the trimmer of the slave on backend, if any.
-func (e *Engine) stopTrimmer(id mirror.QueueID, backend string) {
-	e.mu.Lock()
+// stop stops the trimmer of the slave on backend, if any.
+func (t *trimmers) stop(id mirror.QueueID, backend string) {
+	t.mu.Lock()
 	var tr *trimmerRun
-	if qs := e.queues[id]; qs != nil {
-		tr = qs.trimmers[backend]
-		delete(qs.trimmers, backend)
-		delete(qs.backlogs, backend)
+	if q := t.byQueue[id]; q != nil {
+		tr = q.runs[backend]
+		delete(q.runs, backend)
 	}
-	e.mu.Unlock()
+	t.mu.Unlock()
 	if tr != nil {
 		tr.t.Close()
 	}
 }
 
-// trimmer returns the trimmer of the slave on backend, nil when none.
-func (e *Engine) trimmer(id mirror.QueueID, backend string) *trimmerRun {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	if qs := e.queues[id]; qs != nil {
-		return qs.trimmers[backend]
+// get returns the trimmer of the slave on backend, nil when none.
+func (t *trimmers) get(id mirror.QueueID, backend string) *trimmerRun {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if q := t.byQueue[id]; q != nil {
+		return q.runs[backend]
 	}
 	return nil
 }
 
-// ensureTrimmers brings the trimmers in line with the metadata: one per
-// slave on a live backend, on its current connection; none for queues or
-// slaves the metadata no longer has (another proxy dropped them).
-func (e *Engine) ensureTrimmers() {
-	metas := e.opts.Store.List()
-	byID := make(map[mirror.QueueID]mirror.QueueMeta, len(metas))
-	for _, m := range metas {
-		byID[m.ID] = m
-		e.startTrimmers(m)
+// of returns the queue's trimmers by backend (a copy of the map).
+func (t *trimmers) of(id mirror.QueueID) map[string]*trimmerRun {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := map[string]*trimmerRun{}
+	if q := t.byQueue[id]; q != nil {
+		for b, tr := range q.runs {
+			out[b] = tr
+		}
 	}
-	type stale struct {
-		id      mirror.QueueID
-		backend string
+	return out
+}
+
+// forget forgets the queue and returns its trimmers, for the caller to
+// close.
+func (t *trimmers) forget(id mirror.QueueID) []*trimmerRun {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	q := t.byQueue[id]
+	delete(t.byQueue, id)
+	if q == nil {
+		return nil
 	}
-	var stop, missing []stale
-	var gone []mirror.QueueID
-	now := time.Now()
-	e.mu.Lock()
-	for id, qs := range e.queues {
+	out := make([]*trimmerRun, 0, len(q.runs))
+	for _, tr := range q.runs {
+		out = append(out, tr)
+	}
+	return out
+}
+
+// closeAll stops every trimmer and forgets every queue.
+func (t *trimmers) closeAll() {
+	t.mu.Lock()
+	var runs []*trimmerRun
+	for _, q := range t.byQueue {
+		for _, tr := range q.runs {
+			runs = append(runs, tr)
+		}
+	}
+	t.byQueue = make(map[mirror.QueueID]*queueTrimmers)
+	t.mu.Unlock()
+	for _, tr := range runs {
+		tr.t.Close()
+	}
+}
+
+// settle hands the settles (rejections with reject) of a queue's messages
+// to its trimmers; each queues them for its own goroutine.
+func (t *trimmers) settle(id mirror.QueueID, ids []mirror.MessageID, reject bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	q := t.byQueue[id]
+	if q == nil {
+		return
+	}
+	for _, tr := range q.runs {
+		if reject {
+			tr.t.Reject(ids...)
+		} else {
+			tr.t.Settle(ids...)
+		}
+	}
+}
+
+// trimmerRef names one trimmer.
+type trimmerRef struct {
+	id      mirror.QueueID
+	backend string
+}
+
+// sweep looks at every trimmer against the records in byID: it returns
+// those of slaves the records no longer have (stale), those whose copy is
+// missing, and the queues no longer recorded (unrecorded). It forgets the
+// missing marks of copies that are there, and ends a copy's expectation
+// (ExpectCopies) once its time is up.
+func (t *trimmers) sweep(byID map[mirror.QueueID]mirror.QueueMeta, now time.Time) (stale, missing []trimmerRef, unrecorded []mirror.QueueID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, q := range t.byQueue {
 		m, ok := byID[id]
-		if !ok && qs.sync == nil {
-			gone = append(gone, id)
+		if !ok {
+			unrecorded = append(unrecorded, id)
 			continue
 		}
-		for b, tr := range qs.trimmers {
+		for b, tr := range q.runs {
 			switch {
 			case m.SlaveIndex(b) < 0:
-				stop = append(stop, stale{id, b})
+				stale = append(stale, trimmerRef{id, b})
 			case tr.t.QueueMissing():
-				missing = append(missing, stale{id, b})
+				missing = append(missing, trimmerRef{id, b})
 			default:
-				delete(qs.missing, b) // there again, or never gone
+				delete(q.missing, b) // there again, or never gone
 				if !tr.copiesUntil.IsZero() && now.After(tr.copiesUntil) {
 					tr.copiesUntil = time.Time{}
 					tr.t.ExpectCopies(false)
@@ -153,102 +268,77 @@ func (e *Engine) ensureTrimmers() {
 			}
 		}
 	}
-	e.mu.Unlock()
-	for _, s := range stop {
-		e.stopTrimmer(s.id, s.backend)
-	}
-	for _, id := range gone {
-		e.stopQueue(id)
-	}
-	for _, s := range missing {
-		e.copyGone(byID[s.id], s.backend)
-	}
+	return stale, missing, unrecorded
 }
 
-// missingGrace is how long a slave copy must be missing before the engine
-// acts on it. A client's queue.delete removes every copy and then tells
-// the engine (Deleted); a trimmer sees its copy go in between, and acting
-// at once would declare the copy again behind the client's back.
-const missingGrace = 5 * time.Second
-
-// copyGone handles a slave copy that is gone (someone deleted it on its
-// broker, or a client deleted the queue and the proxy has not said so
-// yet). Once it has been gone for missingGrace: when the master is gone
-// too (it deleted itself, or was deleted past the proxy) the queue is
-// forgotten; otherwise the slave leaves the record, and the policy adds it
-// again like any new slave (declared, empty, synchronised per ha-sync-mode).
-func (e *Engine) copyGone(m mirror.QueueMeta, backend string) {
-	e.mu.Lock()
-	qs := e.stateLocked(m.ID)
-	if qs.missing == nil {
-		qs.missing = make(map[string]time.Time)
+// backends returns the backends of the queue's trimmers.
+func (t *trimmers) backends(id mirror.QueueID) []string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var out []string
+	if q := t.byQueue[id]; q != nil {
+		for b := range q.runs {
+			out = append(out, b)
+		}
 	}
-	since, seen := qs.missing[backend]
+	return out
+}
+
+// markMissing notes that the slave copy on backend is missing, and returns
+// since when it is (seen false: from now).
+func (t *trimmers) markMissing(id mirror.QueueID, backend string) (since time.Time, seen bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	q := t.entryLocked(id)
+	if q.missing == nil {
+		q.missing = make(map[string]time.Time)
+	}
+	since, seen = q.missing[backend]
 	if !seen {
-		qs.missing[backend] = time.Now()
+		q.missing[backend] = time.Now()
 	}
-	e.mu.Unlock()
-	if !seen || time.Since(since) < missingGrace || !e.live().Has(m.Master) {
-		return
-	}
-	if _, recorded := e.opts.Store.Get(m.ID); !recorded {
-		return
-	}
-	exists, err := e.exists(m.Master, m.ID)
-	if err != nil {
-		return
-	}
-	if !exists {
-		e.forget(m, "its master and a slave copy are gone")
-		return
-	}
-	e.stopTrimmer(m.ID, backend)
-	_, err = e.update(m.ID, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
-		i := cur.SlaveIndex(backend)
-		if i < 0 {
-			return cur, false
-		}
-		cur = cur.Clone()
-		cur.Slaves = append(cur.Slaves[:i], cur.Slaves[i+1:]...)
-		if len(cur.Slaves) == 0 {
-			cur.Slaves = nil
-		}
-		return cur, true
-	})
-	if err != nil {
-		e.log.Warn("cannot record a slave whose copy is gone", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend, "err", err)
-		return
-	}
-	e.log.Warn("a slave copy is gone; the slave leaves the record (the policy adds it again)", "queue", m.ID.Name, "vhost", m.ID.VHost, "backend", backend)
+	return since, seen
 }
 
-// markSlave records the slave on backend as synchronised or not.
-func (e *Engine) markSlave(id mirror.QueueID, backend string, synchronised bool) error {
-	for range maxConflicts {
-		m, ok := e.opts.Store.Get(id)
-		if !ok {
-			return errors.New("queue no longer recorded")
+// expectCopies makes the trimmers of the targets remember what they trim
+// while copies may still reach them: a copy can bring a message the master
+// settled after the slave trimmed its fan-out copy. The returned function
+// ends that a while after the copy.
+func (t *trimmers) expectCopies(id mirror.QueueID, targets []string) (func(), error) {
+	var runs []*trimmerRun
+	for _, b := range targets {
+		tr := t.get(id, b)
+		if tr == nil {
+			return nil, fmt.Errorf("the slave on %s has no trimmer yet", b)
 		}
-		i := m.SlaveIndex(backend)
-		if i < 0 {
-			return errors.New("no longer a slave")
-		}
-		if m.Slaves[i].Synchronised == synchronised {
-			return nil
-		}
-		m = m.Clone()
-		m.Slaves[i].Synchronised = synchronised
-		ctx, cancel := e.opContext()
-		written, err := e.opts.Writer.Put(ctx, m, m.Version)
-		cancel()
-		if errors.Is(err, store.ErrConflict) {
-			continue
-		}
-		if err == nil {
-			e.log.Info("slave synchronisation recorded", "queue", id.Name, "vhost", id.VHost, "backend", backend, "synchronised", synchronised)
-			e.noteWrite(written)
-		}
-		return err
+		runs = append(runs, tr)
 	}
-	return store.ErrConflict
+	for _, tr := range runs {
+		tr.t.ExpectCopies(true)
+	}
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		for _, tr := range runs {
+			tr.copiesUntil = time.Now().Add(30 * time.Second)
+		}
+	}, nil
+}
+
+// backlog returns the backlog of the never-synced slave on backend, set to
+// held messages and the trimmer's missed count now at the first call for
+// its trimmer. Without a trimmer it is what a first call would set.
+func (t *trimmers) backlog(id mirror.QueueID, backend string, held, missed int) backlog {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fresh := backlog{held: held, missedBase: missed}
+	q := t.byQueue[id]
+	if q == nil || q.runs[backend] == nil {
+		return fresh
+	}
+	tr := q.runs[backend]
+	if tr.backlog == nil {
+		tr.backlog = &fresh
+	}
+	return *tr.backlog
 }

@@ -15,7 +15,7 @@ import (
 // shows after the log's: RabbitMQ lists every queue. Without it the engine
 // knows none.
 func (e *Engine) ListUnrecordedWith(f func(vhost string) []mirror.UnrecordedQueue) {
-	e.unrecorded.Store(&f)
+	e.listing.unrecorded.Store(&f)
 }
 
 // unrecordedStatus returns list_queues' rows for the unrecorded queues of
@@ -24,15 +24,15 @@ func (e *Engine) ListUnrecordedWith(f func(vhost string) []mirror.UnrecordedQueu
 // none). Each is asked of its broker with a passive declare: an exclusive
 // queue answers 405 (only its owner may ask), so its counts stay unknown;
 // a queue its broker no longer has (auto-deleted, expired) is left out.
-func (e *Engine) unrecordedStatus(ctx context.Context, vhost string, unacked map[mirror.QueueID]int, known bool) ([]mirror.QueueStatus, error) {
+func (l *listing) unrecordedStatus(ctx context.Context, vhost string, unacked map[mirror.QueueID]int, known bool) ([]mirror.QueueStatus, error) {
 	var out []mirror.QueueStatus
 	seen := make(map[mirror.QueueID]bool)
-	for _, u := range e.unrecordedQueues(ctx, vhost) {
+	for _, u := range l.unrecordedQueues(ctx, vhost) {
 		if seen[u.ID] {
 			continue
 		}
 		seen[u.ID] = true
-		if _, recorded := e.opts.Store.Get(u.ID); recorded {
+		if _, recorded := l.store.Get(u.ID); recorded {
 			continue // a server-named queue adopted since
 		}
 		if err := ctx.Err(); err != nil {
@@ -41,13 +41,13 @@ func (e *Engine) unrecordedStatus(ctx context.Context, vhost string, unacked map
 		st := mirror.QueueStatus{
 			Meta:     mirror.QueueMeta{ID: u.ID, Master: u.Backend},
 			Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1,
-			Policy:    e.policyName(u.ID, u.Exclusive),
+			Policy:    l.policyName(u.ID, u.Exclusive),
 			Exclusive: u.Exclusive,
 		}
 		if known {
 			st.MessagesUnacked = unacked[u.ID]
 		}
-		q, err := e.inspect(u.Backend, u.ID)
+		q, err := l.operator.inspect(u.Backend, u.ID)
 		switch {
 		case err == nil:
 			st.MessagesReady, st.Consumers = q.Messages, q.Consumers
@@ -66,27 +66,27 @@ func (e *Engine) unrecordedStatus(ctx context.Context, vhost string, unacked map
 // and the other live proxies. One that does not answer within
 // unackedAskTimeout is logged and its queues are missing from the listing,
 // rather than holding it up.
-func (e *Engine) unrecordedQueues(ctx context.Context, vhost string) []mirror.UnrecordedQueue {
+func (l *listing) unrecordedQueues(ctx context.Context, vhost string) []mirror.UnrecordedQueue {
 	var out []mirror.UnrecordedQueue
-	if f := e.unrecorded.Load(); f != nil {
+	if f := l.unrecorded.Load(); f != nil {
 		out = (*f)(vhost)
 	}
-	if !e.clustered() {
+	if l.peers == nil {
 		return out
 	}
 	ctx, cancel := context.WithTimeout(ctx, unackedAskTimeout)
 	defer cancel()
-	theirs, err := e.opts.Peers.Unrecorded(ctx, vhost)
+	theirs, err := l.peers.Unrecorded(ctx, vhost)
 	if err != nil {
-		e.log.Warn("list_queues: the exclusive and server-named queues of other proxies' clients are missing", "vhost", vhost, "err", err)
+		l.log.Warn("list_queues: the exclusive and server-named queues of other proxies' clients are missing", "vhost", vhost, "err", err)
 	}
 	return append(out, theirs...)
 }
 
 // policyName is the name of the user policy that applies to the queue, ""
 // for none. An exclusive queue matches no ha-mode policy (config.Match).
-func (e *Engine) policyName(id mirror.QueueID, exclusive bool) string {
-	if p := e.opts.Policies.Snapshot().Match(id.VHost, id.Name, config.KindQueue, exclusive); p != nil {
+func (l *listing) policyName(id mirror.QueueID, exclusive bool) string {
+	if p := l.policies.Snapshot().Match(id.VHost, id.Name, config.KindQueue, exclusive); p != nil {
 		return p.Name
 	}
 	return ""
