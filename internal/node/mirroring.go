@@ -97,11 +97,11 @@ func startMirroring(ctx context.Context, cfg *config.Config, backends *backends,
 		return nil, err
 	}
 	if m.cluster != nil {
-		m.cluster.HandleSettles(m.engine.SettleLocal)
-		m.cluster.HandleRejects(m.engine.RejectLocal)
-		m.cluster.HandlePurges(m.engine.PurgeLocal)
-		m.cluster.HandleSyncs(m.engine.SyncLocal)
-		m.cluster.HandleWaitApplied(m.engine.WaitApplied)
+		m.cluster.Peers().HandleSettles(m.engine.SettleLocal)
+		m.cluster.Peers().HandleRejects(m.engine.RejectLocal)
+		m.cluster.Peers().HandlePurges(m.engine.PurgeLocal)
+		m.cluster.Peers().HandleSyncs(m.engine.SyncLocal)
+		m.cluster.Peers().HandleWaitApplied(m.engine.WaitApplied)
 		m.stopMembers = cluster.WatchMembers(m.cluster, m.engine, cfg.Node)
 	}
 	return m, nil
@@ -114,7 +114,7 @@ func (m *mirroring) countUnacked(f func(vhost string) map[mirror.QueueID]int) {
 		m.engine.CountUnackedWith(f)
 	}
 	if m.cluster != nil {
-		m.cluster.HandleUnacked(f)
+		m.cluster.Peers().HandleUnacked(f)
 	}
 }
 
@@ -125,7 +125,7 @@ func (m *mirroring) listUnrecorded(f func(vhost string) []mirror.UnrecordedQueue
 		m.engine.ListUnrecordedWith(f)
 	}
 	if m.cluster != nil {
-		m.cluster.HandleUnrecorded(f)
+		m.cluster.Peers().HandleUnrecorded(f)
 	}
 }
 

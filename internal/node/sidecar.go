@@ -83,14 +83,14 @@ func startCluster(ctx context.Context, cfg *config.Config, logger *slog.Logger, 
 // to the leader, settles for other nodes' slaves delivered to them.
 func clusterEngineOptions(opts *engine.Options, c *cluster.Cluster) {
 	opts.Writer = c
-	opts.Peers = c
+	opts.Peers = c.Peers()
 }
 
 // The engine's settles arrive through the cluster, and the cluster gives
 // the engine those of other proxies.
 var (
 	_ engine.MetaWriter = (*cluster.Cluster)(nil)
-	_ engine.Peers      = (*cluster.Cluster)(nil)
+	_ engine.Peers      = (*cluster.Peers)(nil)
 )
 
 // pausing is what a proxy in a minority pauses: the engine first, so that

@@ -25,14 +25,14 @@ const waitAppliedCall = "wait-applied"
 // serf), not lagging.
 const maxWaitApplied = 2 * time.Second
 
-func (c *Cluster) handleWaitApplied() { c.HandleWaitApplied(c.store.WaitApplied) }
+func (c *Cluster) handleWaitApplied() { c.peers.HandleWaitApplied(c.store.WaitApplied) }
 
 // HandleWaitApplied sets the function that waits until this proxy has
 // applied the log up to an index, for other proxies' WaitApplied: the
 // store's by default, the engine's (which also shows it to the routing of
 // publishes) once it runs.
-func (c *Cluster) HandleWaitApplied(f func(ctx context.Context, index uint64) error) {
-	c.peers.calls.Store(waitAppliedCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+func (p *Peers) HandleWaitApplied(f func(ctx context.Context, index uint64) error) {
+	p.calls.Store(waitAppliedCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
 		var index uint64
 		if err := json.Unmarshal(payload, &index); err != nil {
 			return nil, fmt.Errorf("decoding a wait for the applied index: %w", err)
@@ -44,18 +44,18 @@ func (c *Cluster) HandleWaitApplied(f func(ctx context.Context, index uint64) er
 // WaitApplied returns once every other alive proxy has applied the log up
 // to index, or after maxWaitApplied with an error naming those that had
 // not answered.
-func (c *Cluster) WaitApplied(ctx context.Context, index uint64) error {
+func (p *Peers) WaitApplied(ctx context.Context, index uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, maxWaitApplied)
 	defer cancel()
 	payload, err := json.Marshal(index)
 	if err != nil {
 		return err
 	}
-	addrs := *c.peers.addrs.Load()
+	addrs := *p.addrs.Load()
 	errs := make(chan error, len(addrs))
 	for node := range addrs {
 		go func() {
-			if _, err := c.call(ctx, node, waitAppliedCall, payload); err != nil {
+			if _, err := p.call(ctx, node, waitAppliedCall, payload); err != nil {
 				errs <- fmt.Errorf("%s: %w", node, err)
 				return
 			}

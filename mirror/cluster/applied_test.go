@@ -32,7 +32,7 @@ func TestExchangeWritesAndWaitApplied(t *testing.T) {
 	if err := follower.Store().WaitApplied(ctx, written.Version); err != nil {
 		t.Fatalf("the writer's own WaitApplied: %v", err)
 	}
-	if err := follower.WaitApplied(ctx, written.Version); err != nil {
+	if err := follower.Peers().WaitApplied(ctx, written.Version); err != nil {
 		t.Fatalf("WaitApplied: %v", err)
 	}
 	for _, n := range nodes {
@@ -50,7 +50,7 @@ func TestExchangeWritesAndWaitApplied(t *testing.T) {
 	// An index nobody reaches: the wait ends with an error naming the
 	// proxies, bounded by maxWaitApplied.
 	start := time.Now()
-	if err := leader.WaitApplied(ctx, written.Version+1000); err == nil {
+	if err := leader.Peers().WaitApplied(ctx, written.Version+1000); err == nil {
 		t.Error("WaitApplied for an index never written returned no error")
 	}
 	if waited := time.Since(start); waited > maxWaitApplied+2*time.Second {

@@ -38,7 +38,7 @@ func (c *Cluster) leaderAppliedIndex(ctx context.Context) (uint64, error) {
 	if !ok {
 		return 0, fmt.Errorf("%w: no leader known among the members", store.ErrNotLeader)
 	}
-	payload, err := c.call(ctx, leader.Name, appliedIndexCall, nil)
+	payload, err := c.peers.call(ctx, leader.Name, appliedIndexCall, nil)
 	if err != nil {
 		return 0, fmt.Errorf("asking leader %s how far it applied the log: %w", leader.Name, err)
 	}

@@ -62,7 +62,7 @@ type Cluster struct {
 	tags map[string]string
 
 	// peers carries messages between proxies outside the log (peers.go).
-	peers peerState
+	peers *Peers
 
 	stop         chan struct{}
 	wg           sync.WaitGroup
@@ -114,9 +114,9 @@ func Start(cfg Config) (*Cluster, error) {
 		stop:          make(chan struct{}),
 		raftLayer:     layer,
 	}
-	serve, servePeer, serveCall := c.serveForward, c.servePeer, c.serveCall
-	c.peers.senders = make(map[string]*peerSender)
-	c.refreshPeersEmpty()
+	c.peers = &Peers{node: cfg.NodeName, dial: layer.Dial, log: log, stop: c.stop, wg: &c.wg, senders: make(map[string]*peerSender)}
+	c.peers.refresh(nil) // until serf runs
+	serve, servePeer, serveCall := c.serveForward, c.peers.servePeer, c.peers.serveCall
 	base.forward.Store(&serve)
 	base.peer.Store(&servePeer)
 	base.call.Store(&serveCall)
@@ -130,7 +130,7 @@ func Start(cfg Config) (*Cluster, error) {
 		metadata.Close()
 		return nil, err
 	}
-	c.refreshPeers()
+	c.peers.refresh(c.Members())
 	c.wg.Add(2)
 	go c.eventLoop()
 	go c.reconcileLoop()
@@ -307,7 +307,7 @@ func (c *Cluster) eventLoop() {
 			}
 		}
 		c.mu.Unlock()
-		c.refreshPeers()
+		c.peers.refresh(c.Members())
 		c.wake()
 		for _, e := range events {
 			c.log.Info("member "+e.Kind.String(), "member", e.Member.Name, "status", e.Member.Status)
@@ -332,6 +332,9 @@ func (c *Cluster) wake() {
 
 // Store is the metadata log this node votes in.
 func (c *Cluster) Store() *store.Store { return c.store }
+
+// Peers returns the messages and calls between this cluster's proxies.
+func (c *Cluster) Peers() *Peers { return c.peers }
 
 // Members returns every member serf knows, this one included, sorted by
 // name.

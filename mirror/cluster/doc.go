@@ -120,7 +120,11 @@
 //
 // Some work needs no consensus but must reach one particular proxy: the
 // settles of a slave copy go to the proxy beside it, which alone trims it
-// (SendSettles), or a message of another kind (Send, Handle). They
+// (SendSettles), or a message of another kind (Send, Handle). Peers
+// (Cluster.Peers) owns this messaging: its senders, the members'
+// addresses, which the Cluster refreshes after each membership event,
+// and the handlers; the Cluster hands it the connections its raft port
+// classifies as peer messages or calls. They
 // travel on the raft port too, on one long-lived connection per
 // destination marked by its first byte, as batches of JSON; delivery is
 // best effort (a full queue, an unknown or dead destination, or a failed

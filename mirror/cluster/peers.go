@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -57,8 +58,22 @@ type peerSender struct {
 	queue chan peerMessage
 }
 
-// peerState is the Cluster's share of peer messaging.
-type peerState struct {
+// Peers carries the messages and calls between the proxies of a cluster
+// that need no consensus (the engine's Peers). It owns its senders, the
+// address maps and the handlers; the Cluster feeds it membership
+// (refresh) and hands it the connections its raft port classifies as
+// peer messages or calls.
+type Peers struct {
+	node string // this proxy's member name
+	// dial opens a connection to another member's raft port (the
+	// cluster's stream layer: mutual TLS when it is on).
+	dial func(address raft.ServerAddress, timeout time.Duration) (net.Conn, error)
+	log  *slog.Logger
+	// stop and wg are the Cluster's: senders end with it, and its
+	// Shutdown waits for them.
+	stop <-chan struct{}
+	wg   *sync.WaitGroup
+
 	mu      sync.Mutex
 	senders map[string]*peerSender // by node name
 	// addrs maps every alive member but this one to its raft address, and
@@ -76,20 +91,20 @@ type peerState struct {
 // HandleSettles sets the function that receives the settles other proxies
 // send for this node's slave copies (engine.SettleLocal). Settles arriving
 // before it is set are dropped.
-func (c *Cluster) HandleSettles(f func(mirror.QueueID, []mirror.MessageID)) {
-	c.peers.settle.Store(&f)
+func (p *Peers) HandleSettles(f func(mirror.QueueID, []mirror.MessageID)) {
+	p.settle.Store(&f)
 }
 
 // HandleRejects is HandleSettles for the messages clients rejected without
 // requeue (engine.RejectLocal).
-func (c *Cluster) HandleRejects(f func(mirror.QueueID, []mirror.MessageID)) {
-	c.peers.reject.Store(&f)
+func (p *Peers) HandleRejects(f func(mirror.QueueID, []mirror.MessageID)) {
+	p.reject.Store(&f)
 }
 
 // Handle sets the function that receives peer messages of kind sent with
 // Send. It runs on the connection's reader: keep it short.
-func (c *Cluster) Handle(kind string, f func(from string, payload []byte)) {
-	c.peers.handlers.Store(kind, f)
+func (p *Peers) Handle(kind string, f func(from string, payload []byte)) {
+	p.handlers.Store(kind, f)
 }
 
 // SendSettles hands the settles of the slave copy on backend to the proxy
@@ -97,88 +112,88 @@ func (c *Cluster) Handle(kind string, f func(from string, payload []byte)) {
 // does not keep ids; settles for a backend with no alive proxy are
 // dropped (that proxy's trimmer is gone with it, and its channel's
 // unacknowledged messages are back in the copy).
-func (c *Cluster) SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID) {
-	c.sendSettles(backend, id, ids, false)
+func (p *Peers) SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID) {
+	p.sendSettles(backend, id, ids, false)
 }
 
 // SendRejects is SendSettles for messages a client rejected without
 // requeue: the proxy beside backend rejects its slave's copies.
-func (c *Cluster) SendRejects(backend string, id mirror.QueueID, ids []mirror.MessageID) {
-	c.sendSettles(backend, id, ids, true)
+func (p *Peers) SendRejects(backend string, id mirror.QueueID, ids []mirror.MessageID) {
+	p.sendSettles(backend, id, ids, true)
 }
 
-func (c *Cluster) sendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID, reject bool) {
-	node := (*c.peers.backends.Load())[backend]
-	if node == "" || node == c.cfg.NodeName {
+func (p *Peers) sendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID, reject bool) {
+	node := (*p.backends.Load())[backend]
+	if node == "" || node == p.node {
 		return
 	}
 	raw := make([]byte, 0, len(ids)*len(mirror.MessageID{}))
 	for _, m := range ids {
 		raw = append(raw, m[:]...)
 	}
-	c.enqueue(node, peerMessage{VHost: id.VHost, Name: id.Name, IDs: raw, Reject: reject})
+	p.enqueue(node, peerMessage{VHost: id.VHost, Name: id.Name, IDs: raw, Reject: reject})
 }
 
 // Send sends a message of kind to the proxy named node, best effort. It
 // never blocks.
-func (c *Cluster) Send(node, kind string, payload []byte) {
-	c.enqueue(node, peerMessage{Kind: kind, From: c.cfg.NodeName, Payload: payload})
+func (p *Peers) Send(node, kind string, payload []byte) {
+	p.enqueue(node, peerMessage{Kind: kind, From: p.node, Payload: payload})
 }
 
 // PeersDropped counts the peer messages dropped because a destination's
 // queue was full.
-func (c *Cluster) PeersDropped() uint64 { return c.peers.dropped.Load() }
+func (p *Peers) PeersDropped() uint64 { return p.dropped.Load() }
 
-func (c *Cluster) enqueue(node string, m peerMessage) {
-	if _, alive := (*c.peers.addrs.Load())[node]; !alive {
+func (p *Peers) enqueue(node string, m peerMessage) {
+	if _, alive := (*p.addrs.Load())[node]; !alive {
 		return
 	}
-	c.peers.mu.Lock()
-	s := c.peers.senders[node]
+	p.mu.Lock()
+	s := p.senders[node]
 	if s == nil {
 		select {
-		case <-c.stop:
-			c.peers.mu.Unlock()
+		case <-p.stop:
+			p.mu.Unlock()
 			return
 		default:
 		}
 		s = &peerSender{node: node, queue: make(chan peerMessage, peerQueue)}
-		c.peers.senders[node] = s
-		c.wg.Add(1)
-		go c.sendLoop(s)
+		p.senders[node] = s
+		p.wg.Add(1)
+		go p.sendLoop(s)
 	}
-	c.peers.mu.Unlock()
+	p.mu.Unlock()
 	select {
 	case s.queue <- m:
 	default:
-		if n := c.peers.dropped.Add(1); n == 1 || n%1000 == 0 {
-			c.log.Warn("peer message queue full; dropping", "to", node, "dropped_total", n)
+		if n := p.dropped.Add(1); n == 1 || n%1000 == 0 {
+			p.log.Warn("peer message queue full; dropping", "to", node, "dropped_total", n)
 		}
 	}
 }
 
-// refreshPeers rebuilds the address maps from serf's members.
-func (c *Cluster) refreshPeers() {
+// refresh rebuilds the address maps from the members serf knows.
+func (p *Peers) refresh(members []Member) {
 	addrs, backends := map[string]string{}, map[string]string{}
-	for _, m := range c.Members() {
+	for _, m := range members {
 		if m.Status != StatusAlive || m.Raft == "" {
 			continue
 		}
 		if m.Backend != "" {
 			backends[m.Backend] = m.Name
 		}
-		if m.Name != c.cfg.NodeName {
+		if m.Name != p.node {
 			addrs[m.Name] = m.Raft
 		}
 	}
-	c.peers.addrs.Store(&addrs)
-	c.peers.backends.Store(&backends)
+	p.addrs.Store(&addrs)
+	p.backends.Store(&backends)
 }
 
 // sendLoop writes the messages queued for one destination, many per
 // write, until the cluster stops.
-func (c *Cluster) sendLoop(s *peerSender) {
-	defer c.wg.Done()
+func (p *Peers) sendLoop(s *peerSender) {
+	defer p.wg.Done()
 	var conn net.Conn
 	var w *bufio.Writer
 	defer func() {
@@ -190,7 +205,7 @@ func (c *Cluster) sendLoop(s *peerSender) {
 	for {
 		batch = batch[:0]
 		select {
-		case <-c.stop:
+		case <-p.stop:
 			return
 		case m := <-s.queue:
 			batch = append(batch, m)
@@ -205,14 +220,14 @@ func (c *Cluster) sendLoop(s *peerSender) {
 			}
 		}
 		if conn == nil {
-			addr := (*c.peers.addrs.Load())[s.node]
+			addr := (*p.addrs.Load())[s.node]
 			if addr == "" {
 				continue // not alive (any more): drop
 			}
 			var err error
-			conn, err = c.raftLayer.Dial(raft.ServerAddress(addr), 2*time.Second)
+			conn, err = p.dial(raft.ServerAddress(addr), 2*time.Second)
 			if err != nil {
-				c.log.Debug("cannot reach a peer; dropping its messages", "to", s.node, "messages", len(batch), "error", err)
+				p.log.Debug("cannot reach a peer; dropping its messages", "to", s.node, "messages", len(batch), "error", err)
 				conn = nil
 				continue
 			}
@@ -225,7 +240,7 @@ func (c *Cluster) sendLoop(s *peerSender) {
 			err = w.Flush()
 		}
 		if err != nil {
-			c.log.Debug("writing to a peer failed; dropping its messages", "to", s.node, "messages", len(batch), "error", err)
+			p.log.Debug("writing to a peer failed; dropping its messages", "to", s.node, "messages", len(batch), "error", err)
 			conn.Close()
 			conn = nil
 		}
@@ -233,7 +248,7 @@ func (c *Cluster) sendLoop(s *peerSender) {
 }
 
 // servePeer reads the peer messages of one connection until it closes.
-func (c *Cluster) servePeer(conn net.Conn) {
+func (p *Peers) servePeer(conn net.Conn) {
 	dec := json.NewDecoder(bufio.NewReader(conn))
 	for {
 		var batch []peerMessage
@@ -242,14 +257,14 @@ func (c *Cluster) servePeer(conn net.Conn) {
 		}
 		for _, m := range batch {
 			if m.Kind != "" {
-				if h, ok := c.peers.handlers.Load(m.Kind); ok {
+				if h, ok := p.handlers.Load(m.Kind); ok {
 					h.(func(string, []byte))(m.From, m.Payload)
 				}
 				continue
 			}
-			f := c.peers.settle.Load()
+			f := p.settle.Load()
 			if m.Reject {
-				f = c.peers.reject.Load()
+				f = p.reject.Load()
 			}
 			if f == nil || len(m.IDs)%len(mirror.MessageID{}) != 0 {
 				continue
@@ -261,13 +276,6 @@ func (c *Cluster) servePeer(conn net.Conn) {
 			(*f)(mirror.QueueID{VHost: m.VHost, Name: m.Name}, ids)
 		}
 	}
-}
-
-// refreshPeersEmpty sets empty address maps until serf runs.
-func (c *Cluster) refreshPeersEmpty() {
-	addrs, backends := map[string]string{}, map[string]string{}
-	c.peers.addrs.Store(&addrs)
-	c.peers.backends.Store(&backends)
 }
 
 // Calls: a request to the proxy of one node that waits for its answer, on
@@ -294,8 +302,8 @@ type callHandler func(ctx context.Context, payload []byte) ([]byte, error)
 
 // call sends a request of kind to the proxy named node and waits for its
 // answer, at most until ctx ends (forwardTimeout without a deadline).
-func (c *Cluster) call(ctx context.Context, node, kind string, payload []byte) ([]byte, error) {
-	addr := (*c.peers.addrs.Load())[node]
+func (p *Peers) call(ctx context.Context, node, kind string, payload []byte) ([]byte, error) {
+	addr := (*p.addrs.Load())[node]
 	if addr == "" {
 		return nil, fmt.Errorf("calling %s: no alive proxy of that name", node)
 	}
@@ -307,7 +315,7 @@ func (c *Cluster) call(ctx context.Context, node, kind string, payload []byte) (
 	if timeout <= 0 {
 		return nil, context.DeadlineExceeded
 	}
-	conn, err := c.raftLayer.Dial(raft.ServerAddress(addr), timeout)
+	conn, err := p.dial(raft.ServerAddress(addr), timeout)
 	if err != nil {
 		return nil, fmt.Errorf("calling %s at %s: %w", node, addr, err)
 	}
@@ -337,11 +345,11 @@ func (c *Cluster) call(ctx context.Context, node, kind string, payload []byte) (
 }
 
 // serveCall answers one call.
-func (c *Cluster) serveCall(conn net.Conn) {
+func (p *Peers) serveCall(conn net.Conn) {
 	conn.SetDeadline(time.Now().Add(forwardTimeout))
 	var req callRequest
 	if err := json.NewDecoder(bufio.NewReader(conn)).Decode(&req); err != nil {
-		c.log.Warn("undecodable call", "remote", conn.RemoteAddr(), "error", err)
+		p.log.Warn("undecodable call", "remote", conn.RemoteAddr(), "error", err)
 		return
 	}
 	timeout := min(max(req.Timeout, 0), forwardTimeout)
@@ -349,7 +357,7 @@ func (c *Cluster) serveCall(conn net.Conn) {
 	defer cancel()
 	conn.SetDeadline(time.Now().Add(timeout + time.Second))
 	var resp callResponse
-	h, ok := c.peers.calls.Load(req.Kind)
+	h, ok := p.calls.Load(req.Kind)
 	if !ok {
 		resp.Error = fmt.Sprintf("no handler for calls of kind %q", req.Kind)
 	} else if payload, err := h.(callHandler)(ctx, req.Payload); err != nil {
@@ -358,7 +366,7 @@ func (c *Cluster) serveCall(conn net.Conn) {
 		resp.Payload = payload
 	}
 	if err := json.NewEncoder(conn).Encode(resp); err != nil {
-		c.log.Warn("answering a call", "remote", conn.RemoteAddr(), "error", err)
+		p.log.Warn("answering a call", "remote", conn.RemoteAddr(), "error", err)
 	}
 }
 
@@ -367,8 +375,8 @@ const purgeCall = "purge-slave"
 
 // HandlePurges sets the function that purges this node's slave copy of a
 // queue when another proxy asks (engine.PurgeLocal).
-func (c *Cluster) HandlePurges(f func(ctx context.Context, id mirror.QueueID) error) {
-	c.peers.calls.Store(purgeCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+func (p *Peers) HandlePurges(f func(ctx context.Context, id mirror.QueueID) error) {
+	p.calls.Store(purgeCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
 		var id mirror.QueueID
 		if err := json.Unmarshal(payload, &id); err != nil {
 			return nil, fmt.Errorf("decoding a purge: %w", err)
@@ -380,8 +388,8 @@ func (c *Cluster) HandlePurges(f func(ctx context.Context, id mirror.QueueID) er
 // PurgeSlave asks the proxy beside backend to purge its slave copy of the
 // queue (through its trimmer, which holds most of the copy's messages) and
 // waits until it did.
-func (c *Cluster) PurgeSlave(ctx context.Context, backend string, id mirror.QueueID) error {
-	node := (*c.peers.backends.Load())[backend]
+func (p *Peers) PurgeSlave(ctx context.Context, backend string, id mirror.QueueID) error {
+	node := (*p.backends.Load())[backend]
 	if node == "" {
 		return fmt.Errorf("purging the copy of %s on %s: no alive proxy beside it", id, backend)
 	}
@@ -389,7 +397,7 @@ func (c *Cluster) PurgeSlave(ctx context.Context, backend string, id mirror.Queu
 	if err != nil {
 		return err
 	}
-	if _, err := c.call(ctx, node, purgeCall, payload); err != nil {
+	if _, err := p.call(ctx, node, purgeCall, payload); err != nil {
 		return fmt.Errorf("purging the copy of %s on %s: %w", id, backend, err)
 	}
 	return nil
@@ -400,8 +408,8 @@ const syncCall = "sync-slave"
 
 // HandleSyncs sets the function that starts synchronising this node's
 // slave copy of a queue when another proxy asks (engine.SyncQueue).
-func (c *Cluster) HandleSyncs(f func(ctx context.Context, id mirror.QueueID) error) {
-	c.peers.calls.Store(syncCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+func (p *Peers) HandleSyncs(f func(ctx context.Context, id mirror.QueueID) error) {
+	p.calls.Store(syncCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
 		var id mirror.QueueID
 		if err := json.Unmarshal(payload, &id); err != nil {
 			return nil, fmt.Errorf("decoding a sync request: %w", err)
@@ -412,8 +420,8 @@ func (c *Cluster) HandleSyncs(f func(ctx context.Context, id mirror.QueueID) err
 
 // SyncSlave asks the proxy beside backend to start synchronising its slave
 // copy of the queue, and returns once it started (or refused).
-func (c *Cluster) SyncSlave(ctx context.Context, backend string, id mirror.QueueID) error {
-	node := (*c.peers.backends.Load())[backend]
+func (p *Peers) SyncSlave(ctx context.Context, backend string, id mirror.QueueID) error {
+	node := (*p.backends.Load())[backend]
 	if node == "" {
 		return fmt.Errorf("no alive proxy beside %s", backend)
 	}
@@ -421,7 +429,7 @@ func (c *Cluster) SyncSlave(ctx context.Context, backend string, id mirror.Queue
 	if err != nil {
 		return err
 	}
-	_, err = c.call(ctx, node, syncCall, payload)
+	_, err = p.call(ctx, node, syncCall, payload)
 	return err
 }
 
@@ -439,8 +447,8 @@ type queueCount struct {
 // HandleUnacked sets the function that counts, per queue of a vhost, the
 // messages this proxy's clients hold unacknowledged, for other proxies'
 // list_queues (proxy.Server.Unacked).
-func (c *Cluster) HandleUnacked(f func(vhost string) map[mirror.QueueID]int) {
-	c.peers.calls.Store(unackedCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+func (p *Peers) HandleUnacked(f func(vhost string) map[mirror.QueueID]int) {
+	p.calls.Store(unackedCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
 		var vhost string
 		if err := json.Unmarshal(payload, &vhost); err != nil {
 			return nil, fmt.Errorf("decoding a count request: %w", err)
@@ -457,9 +465,9 @@ func (c *Cluster) HandleUnacked(f func(vhost string) map[mirror.QueueID]int) {
 // queue of vhost ("" for all) its clients hold unacknowledged, and adds the
 // answers up. It fails when one of them does not answer before ctx ends
 // (forwardTimeout without a deadline): the sum would be short.
-func (c *Cluster) Unacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error) {
+func (p *Peers) Unacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error) {
 	sum := make(map[mirror.QueueID]int)
-	err := c.askEveryone(ctx, unackedCall, vhost, func(node string, raw []byte) error {
+	err := p.askEveryone(ctx, unackedCall, vhost, func(node string, raw []byte) error {
 		var counts []queueCount
 		if err := json.Unmarshal(raw, &counts); err != nil {
 			return fmt.Errorf("decoding %s's counts: %w", node, err)
@@ -482,8 +490,8 @@ const unrecordedCall = "unrecorded"
 // HandleUnrecorded sets the function that lists, for other proxies'
 // list_queues, the queues of a vhost this proxy's clients declared that
 // the log does not record (proxy.Server.UnrecordedQueues).
-func (c *Cluster) HandleUnrecorded(f func(vhost string) []mirror.UnrecordedQueue) {
-	c.peers.calls.Store(unrecordedCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+func (p *Peers) HandleUnrecorded(f func(vhost string) []mirror.UnrecordedQueue) {
+	p.calls.Store(unrecordedCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
 		var vhost string
 		if err := json.Unmarshal(payload, &vhost); err != nil {
 			return nil, fmt.Errorf("decoding a listing request: %w", err)
@@ -496,9 +504,9 @@ func (c *Cluster) HandleUnrecorded(f func(vhost string) []mirror.UnrecordedQueue
 // vhost ("" for all) its clients declared that the log does not record.
 // When one does not answer before ctx ends it returns the others' queues
 // with the error.
-func (c *Cluster) Unrecorded(ctx context.Context, vhost string) ([]mirror.UnrecordedQueue, error) {
+func (p *Peers) Unrecorded(ctx context.Context, vhost string) ([]mirror.UnrecordedQueue, error) {
 	var all []mirror.UnrecordedQueue
-	err := c.askEveryone(ctx, unrecordedCall, vhost, func(node string, raw []byte) error {
+	err := p.askEveryone(ctx, unrecordedCall, vhost, func(node string, raw []byte) error {
 		var queues []mirror.UnrecordedQueue
 		if err := json.Unmarshal(raw, &queues); err != nil {
 			return fmt.Errorf("decoding %s's queues: %w", node, err)
@@ -516,12 +524,12 @@ func (c *Cluster) Unrecorded(ctx context.Context, vhost string) ([]mirror.Unreco
 // proxy at once and hands each answer to take, one at a time, on the
 // calling goroutine. The error names the proxies that did not answer or
 // whose answer take refused.
-func (c *Cluster) askEveryone(ctx context.Context, kind string, request any, take func(node string, raw []byte) error) error {
+func (p *Peers) askEveryone(ctx context.Context, kind string, request any, take func(node string, raw []byte) error) error {
 	payload, err := json.Marshal(request)
 	if err != nil {
 		return err
 	}
-	addrs := *c.peers.addrs.Load()
+	addrs := *p.addrs.Load()
 	type answer struct {
 		node string
 		raw  []byte
@@ -530,7 +538,7 @@ func (c *Cluster) askEveryone(ctx context.Context, kind string, request any, tak
 	answers := make(chan answer, len(addrs))
 	for node := range addrs {
 		go func() {
-			raw, err := c.call(ctx, node, kind, payload)
+			raw, err := p.call(ctx, node, kind, payload)
 			answers <- answer{node: node, raw: raw, err: err}
 		}()
 	}

@@ -36,8 +36,8 @@ func TestSettlesReachTheProxyBesideTheSlave(t *testing.T) {
 				mu.Unlock()
 			}
 		}
-		n.HandleSettles(record(settled))
-		n.HandleRejects(record(rejected))
+		n.Peers().HandleSettles(record(settled))
+		n.Peers().HandleRejects(record(rejected))
 	}
 	var wantSettled, wantRejected []mirror.MessageID
 	for i := 0; i < 1000; i += 10 {
@@ -48,9 +48,9 @@ func TestSettlesReachTheProxyBesideTheSlave(t *testing.T) {
 		reject := i%30 == 0
 		for _, backend := range []string{"rabbit1", "rabbit2", "rabbit3"} {
 			if reject {
-				nodes[0].SendRejects(backend, queue, batch)
+				nodes[0].Peers().SendRejects(backend, queue, batch)
 			} else {
-				nodes[0].SendSettles(backend, queue, batch)
+				nodes[0].Peers().SendSettles(backend, queue, batch)
 			}
 		}
 		if reject {
@@ -81,7 +81,7 @@ func TestSettlesReachTheProxyBesideTheSlave(t *testing.T) {
 		t.Errorf("rabbit1 got %d settles and %d rejections for its own backend, want none (its engine settles them itself)",
 			len(settled["rabbit1"]), len(rejected["rabbit1"]))
 	}
-	if d := nodes[0].PeersDropped(); d != 0 {
+	if d := nodes[0].Peers().PeersDropped(); d != 0 {
 		t.Errorf("dropped %d peer messages, want 0", d)
 	}
 }
@@ -92,10 +92,10 @@ func TestSendReachesTheHandlerOfItsKind(t *testing.T) {
 	nodes := startCluster(t, 2)
 	type message struct{ from, payload string }
 	got := make(chan message, 10)
-	nodes[1].Handle("policies", func(from string, payload []byte) {
+	nodes[1].Peers().Handle("policies", func(from string, payload []byte) {
 		got <- message{from, string(payload)}
 	})
-	nodes[0].Send("rabbit2", "policies", []byte(`{"version":1}`))
+	nodes[0].Peers().Send("rabbit2", "policies", []byte(`{"version":1}`))
 	select {
 	case m := <-got:
 		if want := (message{"rabbit1", `{"version":1}`}); m != want {
@@ -116,7 +116,7 @@ func TestPurgeSlaveWaitsForTheProxyBesideIt(t *testing.T) {
 	purged := make(chan mirror.QueueID, 1)
 	fail := errors.New("trimmer closed")
 	var failNext atomic.Bool
-	nodes[1].HandlePurges(func(ctx context.Context, id mirror.QueueID) error {
+	nodes[1].Peers().HandlePurges(func(ctx context.Context, id mirror.QueueID) error {
 		if failNext.Load() {
 			return fail
 		}
@@ -125,7 +125,7 @@ func TestPurgeSlaveWaitsForTheProxyBesideIt(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	if err := nodes[0].PurgeSlave(ctx, "rabbit2", queue); err != nil {
+	if err := nodes[0].Peers().PurgeSlave(ctx, "rabbit2", queue); err != nil {
 		t.Fatalf("PurgeSlave: %v", err)
 	}
 	select {
@@ -137,10 +137,10 @@ func TestPurgeSlaveWaitsForTheProxyBesideIt(t *testing.T) {
 		t.Fatal("PurgeSlave returned before rabbit2's handler ran")
 	}
 	failNext.Store(true)
-	if err := nodes[0].PurgeSlave(ctx, "rabbit2", queue); err == nil || !strings.Contains(err.Error(), fail.Error()) {
+	if err := nodes[0].Peers().PurgeSlave(ctx, "rabbit2", queue); err == nil || !strings.Contains(err.Error(), fail.Error()) {
 		t.Errorf("PurgeSlave with a failing handler: got %v, want an error saying %q", err, fail)
 	}
-	if err := nodes[0].PurgeSlave(ctx, "rabbit9", queue); err == nil {
+	if err := nodes[0].Peers().PurgeSlave(ctx, "rabbit9", queue); err == nil {
 		t.Error("PurgeSlave for a backend without a proxy: got nil, want an error")
 	}
 }
@@ -154,18 +154,18 @@ func TestListingsAskEveryOtherProxy(t *testing.T) {
 	q3 := mirror.UnrecordedQueue{ID: mirror.QueueID{VHost: "/", Name: "reply-3"}, Backend: "rabbit3"}
 	orders := mirror.QueueID{VHost: "/", Name: "orders"}
 	for i, q := range map[int]mirror.UnrecordedQueue{1: q2, 2: q3} {
-		nodes[i].HandleUnrecorded(func(vhost string) []mirror.UnrecordedQueue {
+		nodes[i].Peers().HandleUnrecorded(func(vhost string) []mirror.UnrecordedQueue {
 			if vhost != "/" {
 				t.Errorf("asked for vhost %q, want /", vhost)
 			}
 			return []mirror.UnrecordedQueue{q}
 		})
-		nodes[i].HandleUnacked(func(string) map[mirror.QueueID]int { return map[mirror.QueueID]int{orders: i} })
+		nodes[i].Peers().HandleUnacked(func(string) map[mirror.QueueID]int { return map[mirror.QueueID]int{orders: i} })
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	testutil.Eventually(t, 10*time.Second, func() error {
-		got, err := nodes[0].Unrecorded(ctx, "/")
+		got, err := nodes[0].Peers().Unrecorded(ctx, "/")
 		if err != nil {
 			return err
 		}
@@ -175,13 +175,13 @@ func TestListingsAskEveryOtherProxy(t *testing.T) {
 		}
 		return nil
 	})
-	counts, err := nodes[0].Unacked(ctx, "/")
+	counts, err := nodes[0].Peers().Unacked(ctx, "/")
 	if err != nil || counts[orders] != 3 {
 		t.Errorf("Unacked: got %v, %v; want orders: 3", counts, err)
 	}
 
 	nodes[2].peers.calls.Delete(unrecordedCall)
-	got, err := nodes[0].Unrecorded(ctx, "/")
+	got, err := nodes[0].Peers().Unrecorded(ctx, "/")
 	if err == nil || !strings.Contains(err.Error(), "rabbit3") {
 		t.Errorf("Unrecorded with rabbit3 not answering: got error %v, want one naming rabbit3", err)
 	}
