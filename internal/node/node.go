@@ -96,22 +96,8 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	}
 	serveCtx, cancelServe := context.WithCancel(context.Background())
 	defer cancelServe()
-	if mirroring.cluster != nil {
-		// pause_minority: a proxy cut off from most of its cluster stops
-		// serving until it sees a majority again.
-		pauseDone := make(chan struct{})
-		go func() {
-			defer close(pauseDone)
-			cluster.PauseInMinority(serveCtx, mirroring.cluster, pausing{srv, mirroring.engine}, logger)
-		}()
-		defer func() { cancelServe(); <-pauseDone }()
-	}
-	if mirroring.engine == nil {
-		// With one backend nothing acts on backend events (with several
-		// the engine takes them): the watcher logs them and its state
-		// feeds /metrics. Taking them keeps it probing.
-		go drain(serveCtx, backendWatcher.Events())
-	}
+	stopBackground := runBackground(serveCtx, mirroring, srv, backendWatcher, logger)
+	defer func() { cancelServe(); stopBackground() }()
 	servers := &servers{errs: make(chan error, len(listeners)+1)}
 	if cfg.Listen.Admin != "" {
 		ready := newReadiness(srv, mirroring, backendWatcher, backend.Name)
@@ -146,6 +132,38 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 		_ = watcher.Reload() // it logs its outcome, a refusal included
 	})
 
+	stopServing(cfg, srv, servers, cancelServe, logger)
+	return failure
+}
+
+// runBackground starts what runs beside the servers until ctx ends:
+// pause_minority in a sidecar cluster (a proxy cut off from most of its
+// cluster stops serving until it sees a majority again), and with one
+// backend the draining of the watcher's events (nothing acts on them
+// then, and taking them keeps it probing; with several the engine takes
+// them). The returned function waits for it to end.
+func runBackground(ctx context.Context, m *mirroring, srv *proxy.Server, w *controllink.Watcher, logger *slog.Logger) (wait func()) {
+	done := make(chan struct{})
+	switch {
+	case m.cluster != nil:
+		go func() {
+			defer close(done)
+			cluster.PauseInMinority(ctx, m.cluster, pausing{srv, m.engine}, logger)
+		}()
+	case m.engine == nil:
+		go func() {
+			defer close(done)
+			drain(ctx, w.Events())
+		}()
+	default:
+		close(done)
+	}
+	return func() { <-done }
+}
+
+// stopServing gives the clients up to cfg.ShutdownTimeout to leave, then
+// stops the servers and waits for them.
+func stopServing(cfg *config.Config, srv *proxy.Server, servers *servers, cancelServe context.CancelFunc, logger *slog.Logger) {
 	logger.Info("shutting down", "timeout", cfg.ShutdownTimeout, "connections", srv.Stats().ConnectionsOpen.Load())
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
@@ -155,7 +173,6 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	cancelServe()
 	servers.wait()
 	logger.Info("stopped")
-	return failure
 }
 
 // newServer is the client-facing proxy: clients reach backend first, and
