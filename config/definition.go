@@ -266,7 +266,9 @@ func knownDefinitionKeys(operator bool) []string {
 //     ha-promote-on-shutdown/-failure always|when-synced;
 //   - an unknown key is refused (RabbitMQ: "not recognised policy settings").
 //
-// Every problem is reported, each with its key path.
+// Every problem is reported, each with its key path. It is one switch over
+// the keys a definition may hold, read in one place beside the rules
+// above, which is why it runs past a hundred lines.
 func decodeDefinition(p *problems, path string, raw any, operator bool) Definition {
 	var d Definition
 	m, ok := raw.(map[string]any)

@@ -151,6 +151,8 @@ func bitGroups(fields []Field) (group, pos []int) {
 	return group, pos
 }
 
+// renderMethod writes one method's type and its codec. It is long because
+// it prints the generated file's text in the order a reader meets it.
 func renderMethod(p *printer, c Class, m Method) {
 	name := TypeName(c, m)
 	full := c.Name + "." + m.Name
