@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
 	"strings"
@@ -172,6 +173,12 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	if err != nil {
 		return err
 	}
+	if len(data) > 0 && !isJSON(resp) && !strings.Contains(string(data), "HTTP request to an HTTPS server") {
+		// Every answer of the admin API is JSON: this is another server
+		// (RabbitMQ's management plugin is a natural mistake), whose page
+		// would mean nothing printed as an error.
+		return &NotAdminAPIError{Status: resp.StatusCode, ContentType: resp.Header.Get("Content-Type"), Server: resp.Header.Get("Server")}
+	}
 	if resp.StatusCode >= 300 {
 		var e errorBody
 		if json.Unmarshal(data, &e) != nil || e.Error == "" {
@@ -191,4 +198,29 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("admin API %s %s: decoding the answer: %w", method, path, err)
 	}
 	return nil
+}
+
+// isJSON reports whether resp says its body is JSON.
+func isJSON(resp *http.Response) bool {
+	media, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	return media == "application/json"
+}
+
+// NotAdminAPIError is an answer that cannot come from the admin API: it
+// is not JSON.
+type NotAdminAPIError struct {
+	Status      int
+	ContentType string
+	Server      string // the Server header, "" when there is none
+}
+
+func (e *NotAdminAPIError) Error() string {
+	what := e.ContentType
+	if what == "" {
+		what = "no content type"
+	}
+	if e.Server != "" {
+		what += ", server " + e.Server
+	}
+	return fmt.Sprintf("HTTP %d with %s, not the admin API's JSON", e.Status, what)
 }

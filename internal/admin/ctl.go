@@ -252,10 +252,17 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 		return ExitUsage
 	case "help":
 		for _, a := range rest {
-			if cmd, ok := commands[a]; ok {
-				fmt.Fprintf(stdout, "Usage: amqp-mirror ctl %s\n\n%s\n", cmd.usage, cmd.summary)
-				return ExitOK
+			if strings.HasPrefix(a, "-") {
+				continue // an option, such as --config, taken and ignored
 			}
+			cmd, ok := commands[a]
+			if !ok {
+				fmt.Fprintf(stderr, "Error: unknown command %q\n\n", a)
+				printUsage(stderr)
+				return ExitUsage
+			}
+			fmt.Fprintf(stdout, "Usage: amqp-mirror ctl %s\n\n%s\n", cmd.usage, cmd.summary)
+			return ExitOK
 		}
 		printUsage(stdout)
 		return ExitOK
@@ -517,6 +524,7 @@ When the proxy serves the admin API over HTTPS (listen.admin_tls in --config,
 or an https:// --admin), ctl checks its certificate against --admin-ca, else
 listen.admin_tls.ca of --config, else the system's CA certificates.
 Exit codes: 64 usage, 65 refused input (also an unknown queue or backend,
-or mirroring off), 69 admin API or metadata log unavailable, 75 sync_queue --wait timed
-out, 77 wrong or missing credential.`)
+or mirroring off), 69 admin API or metadata log unavailable (nothing listening, not
+the admin API, or no metadata leader), 70 an unexpected error, 75 sync_queue --wait
+timed out, 77 wrong or missing credential.`)
 }

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -118,17 +122,42 @@ func TestRunCtl(t *testing.T) {
 	}
 }
 
+// TestRunCtlErrors: what goes wrong between ctl and the admin API is said
+// in words, with the exit code rabbitmqctl would give, never as a raw
+// transport error or another server's page.
 func TestRunCtlErrors(t *testing.T) {
 	f := newFixture(t)
 	bad := *f.client
 	bad.Token = "nope"
-	if code, _, errOut := ctl(t, &bad, "list_policies"); code != ExitNoPerm || !strings.Contains(errOut, "admin token") {
-		t.Errorf("wrong token: code %d, stderr %q", code, errOut)
+	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, "<html><body>RabbitMQ Management</body></html>")
+	}))
+	t.Cleanup(page.Close)
+	down := &Client{BaseURL: closedURL(t), Token: testToken}
+	runCtlCases(t, []ctlCase{
+		{name: "wrong token", client: &bad, args: []string{"list_policies", "-q"}, code: ExitNoPerm,
+			wantStderr: "admin token"},
+		{name: "nothing listening", client: down, args: []string{"list_policies", "-q"}, code: ExitUnavailable,
+			wantStderr: "nothing listens at " + down.BaseURL + " (connection refused): is amqp-mirror serve running there?"},
+		{name: "another HTTP server", client: &Client{BaseURL: page.URL, Token: testToken}, args: []string{"list_policies", "-q"}, code: ExitUnavailable,
+			wantStderr: "is not amqp-mirror's admin API (it answered HTTP 404 with text/html"},
+		{name: "help of an unknown command", client: f.client, args: []string{"help", "nosuchcmd"}, code: ExitUsage,
+			wantStderr: `unknown command "nosuchcmd"`},
+	}, "<html>")
+}
+
+// closedURL is the URL of an address nothing listens on.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	down := &Client{BaseURL: "http://127.0.0.1:1", Token: testToken}
-	if code, _, _ := ctl(t, down, "list_policies"); code != ExitUnavailable {
-		t.Errorf("unreachable server: code %d, want %d", code, ExitUnavailable)
-	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return "http://" + addr
 }
 
 // TestCtlJSONIsOnlyJSON checks that --formatter json prints one JSON

@@ -5,8 +5,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
+	"syscall"
 
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 )
@@ -53,6 +55,8 @@ func explainTransport(err error, baseURL string) error {
 	var invalid x509.CertificateInvalidError
 	var record tls.RecordHeaderError
 	var api *APIError
+	var other *NotAdminAPIError
+	var timeout net.Error
 	explained := func(format string, args ...any) error {
 		return &transportError{message: fmt.Sprintf(format, args...), cause: err}
 	}
@@ -71,6 +75,12 @@ func explainTransport(err error, baseURL string) error {
 		return explained("the admin API at %s does not speak HTTPS: use http:// in --admin, or set listen.admin_tls on the proxy", baseURL)
 	case errors.As(err, &api) && api.Status == http.StatusBadRequest && strings.Contains(api.Message, "HTTP request to an HTTPS server"):
 		return explained("the admin API at %s serves HTTPS only: use https:// in --admin with --admin-ca FILE, or --config with the proxy's file (listen.admin_tls)", baseURL)
+	case errors.As(err, &other):
+		return explained("the server at %s is not amqp-mirror's admin API (it answered %v); check --admin, or listen.admin in the proxy's file given with --config (the default is 127.0.0.1:15680; RabbitMQ's management plugin listens on 15672)", baseURL, other)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return explained("nothing listens at %s (connection refused): is amqp-mirror serve running there? ctl takes the address from --admin, else listen.admin of --config, else 127.0.0.1:15680", baseURL)
+	case errors.As(err, &timeout) && timeout.Timeout():
+		return explained("no answer from %s within --timeout: the address may be filtered, or the proxy overloaded; check --admin and the proxy's log", baseURL)
 	}
 	return err
 }
