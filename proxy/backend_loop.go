@@ -380,7 +380,7 @@ func (c *clientConn) fromLinkConnection(l *link, f frames.Frame) error {
 	if err := cl.Decode(args); err != nil {
 		return err
 	}
-	l.sock.sendMethod(0, &frames.ConnectionCloseOk{})
+	l.sock.SendMethod(0, &frames.ConnectionCloseOk{})
 	l.markClosed()
 	if cl.ReplyCode != frames.ConnectionForced {
 		c.closeClient(ReasonBackendClosed, cl.ReplyCode, cl.ReplyText, cl.ClassID, cl.MethodID)
@@ -407,20 +407,20 @@ func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 		if cl.ReplyCode == frames.ConnectionForced && c.closeInProgress() == closeNone && c.srv.opts.Mirror != nil {
 			// The broker is shutting down: with mirroring, another backend
 			// takes over as home and the client stays.
-			l.sock.sendMethod(0, &frames.ConnectionCloseOk{})
+			l.sock.SendMethod(0, &frames.ConnectionCloseOk{})
 			l.markClosed()
 			return fmt.Errorf("backend %s closed the connection: %d %s", l.name, cl.ReplyCode, cl.ReplyText)
 		}
 		detail := fmt.Sprintf("backend %s closed the connection: %d %s", l.name, cl.ReplyCode, cl.ReplyText)
 		if !c.beginClosing(closeByBackend, ReasonBackendClosed, detail) {
 			// A close of our own is in flight; answer the backend's and end.
-			l.sock.sendMethod(0, &frames.ConnectionCloseOk{})
+			l.sock.SendMethod(0, &frames.ConnectionCloseOk{})
 			c.markBackendClosed()
 			reason, detail := c.outcome()
 			c.teardown(reason, detail)
 			return nil
 		}
-		if err := c.client.sendFrame(f.Type, 0, f.Payload); err != nil {
+		if err := c.client.SendFrame(f.Type, 0, f.Payload); err != nil {
 			c.teardown(ReasonClientGone, err.Error())
 		}
 		return nil
@@ -432,8 +432,8 @@ func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 			// loop ends the connection when the client hangs up, or after
 			// CloseTimeout.
 			c.markBackendClosed()
-			c.client.conn.SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
-			c.client.sendFrame(f.Type, 0, f.Payload)
+			c.client.Conn().SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+			c.client.SendFrame(f.Type, 0, f.Payload)
 			return errBackendDone
 		}
 	}
@@ -458,13 +458,13 @@ func (c *clientConn) toClientMethodOnChannel(ch *channelState, m frames.Method) 
 
 // toClient passes a frame to the client as it came.
 func (c *clientConn) toClient(f frames.Frame) {
-	if err := c.client.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+	if err := c.client.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 		c.teardown(ReasonClientGone, fmt.Sprintf("writing to client: %v", err))
 	}
 }
 
 func (c *clientConn) toClientMethod(channel uint16, m frames.Method) {
-	if err := c.client.writeMethod(channel, m); err != nil {
+	if err := c.client.WriteMethod(channel, m); err != nil {
 		c.teardown(ReasonClientGone, fmt.Sprintf("writing to client: %v", err))
 	}
 }

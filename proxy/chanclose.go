@@ -58,7 +58,7 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 		// A close of the broker's own that crosses this one is answered
 		// only once the broker answered this (fromLinkOnClosingChannel), so
 		// the proxy's close-ok never overtakes this close on the wire.
-		if err := l.sock.sendMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+		if err := l.sock.SendMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -96,7 +96,7 @@ func (c *clientConn) closeWaitDoneLocked(ch *channelState) {
 		c.toClientMethodOnChannel(ch, notice)
 	}
 	// The client loop may get here too, and it flushes only the links.
-	c.client.flush()
+	c.client.Flush()
 }
 
 // clientClosesChannel sends the client's channel.close to every link where
@@ -116,7 +116,7 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 	}
 	if len(targets) == 0 {
 		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
-		c.client.flush()
+		c.client.Flush()
 		c.channels.remove(ch.id, ch)
 		return
 	}
@@ -192,7 +192,7 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 		// meanwhile. The link gets its close-ok; what the client is owed
 		// is settled by the close under way.
 		write(func() {
-			if err := l.sock.sendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
+			if err := l.sock.SendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
 				c.writeFailed(l, err)
 			}
 		})
@@ -232,7 +232,7 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 		closer := ch.closer
 		ch.mu.Unlock()
 		if state == chanBackendClosing && closer != nil {
-			if err := closer.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+			if err := closer.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 				c.writeFailed(closer, err)
 			}
 		}
@@ -249,7 +249,7 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 			closer := ch.closer
 			ch.closer = nil
 			if closer != nil {
-				if err := closer.sock.writeMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
+				if err := closer.sock.WriteMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
 					c.writeFailed(closer, err)
 				}
 			}
@@ -262,13 +262,13 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 			// The broker, closing, answers the client's close with
 			// close-ok, as a direct client would see it.
 			closer.expect(ch.id, &rpcGroup{pending: 1, primary: closer.idx})
-			if err := closer.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+			if err := closer.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 				c.writeFailed(closer, err)
 			}
 			return
 		}
 		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
-		c.client.flush()
+		c.client.Flush()
 	}
 }
 

@@ -15,9 +15,9 @@ import (
 // acting on the ones that touch proxy state. It returns when the client
 // socket is closed.
 func (c *clientConn) clientLoop() {
-	c.client.whenDry(c.flushLinks)
+	c.client.WhenDry(c.flushLinks)
 	for {
-		f, err := c.client.in.ReadFrame()
+		f, err := c.client.ReadFrame()
 		if err == nil {
 			c.sendMu.Lock()
 			c.runBoundaryLocked()
@@ -70,13 +70,13 @@ func (c *clientConn) clientFailed(err error) {
 // bytes: closing a socket with unread input would reset it and could destroy
 // the close the client has not read yet.
 func (c *clientConn) drainClient() {
-	c.client.conn.SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+	c.client.Conn().SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
 	for {
-		f, err := c.client.in.ReadFrame()
+		f, err := c.client.ReadFrame()
 		if err != nil {
 			var fe *frames.Error
 			if errors.As(err, &fe) {
-				io.Copy(io.Discard, c.client.conn)
+				io.Copy(io.Discard, c.client.Conn())
 			}
 			break
 		}
@@ -87,7 +87,7 @@ func (c *clientConn) drainClient() {
 			// A closing RabbitMQ still looks up what comes on channel 0,
 			// and drops the socket for an undefined method.
 			if classID, methodID, _, err := frames.ParseMethodID(f.Payload); err == nil && !definedMethod(classID, methodID) {
-				resetOnClose(c.client.conn)
+				resetOnClose(c.client.Conn())
 				break
 			}
 		}
@@ -121,7 +121,7 @@ func undefinedMethod(classID, methodID uint16) *frames.Error {
 // by teardown; it never saw the method.
 func (c *clientConn) dropClient(fe *frames.Error) {
 	c.log.Warn("client sent an undefined method, dropping the connection as the broker would", "class", fe.ClassID, "method", fe.MethodID)
-	resetOnClose(c.client.conn)
+	resetOnClose(c.client.Conn())
 	c.teardown(ReasonProtocolError, fe.Error())
 }
 
@@ -382,7 +382,7 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 	}
 	if len(acks) == 1 && acks[0].backendTag == tag && acks[0].multiple == multiple {
 		if l := c.linkAt(acks[0].backend); l != nil && l.gen == acks[0].gen {
-			if err := l.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+			if err := l.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 				c.writeFailed(l, err)
 			}
 		}
@@ -402,7 +402,7 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 		default:
 			m = &frames.BasicReject{DeliveryTag: a.backendTag, Requeue: requeue}
 		}
-		if err := l.sock.writeMethod(f.Channel, m); err != nil {
+		if err := l.sock.WriteMethod(f.Channel, m); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -470,7 +470,7 @@ func (c *clientConn) fromClientWhileClosing(st closeState, f frames.Frame) error
 	case st == closeByBackend && key == frames.ConnectionCloseOkKey:
 		// The backend's close handshake completes through the proxy.
 		if home := c.home.Load(); home != nil {
-			home.sock.sendFrame(f.Type, 0, f.Payload)
+			home.sock.SendFrame(f.Type, 0, f.Payload)
 		}
 		c.markBackendClosed()
 		c.teardown(reason, detail)
@@ -478,7 +478,7 @@ func (c *clientConn) fromClientWhileClosing(st closeState, f frames.Frame) error
 		c.teardown(reason, detail)
 	case (st == closeByProxy || st == closeByBackend) && key == frames.ConnectionCloseKey:
 		// The client closed at the same time: answer it and end.
-		c.client.sendMethod(0, &frames.ConnectionCloseOk{})
+		c.client.SendMethod(0, &frames.ConnectionCloseOk{})
 		c.teardown(reason, detail)
 	}
 	return nil
@@ -496,7 +496,7 @@ func (c *clientConn) toBackend(f frames.Frame) {
 	if home == nil {
 		return
 	}
-	if err := home.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+	if err := home.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 		c.linkFailed(home, err)
 	}
 }

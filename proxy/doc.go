@@ -16,9 +16,9 @@
 // the client set (prefetch, confirm or transaction mode). One goroutine reads
 // the client (the client loop) and one reads each link; heartbeats are
 // checked from a timer. A read loop queues frames on the sockets it writes to
-// (socketWriter) and flushes them when its own socket runs dry, so a burst of
-// frames costs one system call, and flushes that meet a write in flight join
-// it. A slow reader on either side slows the other side through TCP flow
+// (wire.Socket, the socket layer in internal/wire) and flushes them when its
+// own socket runs dry, so a burst of frames costs one system call, and
+// flushes that meet a write in flight join it. A slow reader on either side slows the other side through TCP flow
 // control: the proxy buffers at most two write buffers and one frame per
 // direction, and sockets hold pooled buffers only while they have data.
 //
@@ -68,8 +68,8 @@
 //
 // Lock order: clientConn.sendMu (the client loop, per frame), then
 // Server.mu, then clientConn.mu, then channelState.outMu, then
-// channelState.mu, then link.mu, then socketWriter.mu. socketWriter.mu is
-// never held during a system call (the writer releases it around each
+// channelState.mu, then link.mu, then the socket writer's lock (internal/wire),
+// which is never held during a system call (the writer releases it around each
 // write), and nothing else is taken under it; nor under boundaryQueue.mu,
 // which guards the link loops' writes that wait for the client loop to be
 // between messages (boundary.go), nor under declaredQueues.mu (declared.go).

@@ -89,11 +89,11 @@ func (c *clientConn) checkMasters() {
 			continue
 		}
 		old.expect(o.ch.id, nil) // cancel-ok
-		if err := old.sock.writeMethod(o.ch.id, &frames.BasicCancel{ConsumerTag: o.tag}); err != nil {
+		if err := old.sock.WriteMethod(o.ch.id, &frames.BasicCancel{ConsumerTag: o.tag}); err != nil {
 			c.writeFailed(old, err)
 			continue
 		}
-		old.sock.flush()
+		old.sock.Flush()
 	}
 	if locked {
 		c.unlockSend()
@@ -204,11 +204,11 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 	if !consume.NoWait {
 		l.expect(o.ch.id, nil) // consume-ok: the client had its own
 	}
-	if err := l.sock.writeMethod(o.ch.id, &consume); err != nil {
+	if err := l.sock.WriteMethod(o.ch.id, &consume); err != nil {
 		c.writeFailed(l, err)
 		return moveDone
 	}
-	l.sock.flush()
+	l.sock.Flush()
 	c.log.Info("consumer moved to the queue's new master", "queue", meta.ID.Name, "consumer", o.tag, "from", lost, "to", l.name, "epoch", meta.Epoch)
 	return moveDone
 }
@@ -234,5 +234,5 @@ func (c *clientConn) cancelConsumer(o orphan) {
 		return
 	}
 	c.toClientMethodOnChannel(o.ch, &frames.BasicCancel{ConsumerTag: o.tag, NoWait: true})
-	c.client.flush()
+	c.client.Flush()
 }

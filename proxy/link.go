@@ -8,6 +8,8 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // link is a client connection's connection to one backend. The home link
@@ -26,7 +28,7 @@ type link struct {
 	idx  int
 	name string
 	gen  uint64
-	sock *socket
+	sock *wire.Socket
 	done chan struct{} // closed when the read loop returns
 
 	mu sync.Mutex // guards the fields below
@@ -67,7 +69,7 @@ type linkChannel struct {
 	assembled   message // content being assembled (read loop only)
 }
 
-func newLink(idx int, name string, gen uint64, sock *socket) *link {
+func newLink(idx int, name string, gen uint64, sock *wire.Socket) *link {
 	return &link{idx: idx, name: name, gen: gen, sock: sock, done: make(chan struct{}), chans: make(map[uint16]*linkChannel)}
 }
 
@@ -124,7 +126,7 @@ func (l *link) closeOkArrived(id uint16) error {
 	if !owes {
 		return nil
 	}
-	return l.sock.sendMethod(id, &frames.ChannelCloseOk{})
+	return l.sock.SendMethod(id, &frames.ChannelCloseOk{})
 }
 
 // links is the client connection's links, by backend index.
@@ -179,7 +181,7 @@ func (c *clientConn) ensureLink(i int) (*link, error) {
 		return nil, err
 	}
 	if c.tornDown.Load() {
-		l.sock.conn.Close()
+		l.sock.Conn().Close()
 		return nil, errors.New("connection closing")
 	}
 	c.links[i] = l
@@ -205,18 +207,18 @@ func (c *clientConn) openLink(i int) (*link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
 	}
-	s := newSocket(conn)
+	s := wire.NewSocket(conn)
 	fail := func(err error) (*link, error) {
 		conn.Close()
 		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
 	}
 	conn.SetDeadline(deadline)
-	if err := pki.Refusal(conn, s.sendProtocolHeader()); err != nil {
+	if err := pki.Refusal(conn, s.SendProtocolHeader()); err != nil {
 		return fail(err)
 	}
 	expect := func(want uint32) (frames.Frame, error) {
 		for {
-			f, err := s.in.ReadFrame()
+			f, err := s.ReadFrame()
 			if err != nil {
 				return f, err
 			}
@@ -237,7 +239,7 @@ func (c *clientConn) openLink(i int) (*link, error) {
 	if _, err := expect(frames.ConnectionStartKey); err != nil {
 		return fail(err)
 	}
-	if err := s.sendFrame(frames.FrameMethod, 0, c.startOk); err != nil {
+	if err := s.SendFrame(frames.FrameMethod, 0, c.startOk); err != nil {
 		return fail(err)
 	}
 	if _, err := expect(frames.ConnectionTuneKey); err != nil {
@@ -248,11 +250,11 @@ func (c *clientConn) openLink(i int) (*link, error) {
 		FrameMax:   c.frameMax,
 		Heartbeat:  uint16(c.backendHeartbeat / time.Second),
 	}
-	if err := s.sendMethod(0, &tuneOk); err != nil {
+	if err := s.SendMethod(0, &tuneOk); err != nil {
 		return fail(err)
 	}
-	s.in.SetMaxFrameSize(c.frameMax)
-	if err := s.sendFrame(frames.FrameMethod, 0, c.openPayload); err != nil {
+	s.SetMaxFrameSize(c.frameMax)
+	if err := s.SendFrame(frames.FrameMethod, 0, c.openPayload); err != nil {
 		return fail(err)
 	}
 	if _, err := expect(frames.ConnectionOpenOkKey); err != nil {
@@ -302,26 +304,26 @@ func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	l.mu.Unlock()
 
 	w := l.sock
-	if err := w.writeMethod(ch.id, &frames.ChannelOpen{}); err != nil {
+	if err := w.WriteMethod(ch.id, &frames.ChannelOpen{}); err != nil {
 		return err
 	}
 	if qos != nil {
-		if err := w.writeMethod(ch.id, qos); err != nil {
+		if err := w.WriteMethod(ch.id, qos); err != nil {
 			return err
 		}
 	}
 	if confirm {
-		if err := w.writeMethod(ch.id, &frames.ConfirmSelect{}); err != nil {
+		if err := w.WriteMethod(ch.id, &frames.ConfirmSelect{}); err != nil {
 			return err
 		}
 	}
 	if tx {
-		if err := w.writeMethod(ch.id, &frames.TxSelect{}); err != nil {
+		if err := w.WriteMethod(ch.id, &frames.TxSelect{}); err != nil {
 			return err
 		}
 	}
 	if replyTag != "" {
-		if err := w.writeMethod(ch.id, replyConsume(replyTag)); err != nil {
+		if err := w.WriteMethod(ch.id, replyConsume(replyTag)); err != nil {
 			return err
 		}
 	}
@@ -376,10 +378,10 @@ func (c *clientConn) rehome(lost *link) bool {
 func (c *clientConn) linkLoop(l *link) {
 	defer c.linkLoops.Done()
 	defer close(l.done)
-	defer l.sock.conn.Close()
-	l.sock.whenDry(func() { c.client.flush() })
+	defer l.sock.Conn().Close()
+	l.sock.WhenDry(func() { c.client.Flush() })
 	for {
-		f, err := l.sock.in.ReadFrame()
+		f, err := l.sock.ReadFrame()
 		if err != nil {
 			if c.tornDown.Load() {
 				return
@@ -436,8 +438,8 @@ func (c *clientConn) linkLost(l *link, err error) {
 	// A reset, not a FIN behind what is still unsent: a link cut off by a
 	// partition would otherwise deliver its buffered publishes when the
 	// network heals, to copies that were purged and resynchronised since.
-	resetOnClose(l.sock.conn)
-	l.sock.conn.Close()
+	resetOnClose(l.sock.Conn())
+	l.sock.Conn().Close()
 	c.log.Warn("backend link lost", "backend", l.name, "generation", l.gen, "err", err)
 
 	c.orphansMu.Lock()
@@ -458,7 +460,7 @@ func (c *clientConn) linkLost(l *link, err error) {
 	// What the loss settled (confirms, cancels) must leave now: the
 	// goroutine that noticed it may be no read loop, whose flush would
 	// follow.
-	c.client.flush()
+	c.client.Flush()
 }
 
 // markLinkClosed records that a link's connection ended its close handshake.
@@ -488,13 +490,13 @@ func (c *clientConn) closeLinks(reason CloseReason) {
 			// A paused proxy cannot tell which brokers the majority still
 			// reaches: what it sent them and they have not received must
 			// not arrive after the healing (see linkLost).
-			resetOnClose(l.sock.conn)
-			l.sock.conn.Close()
+			resetOnClose(l.sock.Conn())
+			l.sock.Conn().Close()
 			continue
 		}
-		l.sock.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
-		if err := l.sock.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
-			l.sock.conn.Close()
+		l.sock.Conn().SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+		if err := l.sock.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+			l.sock.Conn().Close()
 		}
 	}
 }
@@ -502,12 +504,12 @@ func (c *clientConn) closeLinks(reason CloseReason) {
 // flushLinks sends what the client loop queued on every link.
 func (c *clientConn) flushLinks() {
 	if len(c.links) == 1 {
-		c.backend.flush()
+		c.backend.Flush()
 		return
 	}
 	for i := range c.links {
 		if l := c.linkAt(i); l != nil {
-			l.sock.flush()
+			l.sock.Flush()
 		}
 	}
 }

@@ -41,7 +41,7 @@ func (c *clientConn) releaseLostCopies() {
 		}
 		ch.outMu.Unlock()
 		if len(out) > 0 {
-			c.client.flush()
+			c.client.Flush()
 		}
 	})
 }

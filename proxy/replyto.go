@@ -58,7 +58,7 @@ func (c *clientConn) consumeReplyTo(ch *channelState, f frames.Frame, d *frames.
 	for _, l := range c.openLinks(ch) {
 		if l != home {
 			l.expect(ch.id, nil) // consume-ok
-			if err := l.sock.writeMethod(ch.id, replyConsume(d.ConsumerTag)); err != nil {
+			if err := l.sock.WriteMethod(ch.id, replyConsume(d.ConsumerTag)); err != nil {
 				c.writeFailed(l, err)
 			}
 		}
@@ -104,7 +104,7 @@ func (c *clientConn) cancelReplyTo(ch *channelState, tag string, targets []*link
 			continue
 		}
 		l.expect(ch.id, nil) // cancel-ok
-		if err := l.sock.writeMethod(ch.id, &frames.BasicCancel{ConsumerTag: tag}); err != nil {
+		if err := l.sock.WriteMethod(ch.id, &frames.BasicCancel{ConsumerTag: tag}); err != nil {
 			c.writeFailed(l, err)
 		}
 	}

@@ -359,11 +359,11 @@ func (c *clientConn) deleteQueue(ch *channelState, f frames.Frame, meta mirror.Q
 		c.declared.forget(meta.ID.Name)
 		for _, l := range others {
 			l.expect(ch.id, nil)
-			if err := l.sock.writeMethod(ch.id, &frames.QueueDelete{Queue: meta.ID.Name}); err != nil {
+			if err := l.sock.WriteMethod(ch.id, &frames.QueueDelete{Queue: meta.ID.Name}); err != nil {
 				c.writeFailed(l, err)
 				continue
 			}
-			l.sock.flush()
+			l.sock.Flush()
 		}
 		return reply
 	}
@@ -452,12 +452,12 @@ func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod,
 	masterLink.expect(ch.id, g)
 	noWaitOff := *d
 	noWaitOff.NoWait = false
-	if err := masterLink.sock.writeMethod(ch.id, &noWaitOff); err != nil {
+	if err := masterLink.sock.WriteMethod(ch.id, &noWaitOff); err != nil {
 		c.writeFailed(masterLink, err)
 	}
 	for _, l := range slaves {
 		l.expect(ch.id, g)
-		if err := l.sock.writeMethod(ch.id, &slaveDecl); err != nil {
+		if err := l.sock.WriteMethod(ch.id, &slaveDecl); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -544,7 +544,7 @@ func (c *clientConn) get(ch *channelState, f frames.Frame, args []byte) error {
 	}
 	g := &rpcGroup{pending: 1, primary: target.idx, get: &pendingGet{noAck: d.NoAck, queue: ref}}
 	target.expect(ch.id, g)
-	if err := target.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+	if err := target.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 		c.writeFailed(target, err)
 	}
 	return nil
@@ -622,7 +622,7 @@ func (c *clientConn) sendDeferred(ch *channelState, header []byte) error {
 	ch.heldPublish = method[:0]
 	if header == nil {
 		if home := c.homeOnly(); len(home) > 0 {
-			if err := home[0].sock.writeFrame(frames.FrameMethod, ch.id, method); err != nil {
+			if err := home[0].sock.WriteFrame(frames.FrameMethod, ch.id, method); err != nil {
 				c.writeFailed(home[0], err)
 			}
 		}
@@ -688,7 +688,7 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 			ch.outMu.Lock()
 			c.writeConfirm(ch.id, cc)
 			ch.outMu.Unlock()
-			c.client.flush()
+			c.client.Flush()
 		}
 	}
 	if len(targets) == 0 {
@@ -696,7 +696,7 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 		return nil
 	}
 	for _, l := range targets {
-		if err := l.sock.writeFrame(frames.FrameMethod, ch.id, method); err != nil {
+		if err := l.sock.WriteFrame(frames.FrameMethod, ch.id, method); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -718,7 +718,7 @@ func (c *clientConn) selectOwnConfirms(ch *channelState) {
 		lc.confirm = true
 		l.mu.Unlock()
 		if send {
-			if err := l.sock.writeMethod(ch.id, &frames.ConfirmSelect{NoWait: true}); err != nil {
+			if err := l.sock.WriteMethod(ch.id, &frames.ConfirmSelect{NoWait: true}); err != nil {
 				c.writeFailed(l, err)
 			}
 		}
@@ -1013,7 +1013,7 @@ func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
 		}
 	}
 	for _, l := range ch.pub.targets {
-		if err := l.sock.writeFrame(f.Type, f.Channel, payload); err != nil {
+		if err := l.sock.WriteFrame(f.Type, f.Channel, payload); err != nil {
 			c.writeFailed(l, err)
 		}
 	}

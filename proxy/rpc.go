@@ -60,7 +60,7 @@ func (c *clientConn) send(ch *channelState, f frames.Frame, targets []*link, wan
 		if g != nil {
 			l.expect(ch.id, g)
 		}
-		if err := l.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+		if err := l.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 			c.writeFailed(l, err)
 		}
 	}

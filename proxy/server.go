@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -286,7 +288,7 @@ func (s *Server) Serve(ln net.Listener) error {
 				return ErrServerClosed
 			}
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, wire.ErrTooManyFiles) {
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				s.log.Warn("accept failed; retrying", "err", err, "backoff", backoff)
 				time.Sleep(backoff)

@@ -202,7 +202,7 @@ func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []clientConfirm) 
 			frames.ClassTx, 20)
 	default:
 		c.toClientMethod(ch.id, &frames.TxCommitOk{})
-		c.client.flush()
+		c.client.Flush()
 	}
 }
 
@@ -211,5 +211,5 @@ func (c *clientConn) answerOnChannel(ch *channelState, m frames.Method) {
 	ch.outMu.Lock()
 	c.toClientMethod(ch.id, m)
 	ch.outMu.Unlock()
-	c.client.flush()
+	c.client.Flush()
 }
