@@ -308,7 +308,7 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 		cancelled = append(cancelled, tag)
 	}
 	missed := ch.missed[:0]
-	confirms := ch.confirms.backendLost(l.idx, time.Now(), ch.confirmedLost[:0], &missed)
+	confirms := ch.confirms.BackendLost(l.idx, time.Now(), ch.confirmedLost[:0], &missed)
 	ch.confirmedLost, ch.missed = confirms, missed
 	ch.mu.Unlock()
 	if !ch.confirming.Load() { // the proxy's own confirm mode

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // channelState is the proxy's view of one client channel. The client read
@@ -46,8 +48,8 @@ type channelState struct {
 	outMu sync.Mutex
 
 	mu       sync.Mutex
-	confirms publisherConfirms
-	tags     deliveryTags
+	confirms ledger.PublisherConfirms
+	tags     ledger.DeliveryTags
 	// consumers are the channel's consumers by tag; orphaned are those
 	// whose link was lost, until they move (failover.go) or the client
 	// cancels them.
@@ -60,7 +62,7 @@ type channelState struct {
 	// the deliveries the client settled in the open transaction, restored
 	// if it rolls back (the broker never applied those acks).
 	transactional bool
-	txSettled     []tagEntry
+	txSettled     []ledger.TagEntry
 	// txTrims says, for each of txSettled, what its commit does to the
 	// slave copies.
 	txTrims []trimKind
@@ -79,8 +81,8 @@ type channelState struct {
 	returns returnCounts
 	// confirmedLost is scratch for the confirms a lost link settles, missed
 	// for the slave copies it leaves short of publishes.
-	confirmedLost []clientConfirm
-	missed        []missedCopy
+	confirmedLost []ledger.ClientConfirm
+	missed        []ledger.MissedCopy
 
 	// closing is the channel's close state (chanClosing…), set under mu and
 	// read on every frame.
@@ -94,16 +96,16 @@ type channelState struct {
 	clientGet     frames.BasicGet
 	clientPublish frames.BasicPublish
 	clientQueue   queueMethod
-	acks          []backendAck
-	trims         []trimmed
+	acks          []ledger.BackendAck
+	trims         []ledger.Trimmed
 	reachable     []*link
 }
 
 // consumer is one consumer of a channel.
 type consumer struct {
 	noAck bool
-	link  int       // the backend link it consumes on
-	queue *queueRef // the mirrored queue it consumes, nil without mirroring
+	link  int              // the backend link it consumes on
+	queue *ledger.QueueRef // the mirrored queue it consumes, nil without mirroring
 	// args are its basic.consume's arguments, to consume again on a new
 	// master; cancelOnFailover is its x-cancel-on-ha-failover.
 	args             []byte

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // clientLoop reads the client's frames and passes them to the backend,
@@ -272,7 +274,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		}
 		ch.mu.Lock()
 		if !ch.confirming.Load() {
-			ch.confirms.clientSelected()
+			ch.confirms.ClientSelected()
 		}
 		ch.confirming.Store(true)
 		ch.mu.Unlock()
@@ -295,7 +297,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		// deliveries can be acked again at once.
 		ch.mu.Lock()
 		if key == frames.TxRollbackKey {
-			ch.tags.restore(ch.txSettled)
+			ch.tags.Restore(ch.txSettled)
 		} else {
 			c.trimSettled(ch.txSettled, ch.txTrims)
 		}
@@ -305,7 +307,7 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		return c.onOpenLinks(ch, f, true)
 	case frames.BasicRecoverAsyncKey:
 		ch.mu.Lock()
-		ch.tags.dropAll()
+		ch.tags.DropAll()
 		ch.mu.Unlock()
 		return c.onOpenLinks(ch, f, false)
 	case frames.BasicRecoverKey:
@@ -353,7 +355,7 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 	case !requeue:
 		kind = trimReject
 	}
-	var trims *[]trimmed
+	var trims *[]ledger.Trimmed
 	if c.srv.opts.Mirror != nil && kind != trimNone {
 		ch.trims = ch.trims[:0]
 		trims = &ch.trims
@@ -363,7 +365,7 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 	if transactional {
 		trims = nil // trimmed at tx.commit, from txSettled
 	}
-	acks, settled, ok := ch.tags.settle(tag, multiple, ch.acks[:0], transactional, ch.txSettled, trims)
+	acks, settled, ok := ch.tags.Settle(tag, multiple, ch.acks[:0], transactional, ch.txSettled, trims)
 	if transactional {
 		for range settled[len(ch.txSettled):] {
 			ch.txTrims = append(ch.txTrims, kind)
@@ -380,8 +382,8 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 	if trims != nil && len(*trims) > 0 {
 		c.trim(*trims, kind == trimReject)
 	}
-	if len(acks) == 1 && acks[0].backendTag == tag && acks[0].multiple == multiple {
-		if l := c.linkAt(acks[0].backend); l != nil && l.gen == acks[0].gen {
+	if len(acks) == 1 && acks[0].BackendTag == tag && acks[0].Multiple == multiple {
+		if l := c.linkAt(acks[0].Backend); l != nil && l.gen == acks[0].Gen {
 			if err := l.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 				c.writeFailed(l, err)
 			}
@@ -389,18 +391,18 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 		return nil
 	}
 	for _, a := range acks {
-		l := c.linkAt(a.backend)
-		if l == nil || l.gen != a.gen {
+		l := c.linkAt(a.Backend)
+		if l == nil || l.gen != a.Gen {
 			continue // the delivery's link is gone, and its broker requeued it
 		}
 		var m frames.Method
 		switch key {
 		case frames.BasicAckKey:
-			m = &frames.BasicAck{DeliveryTag: a.backendTag, Multiple: a.multiple}
+			m = &frames.BasicAck{DeliveryTag: a.BackendTag, Multiple: a.Multiple}
 		case frames.BasicNackKey:
-			m = &frames.BasicNack{DeliveryTag: a.backendTag, Multiple: a.multiple, Requeue: requeue}
+			m = &frames.BasicNack{DeliveryTag: a.BackendTag, Multiple: a.Multiple, Requeue: requeue}
 		default:
-			m = &frames.BasicReject{DeliveryTag: a.backendTag, Requeue: requeue}
+			m = &frames.BasicReject{DeliveryTag: a.BackendTag, Requeue: requeue}
 		}
 		if err := l.sock.WriteMethod(f.Channel, m); err != nil {
 			c.writeFailed(l, err)
@@ -411,15 +413,15 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 
 // trimSettled trims the mirrored messages among tx-settled entries, at
 // commit, each as kinds says.
-func (c *clientConn) trimSettled(entries []tagEntry, kinds []trimKind) {
+func (c *clientConn) trimSettled(entries []ledger.TagEntry, kinds []trimKind) {
 	if c.srv.opts.Mirror == nil {
 		return
 	}
 	for _, kind := range []trimKind{trimAck, trimReject} {
-		var trims []trimmed
+		var trims []ledger.Trimmed
 		for i, e := range entries {
-			if e.queue != nil && kinds[i] == kind {
-				trims = append(trims, trimmed{queue: e.queue, id: e.id})
+			if e.Queue != nil && kinds[i] == kind {
+				trims = append(trims, ledger.Trimmed{Queue: e.Queue, ID: e.ID})
 			}
 		}
 		c.trim(trims, kind == trimReject)
@@ -428,22 +430,22 @@ func (c *clientConn) trimSettled(entries []tagEntry, kinds []trimKind) {
 
 // trim tells the engine which messages left their masters, one call per
 // queue: rejected without requeue (reject) or acked.
-func (c *clientConn) trim(trims []trimmed, reject bool) {
+func (c *clientConn) trim(trims []ledger.Trimmed, reject bool) {
 	for len(trims) > 0 {
-		q := trims[0].queue
+		q := trims[0].Queue
 		ids := c.trimIDs[:0]
 		rest := trims[:0]
 		for _, t := range trims {
-			if t.queue == q {
-				ids = append(ids, t.id)
+			if t.Queue == q {
+				ids = append(ids, t.ID)
 			} else {
 				rest = append(rest, t)
 			}
 		}
 		if reject {
-			c.srv.opts.Mirror.Reject(q.id, ids)
+			c.srv.opts.Mirror.Reject(q.ID, ids)
 		} else {
-			c.srv.opts.Mirror.Settle(q.id, ids)
+			c.srv.opts.Mirror.Settle(q.ID, ids)
 		}
 		c.trimIDs = ids
 		trims = rest

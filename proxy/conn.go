@@ -217,7 +217,7 @@ func (c *clientConn) logUnconfirmed() {
 // which backends owe them, when the channel ends.
 func (c *clientConn) logChannelUnconfirmed(ch *channelState) {
 	ch.mu.Lock()
-	n, owed := ch.confirms.unconfirmed(), ch.confirms.owed()
+	n, owed := ch.confirms.Unconfirmed(), ch.confirms.Owed()
 	ch.mu.Unlock()
 	if n == 0 {
 		return

@@ -53,7 +53,7 @@ func (c *clientConn) checkMasters() {
 			if cons.queue == nil {
 				continue
 			}
-			meta, ok := c.srv.opts.Mirror.Lookup(cons.queue.id)
+			meta, ok := c.srv.opts.Mirror.Lookup(cons.queue.ID)
 			if !ok || meta.Master == c.srv.backends[cons.link].Name {
 				continue
 			}
@@ -138,7 +138,7 @@ func (c *clientConn) moveConsumers(lost string, orphans []orphan) {
 		}
 		if time.Now().After(deadline) {
 			for _, o := range orphans {
-				c.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.id.Name, "consumer", o.tag, "lost", lost)
+				c.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.ID.Name, "consumer", o.tag, "lost", lost)
 				c.cancelConsumer(o)
 			}
 			return
@@ -156,7 +156,7 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 	if c.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
 		return moveDone // the channel is gone, and the consumer with it
 	}
-	meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.id)
+	meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.ID)
 	if !ok {
 		c.cancelConsumer(o) // the queue is gone
 		return moveDone

@@ -10,6 +10,8 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // link is a client connection's connection to one backend. The home link
@@ -45,9 +47,9 @@ type link struct {
 	cancel        frames.BasicCancel
 	backAck       frames.BasicAck
 	backNack      frames.BasicNack
-	confirmed     []clientConfirm
-	missed        []missedCopy
-	refused       []refusedPublish // scratch for confirm
+	confirmed     []ledger.ClientConfirm
+	missed        []ledger.MissedCopy
+	refused       []ledger.RefusedPublish // scratch for confirm
 	headerScratch []byte
 }
 

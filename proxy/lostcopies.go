@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // releaseLostCopies lets go of the lost quorum copies that keep publishes
@@ -14,7 +16,7 @@ import (
 func (c *clientConn) releaseLostCopies() {
 	m := c.srv.opts.Mirror
 	held := func(backend int, queue *mirror.QueueID) bool {
-		if queue == anyQueue {
+		if queue == ledger.AnyQueue {
 			queue = nil
 		}
 		return m.Holds(c.srv.backends[backend].Name, queue)
@@ -22,14 +24,14 @@ func (c *clientConn) releaseLostCopies() {
 	expired := time.Now().Add(-c.srv.opts.FailoverWait)
 	c.channels.each(func(ch *channelState) {
 		ch.mu.Lock()
-		waiting := ch.confirms.holdsLost()
+		waiting := ch.confirms.HoldsLost()
 		ch.mu.Unlock()
 		if !waiting {
 			return
 		}
 		ch.outMu.Lock()
 		ch.mu.Lock()
-		out := ch.confirms.release(held, expired, ch.confirmedLost[:0])
+		out := ch.confirms.Release(held, expired, ch.confirmedLost[:0])
 		ch.confirmedLost = out
 		ch.mu.Unlock()
 		if ch.confirming.Load() {

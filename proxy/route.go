@@ -10,6 +10,8 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // This file decides which links a client method reaches. Without mirroring
@@ -469,7 +471,7 @@ func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod,
 // for a queue no backend has (the broker answers 404). ok is false when the
 // request was answered already (the master is down: 404) or there is no
 // link at all.
-func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (target *link, ref *queueRef, ok bool) {
+func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (target *link, ref *ledger.QueueRef, ok bool) {
 	if c.srv.opts.Mirror != nil && queue != "" {
 		if meta, found := c.locate(queue); found {
 			master := c.reach(ch, meta.Master)
@@ -477,7 +479,7 @@ func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (t
 				c.masterDown(ch, meta, f)
 				return nil, nil, false
 			}
-			return master[0], &queueRef{id: meta.ID}, true
+			return master[0], &ledger.QueueRef{ID: meta.ID}, true
 		}
 	}
 	home := c.homeOnly()
@@ -594,7 +596,7 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 		ch.pub = publishing{targets: c.homeOnly()}
 		if ch.confirming.Load() {
 			ch.mu.Lock()
-			ch.confirms.publish(0)
+			ch.confirms.Publish(0)
 			ch.mu.Unlock()
 		}
 		c.toBackend(f)
@@ -651,29 +653,29 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 		// A link lost since the route was decided has settled its confirms
 		// already (under this lock); numbering this publish on it would
 		// wait for a confirm nobody sends.
-		cs := r.copySet
+		cs := r.CopySet
 		var now time.Time
-		if cs.queue != nil {
+		if cs.Queue != nil {
 			// A lost quorum copy of a mirrored queue keeps counting until
 			// the metadata records its loss.
-			cs.quorum, cs.unreached = c.withoutLost(targets, cs.quorum, cs.unreached)
-			if len(cs.unreached) > 0 {
+			cs.Quorum, cs.Unreached = c.withoutLost(targets, cs.Quorum, cs.Unreached)
+			if len(cs.Unreached) > 0 {
 				now = time.Now()
 			}
 		} else {
-			cs.quorum, _ = c.withoutLost(targets, cs.quorum, nil)
+			cs.Quorum, _ = c.withoutLost(targets, cs.Quorum, nil)
 		}
-		cs.extra, _ = c.withoutLost(targets, cs.extra, nil)
-		if len(cs.quorum) == 0 && len(cs.unreached) == 0 && len(cs.extra) > 0 {
-			cs.quorum, cs.extra = cs.extra, nil
+		cs.Extra, _ = c.withoutLost(targets, cs.Extra, nil)
+		if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 && len(cs.Extra) > 0 {
+			cs.Quorum, cs.Extra = cs.Extra, nil
 		}
-		seq := ch.confirms.publishTo(cs, now)
-		if cs.queue != nil && cs.queue != anyQueue {
+		seq := ch.confirms.PublishTo(cs, now)
+		if cs.Queue != nil && cs.Queue != ledger.AnyQueue {
 			ch.pub.seq = seq
 		}
-		var out []clientConfirm
-		if len(cs.quorum) == 0 && len(cs.unreached) == 0 {
-			out = ch.confirms.collect(1, nil)
+		var out []ledger.ClientConfirm
+		if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 {
+			out = ch.confirms.ConfirmWithoutCopies(nil)
 		}
 		ch.mu.Unlock()
 		if !confirming {
@@ -737,16 +739,16 @@ type publishRoute struct {
 	confirming    bool
 	targets       []*link
 	identify      bool
-	// copySet says which backends' confirms count (by index), which the
+	// CopySet says which backends' confirms count (by index), which the
 	// publish could not reach, and for which queue.
-	copySet
+	ledger.CopySet
 }
 
 // newRoute starts deciding the channel's route afresh.
 func (c *clientConn) newRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
 	r := &ch.route
 	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: ch.confirming.Load(),
-		copySet: copySet{quorum: r.quorum[:0], extra: r.extra[:0], unreached: r.unreached[:0], master: -1}}
+		CopySet: ledger.CopySet{Quorum: r.Quorum[:0], Extra: r.Extra[:0], Unreached: r.Unreached[:0], Master: -1}}
 	return r
 }
 
@@ -778,18 +780,18 @@ func (c *clientConn) queueRoute(ch *channelState, p *frames.BasicPublish) *publi
 	r.identify = true
 	r.version = meta.Version
 	if len(meta.Slaves) > 0 {
-		r.queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
+		r.Queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
 	}
-	r.master = c.srv.backendIndex[meta.Master]
+	r.Master = c.srv.backendIndex[meta.Master]
 	for _, l := range targets {
 		if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
-			r.extra = append(r.extra, l.idx)
+			r.Extra = append(r.Extra, l.idx)
 		} else {
-			r.quorum = append(r.quorum, l.idx)
+			r.Quorum = append(r.Quorum, l.idx)
 		}
 	}
-	if r.queue != nil {
-		r.unreached = c.unreachedCopies(meta, targets, r.unreached)
+	if r.Queue != nil {
+		r.Unreached = c.unreachedCopies(meta, targets, r.Unreached)
 	}
 	return c.decided(r, targets, len(targets) == 1+len(meta.Slaves))
 }
@@ -838,11 +840,11 @@ func (c *clientConn) exchangeRoute(ch *channelState, p *frames.BasicPublish, hea
 	targets := c.reach(ch, wanted...)
 	r.identify = len(c.srv.backends) > 1
 	if len(c.srv.backends) > 1 {
-		r.queue = anyQueue
+		r.Queue = ledger.AnyQueue
 		for _, name := range wanted {
 			i := c.srv.backendIndex[name]
 			if !slices.ContainsFunc(targets, func(l *link) bool { return l.idx == i }) && c.srv.opts.Mirror.Holds(name, nil) {
-				r.unreached = append(r.unreached, i)
+				r.Unreached = append(r.Unreached, i)
 			}
 		}
 	}
@@ -871,16 +873,16 @@ func decodeHeaders(encoded []byte) (frames.Table, bool) {
 // route).
 func (c *clientConn) decided(r *publishRoute, targets []*link, keep bool) *publishRoute {
 	r.targets = append([]*link(nil), targets...) // reach's slice is scratch
-	if len(r.quorum) == 0 && len(r.extra) == 0 {
+	if len(r.Quorum) == 0 && len(r.Extra) == 0 {
 		for _, l := range r.targets {
-			r.quorum = append(r.quorum, l.idx)
+			r.Quorum = append(r.Quorum, l.idx)
 		}
 	}
-	if len(r.quorum) == 0 && len(r.unreached) == 0 && len(r.extra) > 0 {
-		r.quorum, r.extra = r.extra, r.quorum
+	if len(r.Quorum) == 0 && len(r.Unreached) == 0 && len(r.Extra) > 0 {
+		r.Quorum, r.Extra = r.Extra, r.Quorum
 	}
 	r.links = c.linkChanges.Load()
-	if len(r.unreached) > 0 {
+	if len(r.Unreached) > 0 {
 		c.reportUnreached(r)
 	}
 	if !keep {
@@ -898,13 +900,13 @@ func (c *clientConn) decided(r *publishRoute, targets []*link, keep bool) *publi
 // the backend is up again, if the log still does). They miss the publish.
 func (c *clientConn) reportUnreached(r *publishRoute) {
 	m := c.srv.opts.Mirror
-	queue := r.queue
-	if queue == anyQueue {
+	queue := r.Queue
+	if queue == ledger.AnyQueue {
 		queue = nil // any queue with a slave there
 	}
-	for _, i := range r.unreached {
+	for _, i := range r.Unreached {
 		name := c.srv.backends[i].Name
-		if i == r.master {
+		if i == r.Master {
 			continue
 		}
 		c.log.Debug("a publish cannot reach a slave copy", "backend", name, "queue", queueName(queue))
@@ -1007,7 +1009,7 @@ func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
 				ch.returns.expect(id, ch.pub.returns)
 			}
 			if ch.pub.seq != 0 {
-				ch.confirms.identify(ch.pub.seq, id)
+				ch.confirms.Identify(ch.pub.seq, id)
 			}
 			ch.mu.Unlock()
 		}

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"github.com/amqp-mirror/amqp-mirror/frames"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // rpcGroup is one synchronous client request (queue.declare, basic.qos,
@@ -31,7 +33,7 @@ type rpcGroup struct {
 // pendingGet is a basic.get in flight.
 type pendingGet struct {
 	noAck bool
-	queue *queueRef
+	queue *ledger.QueueRef
 }
 
 // isReply reports whether a method from a broker answers a client request.

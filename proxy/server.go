@@ -14,6 +14,8 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/frames"
 
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -121,8 +123,8 @@ type Server struct {
 	// stopWatch ends watchMirror; watchDone is closed when it returned.
 	stopWatch, watchDone chan struct{}
 	// delivered remembers recent deliveries of mirrored queues, to flag
-	// their redelivery by a promoted slave (redelivered.go).
-	delivered *deliveredIDs
+	// their redelivery by a promoted slave (internal/ledger/redelivered.go).
+	delivered *ledger.DeliveredIDs
 }
 
 // Stats are the server's counters, safe to read at any time.
@@ -162,7 +164,7 @@ func New(opts Options) (*Server, error) {
 		listeners:    make(map[net.Listener]struct{}),
 		conns:        make(map[*clientConn]struct{}),
 		releaser:     newMemoryReleaser(),
-		delivered:    newDeliveredIDs(),
+		delivered:    ledger.NewDeliveredIDs(),
 	}
 	if opts.Mirror != nil {
 		go s.watchMirror()
@@ -187,8 +189,8 @@ func (s *Server) watchMirror() {
 			return
 		case now = <-ticker.C:
 		}
-		if now.Sub(lastSweep) >= sweepEvery {
-			s.delivered.sweep(s.opts.Mirror.Lookup, now)
+		if now.Sub(lastSweep) >= ledger.SweepEvery {
+			s.delivered.Sweep(s.opts.Mirror.Lookup, now)
 			lastSweep = now
 		}
 		s.mu.Lock()

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // A channel the proxy put in confirm mode on the backends itself
@@ -110,7 +112,7 @@ func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 	ch.mu.Lock()
 	t.committing.Store(true)
 	t.sent, t.nacked = false, false
-	t.from = ch.confirms.lastClient
+	t.from = ch.confirms.LastSeq()
 	ch.mu.Unlock()
 	held := t.held
 	t.held, t.heldBytes = nil, 0
@@ -123,7 +125,7 @@ func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 		}
 	}
 	ch.mu.Lock()
-	t.to, t.sent = ch.confirms.lastClient, true
+	t.to, t.sent = ch.confirms.LastSeq(), true
 	ch.mu.Unlock()
 	ch.outMu.Lock()
 	c.ownConfirmsAnswered(ch, nil)
@@ -171,7 +173,7 @@ func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
 // that out answers, and a commit of an emulated transaction whose publishes
 // are all answered now gets its commit-ok, or, if a master refused one of
 // them, the channel is closed with 541. The caller holds outMu.
-func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []clientConfirm) {
+func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []ledger.ClientConfirm) {
 	t := &ch.tx
 	if !t.committing.Load() {
 		return
@@ -182,11 +184,11 @@ func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []clientConfirm) 
 		return
 	}
 	for _, cc := range out {
-		if cc.nack && cc.seq > t.from {
+		if cc.Nack && cc.Seq > t.from {
 			t.nacked = true
 		}
 	}
-	done := t.sent && ch.confirms.answeredThrough(t.to)
+	done := t.sent && ch.confirms.AnsweredThrough(t.to)
 	nacked := t.nacked
 	if done {
 		t.committing.Store(false)

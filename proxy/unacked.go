@@ -40,7 +40,7 @@ func (c *clientConn) countUnacked(vhost string, counts map[mirror.QueueID]int) {
 	}
 	c.channels.each(func(ch *channelState) {
 		ch.mu.Lock()
-		ch.tags.countUnacked(vhost, live, counts)
+		ch.tags.CountUnacked(vhost, live, counts)
 		ch.mu.Unlock()
 	})
 }
