@@ -16,6 +16,8 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/memory"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -119,7 +121,7 @@ type Server struct {
 	nextConnID atomic.Uint64
 	stats      Stats
 	// releaser returns memory to the system after a storm of connections.
-	releaser *memoryReleaser
+	releaser *memory.Releaser
 	// stopWatch ends watchMirror; watchDone is closed when it returned.
 	stopWatch, watchDone chan struct{}
 	// delivered remembers recent deliveries of mirrored queues, to flag
@@ -163,7 +165,7 @@ func New(opts Options) (*Server, error) {
 		log:          opts.Logger,
 		listeners:    make(map[net.Listener]struct{}),
 		conns:        make(map[*clientConn]struct{}),
-		releaser:     newMemoryReleaser(),
+		releaser:     memory.NewReleaser(),
 		delivered:    ledger.NewDeliveredIDs(),
 	}
 	if opts.Mirror != nil {
@@ -315,7 +317,7 @@ func (s *Server) startConn(conn net.Conn) {
 	s.connWG.Add(1)
 	s.mu.Unlock()
 	s.stats.ConnectionsOpened.Add(1)
-	s.releaser.opened(s.stats.ConnectionsOpen.Add(1))
+	s.releaser.Opened(s.stats.ConnectionsOpen.Add(1))
 	go func() {
 		ok, reason := c.open()
 		if !ok {
@@ -330,7 +332,7 @@ func (s *Server) startConn(conn net.Conn) {
 func (s *Server) connEnded(c *clientConn, reason CloseReason) {
 	defer s.connWG.Done()
 	s.stats.ClosedByReason[reason].Add(1)
-	s.releaser.closed(s.stats.ConnectionsOpen.Add(-1))
+	s.releaser.Closed(s.stats.ConnectionsOpen.Add(-1))
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
@@ -344,7 +346,7 @@ func (s *Server) isClosed() bool {
 
 // beginClose stops accepting and returns the connections still open.
 func (s *Server) beginClose() []*clientConn {
-	s.releaser.stop()
+	s.releaser.Stop()
 	s.stopWatching()
 	s.mu.Lock()
 	defer s.mu.Unlock()
