@@ -116,6 +116,49 @@ func newChannelState(id uint16) *channelState {
 	return &channelState{id: id, consumers: make(map[string]consumer)}
 }
 
+// selectConfirms puts the channel in confirm mode for the client; on a
+// channel the proxy already numbers publishes on, the client's first
+// publish is 1.
+func (ch *channelState) selectConfirms() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if !ch.confirming.Load() {
+		ch.confirms.ClientSelected()
+	}
+	ch.confirming.Store(true)
+}
+
+// selectTransactions records the client's tx.select: from now on the
+// deliveries it settles are kept until the transaction ends.
+func (ch *channelState) selectTransactions() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.transactional = true
+}
+
+// endTransaction applies tx.commit or tx.rollback to the deliveries the
+// transaction settled: a rollback makes them outstanding again, a commit
+// hands them to commit (which trims their slave copies) under the lock.
+func (ch *channelState) endTransaction(rollback bool, commit func([]ledger.TagEntry, []trimKind)) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if rollback {
+		ch.tags.Restore(ch.txSettled)
+	} else {
+		commit(ch.txSettled, ch.txTrims)
+	}
+	ch.txSettled = ch.txSettled[:0]
+	ch.txTrims = ch.txTrims[:0]
+}
+
+// forgetDeliveries voids every outstanding delivery tag, after
+// basic.recover-async.
+func (ch *channelState) forgetDeliveries() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.tags.DropAll()
+}
+
 // channelTable holds the open channels of one client connection. Lookups
 // happen for every frame on both read loops, so they are lock-free: one
 // atomic slot per channel id up to the negotiated channel_max. The slots
