@@ -7,7 +7,6 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
-
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
@@ -28,10 +27,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		return c.fromLinkConnection(l, f)
 	}
 	ch := c.channels.get(f.Channel)
-	l.mu.Lock()
-	lc := l.chans[f.Channel]
-	closing := lc != nil && lc.closing
-	l.mu.Unlock()
+	lc, closing := l.channelSide(f.Channel)
 	if ch == nil || lc == nil {
 		if ch == nil && c.home.Load() == l && !closing {
 			c.toClient(f) // a channel the proxy does not track
@@ -95,22 +91,15 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		if err := l.cancel.Decode(args); err != nil {
 			return err
 		}
-		ch.mu.Lock()
-		cons, known := ch.consumers[l.cancel.ConsumerTag]
-		if known && cons.link != l.idx || !known && ch.orphaned[l.cancel.ConsumerTag] {
-			ch.mu.Unlock()
+		if !ch.brokerCancels(l.cancel.ConsumerTag, l.idx) {
 			return nil // the old master of a consumer that moved
 		}
-		delete(ch.consumers, l.cancel.ConsumerTag)
-		ch.mu.Unlock()
 		c.toClientOnChannel(ch, f)
 		return nil
 	case frames.ChannelCloseKey: // a channel error
 		return c.linkClosesChannel(ch, l, f)
 	case frames.BasicRecoverOkKey:
-		ch.mu.Lock()
-		ch.tags.DropFrom(l.idx)
-		ch.mu.Unlock()
+		ch.dropDeliveriesFrom(l.idx)
 	case frames.ChannelCloseOkKey: // the answer to the client's close
 		if err := l.closeOkArrived(ch.id); err != nil {
 			return err
@@ -132,9 +121,7 @@ func (c *clientConn) fromLinkOnClosingChannel(ch *channelState, l *link, f frame
 	case key == frames.ChannelCloseKey:
 		// The backend closed it too; it still answers ours with close-ok,
 		// and its close is answered after that (closeOkArrived).
-		l.mu.Lock()
-		l.channelLocked(ch.id).owesCloseOk = true
-		l.mu.Unlock()
+		l.owesCloseOk(ch.id)
 		return nil
 	case key == frames.ChannelCloseOkKey:
 		if err := l.closeOkArrived(ch.id); err != nil {
@@ -175,10 +162,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 	switch m.key {
 	case frames.BasicReturnKey:
 		if hasID {
-			ch.mu.Lock()
-			pass := ch.returns.arrived(id)
-			ch.mu.Unlock()
-			if !pass {
+			if !ch.returnArrived(id) {
 				return
 			}
 		}
@@ -192,13 +176,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			c.linkFailed(l, err)
 			return
 		}
-		ch.mu.Lock()
-		cons, known := ch.consumers[d.ConsumerTag]
-		stale := known && cons.link != l.idx && !ch.isReplyConsumer(d.ConsumerTag) || !known && ch.orphaned[d.ConsumerTag]
-		if !known {
-			cons = ch.consumers[""]
-		}
-		ch.mu.Unlock()
+		cons, stale := ch.deliveryConsumer(d.ConsumerTag, l.idx)
 		meta, inLog := c.queueMeta(cons.queue)
 		if stale || inLog && meta.Master != l.name {
 			// The consumer moved to a new master (or waits for one): what
@@ -215,9 +193,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			d.Redelivered = true
 		}
 		ch.outMu.Lock()
-		ch.mu.Lock()
-		tag := ch.tags.Deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: d.DeliveryTag, Queue: queue, ID: id, From: cons.queue}, !cons.noAck)
-		ch.mu.Unlock()
+		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: d.DeliveryTag, Queue: queue, ID: id, From: cons.queue}, !cons.noAck)
 		if tag == d.DeliveryTag && !hasID {
 			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
 		} else {
@@ -242,9 +218,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			g.Redelivered = true
 		}
 		ch.outMu.Lock()
-		ch.mu.Lock()
-		tag := ch.tags.Deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: g.DeliveryTag, Queue: queue, ID: id, From: m.get.queue}, !m.get.noAck)
-		ch.mu.Unlock()
+		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: g.DeliveryTag, Queue: queue, ID: id, From: m.get.queue}, !m.get.noAck)
 		if tag == g.DeliveryTag && !flagged {
 			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
 		} else {
@@ -324,16 +298,8 @@ func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint
 	}
 	ch.outMu.Lock()
 	defer ch.outMu.Unlock()
-	ch.mu.Lock()
-	missed := l.missed[:0]
-	out := ch.confirms.Confirm(l.idx, seq, multiple, nack, l.confirmed[:0], &missed)
-	l.confirmed, l.missed = out, missed
-	var refused []ledger.RefusedPublish
-	if nack {
-		refused = ch.confirms.TakeRefused(l.refused[:0])
-		l.refused = refused
-	}
-	ch.mu.Unlock()
+	out, missed, refused := ch.applyConfirm(l.idx, seq, multiple, nack, l.confirmed[:0], l.missed[:0], l.refused[:0])
+	l.confirmed, l.missed, l.refused = out, missed, refused
 	if len(missed) > 0 {
 		c.reportMissed(missed, "nacked")
 	}

@@ -205,10 +205,7 @@ func (c *clientConn) settleMethod(ch *channelState, f frames.Frame, key uint32, 
 // openChannel opens a client channel on the home link; other links open it
 // when the channel first needs them (ensureChannel).
 func (c *clientConn) openChannel(ch *channelState, f frames.Frame, home *link) error {
-	home.mu.Lock()
-	lc := home.channelLocked(ch.id)
-	lc.open, lc.confirm, lc.closing = true, false, false
-	home.mu.Unlock()
+	home.openChannel(ch.id)
 	c.send(ch, f, []*link{home}, true, nil)
 	return nil
 }
@@ -239,19 +236,7 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 		ch.trims = ch.trims[:0]
 		trims = &ch.trims
 	}
-	ch.mu.Lock()
-	transactional := ch.transactional
-	if transactional {
-		trims = nil // trimmed at tx.commit, from txSettled
-	}
-	acks, settled, ok := ch.tags.Settle(tag, multiple, ch.acks[:0], transactional, ch.txSettled, trims)
-	if transactional {
-		for range settled[len(ch.txSettled):] {
-			ch.txTrims = append(ch.txTrims, kind)
-		}
-	}
-	ch.acks, ch.txSettled = acks, settled
-	ch.mu.Unlock()
+	acks, trims, ok := ch.settleDeliveries(tag, multiple, kind, trims)
 	if !ok {
 		classID, methodID := uint16(key>>16), uint16(key)
 		c.closeChannelByProxy(ch, frames.PreconditionFailed,

@@ -15,7 +15,6 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
-
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
@@ -216,9 +215,7 @@ func (c *clientConn) logUnconfirmed() {
 // logChannelUnconfirmed logs a channel's publishes still unconfirmed, and
 // which backends owe them, when the channel ends.
 func (c *clientConn) logChannelUnconfirmed(ch *channelState) {
-	ch.mu.Lock()
-	n, owed := ch.confirms.Unconfirmed(), ch.confirms.Owed()
-	ch.mu.Unlock()
+	n, owed := ch.unconfirmed()
 	if n == 0 {
 		return
 	}

@@ -35,6 +35,13 @@ func (c *clientConn) checkLinks() {
 	}
 }
 
+// masterMoved reports whether the queue of cons, a consumer of a mirrored
+// queue, has a master other than the backend it consumes on.
+func (c *clientConn) masterMoved(cons consumer) bool {
+	meta, ok := c.srv.opts.Mirror.Lookup(cons.queue.ID)
+	return ok && meta.Master != c.srv.backends[cons.link].Name
+}
+
 // checkMasters moves consumers whose queue got a new master while their
 // link stayed up (a promotion the engine decided on its own view, or an
 // ha-mode nodes hand-over): they are cancelled on the old master's link,
@@ -47,23 +54,7 @@ func (c *clientConn) checkMasters() {
 		if ch.closing.Load() != chanOpen {
 			return
 		}
-		ch.mu.Lock()
-		defer ch.mu.Unlock()
-		for tag, cons := range ch.consumers {
-			if cons.queue == nil {
-				continue
-			}
-			meta, ok := c.srv.opts.Mirror.Lookup(cons.queue.ID)
-			if !ok || meta.Master == c.srv.backends[cons.link].Name {
-				continue
-			}
-			delete(ch.consumers, tag)
-			if ch.orphaned == nil {
-				ch.orphaned = make(map[string]bool)
-			}
-			ch.orphaned[tag] = true
-			stale = append(stale, orphan{ch: ch, tag: tag, cons: cons})
-		}
+		stale = ch.orphanMoved(c.masterMoved, stale)
 	})
 	if len(stale) == 0 {
 		return
@@ -79,11 +70,7 @@ func (c *clientConn) checkMasters() {
 		if old == nil {
 			continue
 		}
-		old.mu.Lock()
-		lc := old.chans[o.ch.id]
-		open := lc != nil && lc.open
-		old.mu.Unlock()
-		if !locked || !open || o.ch.pub.inContent {
+		if !locked || !old.channelOpen(o.ch.id) || o.ch.pub.inContent {
 			// Between a publish's frames the channel takes nothing else;
 			// the old master's deliveries are dropped meanwhile anyway.
 			continue
@@ -192,15 +179,9 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 	consume.ConsumerTag = o.tag
 	moved := o.cons
 	moved.link = l.idx
-	o.ch.mu.Lock()
-	if !o.ch.orphaned[o.tag] {
-		// The client cancelled it meanwhile.
-		o.ch.mu.Unlock()
-		return moveDone
+	if !o.ch.adoptOrphan(o.tag, moved) {
+		return moveDone // the client cancelled it meanwhile
 	}
-	delete(o.ch.orphaned, o.tag)
-	o.ch.consumers[o.tag] = moved
-	o.ch.mu.Unlock()
 	if !consume.NoWait {
 		l.expect(o.ch.id, nil) // consume-ok: the client had its own
 	}
@@ -217,12 +198,7 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 // as RabbitMQ does when a queue's node goes down (a client that announced
 // consumer_cancel_notify; others never learn, as with RabbitMQ).
 func (c *clientConn) cancelConsumer(o orphan) {
-	o.ch.mu.Lock()
-	delete(o.ch.consumers, o.tag)
-	wasOrphan := o.ch.orphaned[o.tag]
-	delete(o.ch.orphaned, o.tag)
-	o.ch.mu.Unlock()
-	if !wasOrphan {
+	if !o.ch.dropOrphan(o.tag) {
 		return // the client cancelled it itself
 	}
 	if !c.cancelNotify {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
-
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 

@@ -8,10 +8,8 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
-
-	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
-
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // link is a client connection's connection to one backend. The home link
@@ -75,8 +73,8 @@ func newLink(idx int, name string, gen uint64, sock *wire.Socket) *link {
 	return &link{idx: idx, name: name, gen: gen, sock: sock, done: make(chan struct{}), chans: make(map[uint16]*linkChannel)}
 }
 
-// channel returns the link's side of client channel id, made on first use.
-// Callers hold l.mu.
+// channelLocked returns the link's side of client channel id, made on first
+// use. Callers hold l.mu.
 func (l *link) channelLocked(id uint16) *linkChannel {
 	lc := l.chans[id]
 	if lc == nil {
@@ -84,6 +82,128 @@ func (l *link) channelLocked(id uint16) *linkChannel {
 		l.chans[id] = lc
 	}
 	return lc
+}
+
+// channelSide returns the link's side of client channel id (nil when the
+// link never had it) and whether the proxy's close of it is out.
+func (l *link) channelSide(id uint16) (lc *linkChannel, closing bool) {
+	l.mu.Lock() // no defer: every frame from the link comes here
+	lc = l.chans[id]
+	closing = lc != nil && lc.closing
+	l.mu.Unlock()
+	return lc, closing
+}
+
+// channelOpen reports whether client channel id is open on the link.
+func (l *link) channelOpen(id uint16) bool {
+	l.mu.Lock() // no defer: every publish comes here
+	lc := l.chans[id]
+	open := lc != nil && lc.open
+	l.mu.Unlock()
+	return open
+}
+
+// openChannel records that channel.open of client channel id goes to the
+// link.
+func (l *link) openChannel(id uint16) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.channelLocked(id)
+	lc.open, lc.confirm, lc.closing = true, false, false
+}
+
+// selectConfirm records that channel id is in confirm mode on the link,
+// and reports whether it was not yet (confirm.select is to be sent).
+func (l *link) selectConfirm(id uint16) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.channelLocked(id)
+	send := !lc.confirm
+	lc.confirm = true
+	return send
+}
+
+// beginProxyClose starts the proxy's close of channel id on the link, with
+// g to count its close-ok, and reports false when the channel is not open
+// there.
+func (l *link) beginProxyClose(id uint16, g *rpcGroup) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.chans[id]
+	if lc == nil || !lc.open {
+		return false
+	}
+	lc.open, lc.closing = false, true
+	lc.replies = append(lc.replies, g)
+	return true
+}
+
+// proxyCloseOk ends the proxy's close of channel id on the link.
+func (l *link) proxyCloseOk(id uint16) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if lc := l.chans[id]; lc != nil {
+		lc.closing = false
+	}
+}
+
+// beginClientClose records that the client's channel.close of id goes to
+// the link, and reports false when the channel is not open there.
+func (l *link) beginClientClose(id uint16) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.chans[id]
+	if lc == nil || !lc.open {
+		return false
+	}
+	lc.open, lc.clientClosing = false, true
+	return true
+}
+
+// owesCloseOk records that the proxy owes the broker close-ok for its
+// close of channel id, sent after the broker's answer (closeOkArrived).
+func (l *link) owesCloseOk(id uint16) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.channelLocked(id).owesCloseOk = true
+}
+
+// brokerCloses applies the broker's channel.close of id to the link's side.
+// crossed: the proxy's or the client's close is out to the link, and the
+// broker's crossed it. The broker answers that close with close-ok, and
+// frees the channel at ours, which waits for that answer (closeOkArrived):
+// answered at once, the broker's close-ok came after the client had closed
+// the channel, or reopened it, and reached the client. The broker answers
+// nothing sent before the close that is not answered yet: only the close's
+// own reply stays owed (the client sends nothing after its close), and the
+// earlier ones are returned in abandoned. Otherwise the channel is closed
+// on the link, wasOpen says whether it was open, and every reply owed is
+// abandoned: the link answers nothing more on the channel but the close
+// handshake.
+func (l *link) brokerCloses(id uint16) (crossed, wasOpen bool, abandoned []*rpcGroup) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.channelLocked(id)
+	if (lc.closing || lc.clientClosing) && !lc.open {
+		lc.owesCloseOk = true
+		if lc.clientClosing && len(lc.replies) > 1 {
+			abandoned = lc.replies[: len(lc.replies)-1 : len(lc.replies)-1]
+			lc.replies = lc.replies[len(lc.replies)-1:]
+		}
+		return true, false, abandoned
+	}
+	wasOpen = lc.open
+	lc.open = false
+	abandoned = lc.replies
+	lc.replies = nil
+	return false, wasOpen, abandoned
+}
+
+// isLost reports whether the link failed.
+func (l *link) isLost() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lost
 }
 
 // expect queues a reply the link owes on channel id, for g (nil: swallow it).

@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
-
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
@@ -23,17 +22,11 @@ func (c *clientConn) releaseLostCopies() {
 	}
 	expired := time.Now().Add(-c.srv.opts.FailoverWait)
 	c.channels.each(func(ch *channelState) {
-		ch.mu.Lock()
-		waiting := ch.confirms.HoldsLost()
-		ch.mu.Unlock()
-		if !waiting {
+		if !ch.holdsLostCopies() {
 			return
 		}
 		ch.outMu.Lock()
-		ch.mu.Lock()
-		out := ch.confirms.Release(held, expired, ch.confirmedLost[:0])
-		ch.confirmedLost = out
-		ch.mu.Unlock()
+		out := ch.releaseLostCopies(held, expired)
 		if ch.confirming.Load() {
 			for _, cc := range out {
 				c.writeConfirm(ch.id, cc)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
-
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
@@ -92,11 +91,9 @@ func (c *clientConn) reachAll(ch *channelState) []*link {
 func (c *clientConn) openLinks(ch *channelState) []*link {
 	out := ch.reachable[:0]
 	for _, l := range c.allLinks() {
-		l.mu.Lock()
-		if lc := l.chans[ch.id]; lc != nil && lc.open {
+		if l.channelOpen(ch.id) {
 			out = append(out, l)
 		}
-		l.mu.Unlock()
 	}
 	ch.reachable = out
 	return out
@@ -121,9 +118,7 @@ func (c *clientConn) onOpenLinks(ch *channelState, f frames.Frame, wantReply boo
 	targets := c.openLinks(ch)
 	if len(targets) > 1 && f.Type == frames.FrameMethod && isMethod(f.Payload, frames.ConfirmSelectKey) {
 		for _, l := range targets {
-			l.mu.Lock()
-			l.channelLocked(ch.id).confirm = true
-			l.mu.Unlock()
+			l.selectConfirm(ch.id)
 		}
 	}
 	c.sendTo(ch, f, nil, targets, wantReply)
@@ -511,21 +506,17 @@ func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) erro
 		}
 	}
 	tag := d.ConsumerTag
-	ch.mu.Lock()
 	if tag != "" || d.NoWait {
 		// With no tag and no-wait, the server picks a tag the client never
 		// learns; deliveries with an unknown tag take this consumer's mode.
-		ch.consumers[tag] = cons
+		ch.addConsumer(tag, cons)
 	}
-	ch.mu.Unlock()
 	var after func([]byte) []byte
 	if tag == "" && !d.NoWait {
 		after = func(reply []byte) []byte {
 			var ok frames.BasicConsumeOk
 			if decodeArgs(reply, &ok) == nil {
-				ch.mu.Lock()
-				ch.consumers[ok.ConsumerTag] = cons
-				ch.mu.Unlock()
+				ch.addConsumer(ok.ConsumerTag, cons)
 			}
 			return reply
 		}
@@ -558,13 +549,7 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 	if err := d.Decode(args); err != nil {
 		return err
 	}
-	ch.mu.Lock()
-	cons, known := ch.consumers[d.ConsumerTag]
-	if ch.orphaned[d.ConsumerTag] {
-		// Its link was lost and it waits for a new master: it ends here.
-		delete(ch.orphaned, d.ConsumerTag)
-	}
-	ch.mu.Unlock()
+	cons, known := ch.clientCancels(d.ConsumerTag)
 	targets := c.homeOnly()
 	if known {
 		if l := c.linkAt(cons.link); l != nil {
@@ -572,9 +557,7 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 		}
 	}
 	forget := func(reply []byte) []byte {
-		ch.mu.Lock()
-		delete(ch.consumers, d.ConsumerTag)
-		ch.mu.Unlock()
+		ch.removeConsumer(d.ConsumerTag)
 		return reply
 	}
 	if d.NoWait {
@@ -595,9 +578,7 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 	if c.srv.opts.Mirror == nil {
 		ch.pub = publishing{targets: c.homeOnly()}
 		if ch.confirming.Load() {
-			ch.mu.Lock()
-			ch.confirms.Publish(0)
-			ch.mu.Unlock()
+			ch.numberPublish()
 		}
 		c.toBackend(f)
 		return nil
@@ -649,35 +630,12 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 		c.selectOwnConfirms(ch)
 	}
 	if confirming || ch.ownConfirms.Load() {
-		ch.mu.Lock()
-		// A link lost since the route was decided has settled its confirms
-		// already (under this lock); numbering this publish on it would
-		// wait for a confirm nobody sends.
-		cs := r.CopySet
-		var now time.Time
-		if cs.Queue != nil {
-			// A lost quorum copy of a mirrored queue keeps counting until
-			// the metadata records its loss.
-			cs.Quorum, cs.Unreached = c.withoutLost(targets, cs.Quorum, cs.Unreached)
-			if len(cs.Unreached) > 0 {
-				now = time.Now()
-			}
-		} else {
-			cs.Quorum, _ = c.withoutLost(targets, cs.Quorum, nil)
-		}
-		cs.Extra, _ = c.withoutLost(targets, cs.Extra, nil)
-		if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 && len(cs.Extra) > 0 {
-			cs.Quorum, cs.Extra = cs.Extra, nil
-		}
-		seq := ch.confirms.PublishTo(cs, now)
-		if cs.Queue != nil && cs.Queue != ledger.AnyQueue {
+		seq, out := ch.numberCopies(r.CopySet, func(cs *ledger.CopySet) time.Time {
+			return c.withoutLostCopies(targets, cs)
+		})
+		if r.Queue != nil && r.Queue != ledger.AnyQueue {
 			ch.pub.seq = seq
 		}
-		var out []ledger.ClientConfirm
-		if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 {
-			out = ch.confirms.ConfirmWithoutCopies(nil)
-		}
-		ch.mu.Unlock()
 		if !confirming {
 			if len(out) > 0 {
 				ch.outMu.Lock()
@@ -714,12 +672,7 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 func (c *clientConn) selectOwnConfirms(ch *channelState) {
 	ch.ownConfirms.Store(true)
 	for _, l := range c.openLinks(ch) {
-		l.mu.Lock()
-		lc := l.channelLocked(ch.id)
-		send := !lc.confirm
-		lc.confirm = true
-		l.mu.Unlock()
-		if send {
+		if l.selectConfirm(ch.id) {
 			if err := l.sock.WriteMethod(ch.id, &frames.ConfirmSelect{NoWait: true}); err != nil {
 				c.writeFailed(l, err)
 			}
@@ -914,6 +867,28 @@ func (c *clientConn) reportUnreached(r *publishRoute) {
 	}
 }
 
+// withoutLostCopies takes out of cs the copies whose link among targets was
+// lost since the route was decided, and returns when the lost quorum copies
+// of a mirrored queue, which keep counting until the metadata records their
+// loss, were lost (zero for none). The caller holds the channel's mu
+// (channelState.numberCopies).
+func (c *clientConn) withoutLostCopies(targets []*link, cs *ledger.CopySet) time.Time {
+	var now time.Time
+	if cs.Queue != nil {
+		cs.Quorum, cs.Unreached = c.withoutLost(targets, cs.Quorum, cs.Unreached)
+		if len(cs.Unreached) > 0 {
+			now = time.Now()
+		}
+	} else {
+		cs.Quorum, _ = c.withoutLost(targets, cs.Quorum, nil)
+	}
+	cs.Extra, _ = c.withoutLost(targets, cs.Extra, nil)
+	if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 && len(cs.Extra) > 0 {
+		cs.Quorum, cs.Extra = cs.Extra, nil
+	}
+	return now
+}
+
 // withoutLost returns idxs without the backends whose link among targets
 // was lost, and appends those to lost. The caller holds the channel's mu,
 // under which a lost link settles its confirms; idxs is returned as it is
@@ -924,9 +899,7 @@ func (c *clientConn) withoutLost(targets []*link, idxs, lost []int) ([]int, []in
 		isLost := false
 		for _, l := range targets {
 			if l.idx == idx {
-				l.mu.Lock()
-				isLost = l.lost
-				l.mu.Unlock()
+				isLost = l.isLost()
 				break
 			}
 		}
@@ -1004,14 +977,7 @@ func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
 		}
 		payload = c.headerScratch
 		if ch.pub.returns > 1 || ch.pub.seq != 0 {
-			ch.mu.Lock()
-			if ch.pub.returns > 1 {
-				ch.returns.expect(id, ch.pub.returns)
-			}
-			if ch.pub.seq != 0 {
-				ch.confirms.Identify(ch.pub.seq, id)
-			}
-			ch.mu.Unlock()
+			ch.identifyPublish(id)
 		}
 	}
 	for _, l := range ch.pub.targets {

@@ -87,14 +87,7 @@ func (c *clientConn) replyArrived(ch *channelState, l *link, f frames.Frame) {
 	if g == nil {
 		return // the reply to the proxy's own request
 	}
-	ch.mu.Lock()
-	g.pending--
-	done := g.pending == 0
-	if l.idx == g.primary && (!done || g.after != nil) {
-		g.reply = append([]byte(nil), f.Payload...)
-	}
-	ch.mu.Unlock()
-	if !done {
+	if !ch.groupReplied(g, l.idx == g.primary, f.Payload) {
 		return
 	}
 	if g.after == nil && l.idx == g.primary {
@@ -123,11 +116,7 @@ func (c *clientConn) abandonReply(ch *channelState, g *rpcGroup) {
 	if g == nil {
 		return
 	}
-	ch.mu.Lock()
-	g.pending--
-	done := g.pending == 0
-	ch.mu.Unlock()
-	if done && g.reply != nil {
+	if ch.groupAbandoned(g) && g.reply != nil {
 		c.finishGroup(ch, g)
 	}
 }

@@ -12,12 +12,9 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
-
-	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
-
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
-
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/memory"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.

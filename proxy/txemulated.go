@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
-
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
@@ -94,6 +93,47 @@ func (c *clientConn) beginEmulatedTx(ch *channelState) {
 	c.answerOnChannel(ch, &frames.TxSelectOk{})
 }
 
+// beginCommit starts the commit of the kept transaction: it waits for the
+// confirms of the publishes numbered from now on.
+func (ch *channelState) beginCommit() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	t := &ch.tx
+	t.committing.Store(true)
+	t.sent, t.nacked = false, false
+	t.from = ch.confirms.LastSeq()
+}
+
+// commitSent records that every publish of the committing transaction was
+// sent: the commit is answered once they are all confirmed.
+func (ch *channelState) commitSent() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.tx.to, ch.tx.sent = ch.confirms.LastSeq(), true
+}
+
+// commitAnswered applies the confirms out of the proxy's own confirm mode
+// to the committing transaction, and reports whether its publishes are all
+// answered now (the commit ends) and whether one was nacked.
+func (ch *channelState) commitAnswered(out []ledger.ClientConfirm) (done, nacked bool) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	t := &ch.tx
+	if !t.committing.Load() {
+		return false, false
+	}
+	for _, cc := range out {
+		if cc.Nack && cc.Seq > t.from {
+			t.nacked = true
+		}
+	}
+	done = t.sent && ch.confirms.AnsweredThrough(t.to)
+	if done {
+		t.committing.Store(false)
+	}
+	return done, t.nacked
+}
+
 func (t *emulatedTx) hold(f frames.Frame) {
 	f.Payload = append([]byte(nil), f.Payload...)
 	t.held = append(t.held, f)
@@ -109,11 +149,7 @@ func (t *emulatedTx) drop() {
 // sent it, and answers commit-ok once its publishes are confirmed.
 func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 	t := &ch.tx
-	ch.mu.Lock()
-	t.committing.Store(true)
-	t.sent, t.nacked = false, false
-	t.from = ch.confirms.LastSeq()
-	ch.mu.Unlock()
+	ch.beginCommit()
 	held := t.held
 	t.held, t.heldBytes = nil, 0
 	for _, f := range held {
@@ -124,9 +160,7 @@ func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 			return nil // a held frame closed the channel: no commit-ok
 		}
 	}
-	ch.mu.Lock()
-	t.to, t.sent = ch.confirms.LastSeq(), true
-	ch.mu.Unlock()
+	ch.commitSent()
 	ch.outMu.Lock()
 	c.ownConfirmsAnswered(ch, nil)
 	ch.outMu.Unlock()
@@ -178,22 +212,7 @@ func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []ledger.ClientCo
 	if !t.committing.Load() {
 		return
 	}
-	ch.mu.Lock()
-	if !t.committing.Load() {
-		ch.mu.Unlock()
-		return
-	}
-	for _, cc := range out {
-		if cc.Nack && cc.Seq > t.from {
-			t.nacked = true
-		}
-	}
-	done := t.sent && ch.confirms.AnsweredThrough(t.to)
-	nacked := t.nacked
-	if done {
-		t.committing.Store(false)
-	}
-	ch.mu.Unlock()
+	done, nacked := ch.commitAnswered(out)
 	switch {
 	case !done:
 	case nacked:
