@@ -199,6 +199,35 @@ func (l *link) brokerCloses(id uint16) (crossed, wasOpen bool, abandoned []*rpcG
 	return false, wasOpen, abandoned
 }
 
+// openWithReplays records that channel.open of id goes to the link, followed
+// by the replays of what the client set on the channel (confirm: with
+// confirm.select among them), and that the link owes replies for them. It
+// reports false when the channel is open there already.
+func (l *link) openWithReplays(id uint16, replies int, confirm bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.channelLocked(id)
+	if lc.open {
+		return false
+	}
+	lc.open, lc.confirm = true, confirm
+	for range replies {
+		lc.replies = append(lc.replies, nil)
+	}
+	return true
+}
+
+// lose marks the link lost, never to be used again, and hands over the
+// link's sides of the client channels, for the loss to settle.
+func (l *link) lose() map[uint16]*linkChannel {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lost = true
+	chans := l.chans
+	l.chans = map[uint16]*linkChannel{}
+	return chans
+}
+
 // isLost reports whether the link failed.
 func (l *link) isLost() bool {
 	l.mu.Lock()
@@ -398,32 +427,25 @@ func (c *clientConn) openLink(i int) (*link, error) {
 // client loop held (sendMu).
 func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	replyTag := ch.replyConsumerTag()
-	l.mu.Lock()
-	lc := l.channelLocked(ch.id)
-	if lc.open {
-		l.mu.Unlock()
-		return nil
-	}
-	lc.open = true
-	lc.confirm = false
-	lc.replies = append(lc.replies, nil) // channel.open-ok
 	qos := ch.qos
+	tx := ch.transactional // the client loop's to write
+	confirm := (ch.confirming.Load() || ch.ownConfirms.Load()) && !tx
+	replies := 1 // channel.open-ok, and one for each replay
 	if qos != nil {
-		lc.replies = append(lc.replies, nil)
+		replies++
 	}
-	confirm := (ch.confirming.Load() || ch.ownConfirms.Load()) && !ch.transactional
 	if confirm {
-		lc.confirm = true
-		lc.replies = append(lc.replies, nil)
+		replies++
 	}
-	tx := ch.transactional
 	if tx {
-		lc.replies = append(lc.replies, nil)
+		replies++
 	}
 	if replyTag != "" {
-		lc.replies = append(lc.replies, nil) // consume-ok
+		replies++ // consume-ok
 	}
-	l.mu.Unlock()
+	if !l.openWithReplays(ch.id, replies, confirm) {
+		return nil
+	}
 
 	w := l.sock
 	if err := w.WriteMethod(ch.id, &frames.ChannelOpen{}); err != nil {
@@ -552,11 +574,7 @@ func (c *clientConn) linkLost(l *link, err error) {
 	c.linkFailedAt[l.idx] = time.Now()
 	c.linkChanges.Add(1)
 	c.mu.Unlock()
-	l.mu.Lock()
-	l.lost = true
-	chans := l.chans
-	l.chans = map[uint16]*linkChannel{}
-	l.mu.Unlock()
+	chans := l.lose()
 	// A reset, not a FIN behind what is still unsent: a link cut off by a
 	// partition would otherwise deliver its buffered publishes when the
 	// network heals, to copies that were purged and resynchronised since.
