@@ -264,8 +264,8 @@ func (c *clientConn) queueMeta(q *ledger.QueueRef) (mirror.QueueMeta, bool) {
 
 // deliveredBefore reports whether this proxy delivered the message of queue
 // q (meta is its record) before, and records that it delivers it now (see
-// internal/ledger/redelivered.go). header is the message's content header as the client
-// gets it.
+// internal/ledger/redelivered.go). header is the message's content header
+// as the client gets it.
 func (c *clientConn) deliveredBefore(q mirror.QueueID, meta mirror.QueueMeta, id mirror.MessageID, header []byte) bool {
 	return c.srv.delivered.Delivering(q, meta.Epoch, len(meta.Slaves) > 0, id, time.Now()) && !ledger.DeadLettered(header)
 }
