@@ -28,8 +28,7 @@ import (
 //
 // The whole handshake is bounded by HandshakeTimeout through socket deadlines.
 func (c *clientConn) handshake() error {
-	opts := &c.srv.opts
-	deadline := time.Now().Add(opts.HandshakeTimeout)
+	deadline := time.Now().Add(c.srv.opts.HandshakeTimeout)
 	c.client.Conn().SetDeadline(deadline)
 
 	if err := c.client.ReadProtocolHeader(); err != nil {
@@ -51,14 +50,34 @@ func (c *clientConn) handshake() error {
 	}
 	c.startRelayed = true
 
-	// SASL: start-ok, then any number of secure / secure-ok rounds.
-	f, err = c.expectClient(frames.ConnectionStartOkKey)
+	tune, err := c.authenticate()
 	if err != nil {
 		return err
 	}
+	channelMax, err := c.tune(tune)
+	if err != nil {
+		return err
+	}
+	if err := c.openVHost(channelMax); err != nil {
+		return err
+	}
+	c.client.Conn().SetDeadline(time.Time{})
+	c.backend.Conn().SetDeadline(time.Time{})
+	return nil
+}
+
+// authenticate relays the SASL exchange, start-ok and then any number of
+// secure / secure-ok rounds, and returns the backend's connection.tune,
+// which ends it.
+func (c *clientConn) authenticate() (frames.ConnectionTune, error) {
+	var tune frames.ConnectionTune
+	f, err := c.expectClient(frames.ConnectionStartOkKey)
+	if err != nil {
+		return tune, err
+	}
 	var startOk frames.ConnectionStartOk
 	if err := decodeArgs(f.Payload, &startOk); err != nil {
-		return c.clientSyntaxError(err)
+		return tune, c.clientSyntaxError(err)
 	}
 	c.user = saslUser(startOk.Mechanism, startOk.Response)
 	if c.srv.opts.Mirror != nil {
@@ -66,43 +85,48 @@ func (c *clientConn) handshake() error {
 		c.cancelNotify = capability(startOk.ClientProperties, "consumer_cancel_notify")
 	}
 	if err := c.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-		return c.refuseUnavailable(err)
+		return tune, c.refuseUnavailable(err)
 	}
-	var tune frames.ConnectionTune
 	for {
 		f, err = c.readBackendHandshake()
 		if err != nil {
 			if backendHungUp(err) {
-				return c.loginDropped(err)
+				return tune, c.loginDropped(err)
 			}
-			return c.refuseUnavailable(err)
+			return tune, c.refuseUnavailable(err)
 		}
 		classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
 		switch frames.MethodKey(classID, methodID) {
 		case frames.ConnectionSecureKey:
 			if err := c.client.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-				return err
+				return tune, err
 			}
 			f, err = c.expectClient(frames.ConnectionSecureOkKey)
 			if err != nil {
-				return err
+				return tune, err
 			}
 			if err := c.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-				return c.refuseUnavailable(err)
+				return tune, c.refuseUnavailable(err)
 			}
 			continue
 		case frames.ConnectionTuneKey:
 			if err := decodeArgs(f.Payload, &tune); err != nil {
-				return c.refuseUnavailable(err)
+				return tune, c.refuseUnavailable(err)
 			}
 		case frames.ConnectionCloseKey: // authentication refused
-			return c.relayBackendRefusal(f.Payload)
+			return tune, c.relayBackendRefusal(f.Payload)
 		default:
-			return c.refuseUnavailable(fmt.Errorf("backend sent %s during the handshake", frames.MethodName(classID, methodID)))
+			return tune, c.refuseUnavailable(fmt.Errorf("backend sent %s during the handshake", frames.MethodName(classID, methodID)))
 		}
-		break
+		return tune, nil
 	}
+}
 
+// tune offers the client the backend's tune within the proxy's limits,
+// settles both legs on the client's answer, and returns the channel_max
+// agreed.
+func (c *clientConn) tune(tune frames.ConnectionTune) (uint16, error) {
+	opts := &c.srv.opts
 	offer := frames.ConnectionTune{
 		ChannelMax: capLimit16(tune.ChannelMax, opts.ChannelMax),
 		FrameMax:   capLimit32(tune.FrameMax, opts.FrameMax),
@@ -111,18 +135,18 @@ func (c *clientConn) handshake() error {
 		Heartbeat: tune.Heartbeat,
 	}
 	if err := c.client.SendMethod(0, &offer); err != nil {
-		return err
+		return 0, err
 	}
-	f, err = c.expectClient(frames.ConnectionTuneOkKey)
+	f, err := c.expectClient(frames.ConnectionTuneOkKey)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var tuneOk frames.ConnectionTuneOk
 	if err := decodeArgs(f.Payload, &tuneOk); err != nil {
-		return c.clientSyntaxError(err)
+		return 0, c.clientSyntaxError(err)
 	}
 	if err := c.negotiate(offer, &tuneOk); err != nil {
-		return err
+		return 0, err
 	}
 	backendTuneOk := frames.ConnectionTuneOk{
 		ChannelMax: tuneOk.ChannelMax,
@@ -130,14 +154,18 @@ func (c *clientConn) handshake() error {
 		Heartbeat:  uint16(c.backendHeartbeat / time.Second),
 	}
 	if err := c.backend.SendMethod(0, &backendTuneOk); err != nil {
-		return c.refuseUnavailable(err)
+		return 0, c.refuseUnavailable(err)
 	}
 	c.client.SetMaxFrameSize(c.frameMax)
 	c.backend.SetMaxFrameSize(c.frameMax)
 	c.channels = newChannelTable(tuneOk.ChannelMax)
+	return tuneOk.ChannelMax, nil
+}
 
-	// connection.open: the backend checks the vhost and the user's access.
-	f, err = c.expectClient(frames.ConnectionOpenKey)
+// openVHost relays connection.open: the backend checks the vhost and the
+// user's access.
+func (c *clientConn) openVHost(channelMax uint16) error {
+	f, err := c.expectClient(frames.ConnectionOpenKey)
 	if err != nil {
 		return err
 	}
@@ -146,7 +174,7 @@ func (c *clientConn) handshake() error {
 		return c.clientSyntaxError(err)
 	}
 	c.vhost = open.VirtualHost
-	c.channelMax = tuneOk.ChannelMax
+	c.channelMax = channelMax
 	if c.srv.opts.Mirror != nil {
 		c.openPayload = append([]byte(nil), f.Payload...)
 	}
@@ -165,12 +193,7 @@ func (c *clientConn) handshake() error {
 	default:
 		return c.refuseUnavailable(fmt.Errorf("backend sent %s instead of connection.open-ok", frames.MethodName(classID, methodID)))
 	}
-	if err := c.client.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-		return err
-	}
-	c.client.Conn().SetDeadline(time.Time{})
-	c.backend.Conn().SetDeadline(time.Time{})
-	return nil
+	return c.client.SendFrame(frames.FrameMethod, 0, f.Payload)
 }
 
 // negotiate checks the client's tune-ok against the offer, as RabbitMQ
