@@ -224,8 +224,8 @@
 // waits for its master). The new master requeues every
 // message clients had not acked, even if the ack was in flight, with
 // redelivered set (its trimmer held them; the proxy flags the ones the old
-// master delivered before the trimmer took them, see proxy/redelivered.go);
-// consumers
+// master delivered before the trimmer took them, see
+// proxy/internal/ledger/redelivered.go); consumers
 // move to it transparently with their consumer tags, except those declared
 // with x-cancel-on-ha-failover, which receive basic.cancel. Publishes in
 // flight during promotion are confirmed once the surviving copies hold them.

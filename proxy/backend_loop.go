@@ -7,6 +7,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // errBackendDone ends the backend loop after the backend's close-ok was
@@ -26,10 +27,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		return c.fromLinkConnection(l, f)
 	}
 	ch := c.channels.get(f.Channel)
-	l.mu.Lock()
-	lc := l.chans[f.Channel]
-	closing := lc != nil && lc.closing
-	l.mu.Unlock()
+	lc, closing := l.channelSide(f.Channel)
 	if ch == nil || lc == nil {
 		if ch == nil && c.home.Load() == l && !closing {
 			c.toClient(f) // a channel the proxy does not track
@@ -93,22 +91,15 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		if err := l.cancel.Decode(args); err != nil {
 			return err
 		}
-		ch.mu.Lock()
-		cons, known := ch.consumers[l.cancel.ConsumerTag]
-		if known && cons.link != l.idx || !known && ch.orphaned[l.cancel.ConsumerTag] {
-			ch.mu.Unlock()
+		if !ch.brokerCancels(l.cancel.ConsumerTag, l.idx) {
 			return nil // the old master of a consumer that moved
 		}
-		delete(ch.consumers, l.cancel.ConsumerTag)
-		ch.mu.Unlock()
 		c.toClientOnChannel(ch, f)
 		return nil
 	case frames.ChannelCloseKey: // a channel error
 		return c.linkClosesChannel(ch, l, f)
 	case frames.BasicRecoverOkKey:
-		ch.mu.Lock()
-		ch.tags.dropFrom(l.idx)
-		ch.mu.Unlock()
+		ch.dropDeliveriesFrom(l.idx)
 	case frames.ChannelCloseOkKey: // the answer to the client's close
 		if err := l.closeOkArrived(ch.id); err != nil {
 			return err
@@ -130,9 +121,7 @@ func (c *clientConn) fromLinkOnClosingChannel(ch *channelState, l *link, f frame
 	case key == frames.ChannelCloseKey:
 		// The backend closed it too; it still answers ours with close-ok,
 		// and its close is answered after that (closeOkArrived).
-		l.mu.Lock()
-		l.channelLocked(ch.id).owesCloseOk = true
-		l.mu.Unlock()
+		l.owesCloseOk(ch.id)
 		return nil
 	case key == frames.ChannelCloseOkKey:
 		if err := l.closeOkArrived(ch.id); err != nil {
@@ -173,10 +162,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 	switch m.key {
 	case frames.BasicReturnKey:
 		if hasID {
-			ch.mu.Lock()
-			pass := ch.returns.arrived(id)
-			ch.mu.Unlock()
-			if !pass {
+			if !ch.returnArrived(id) {
 				return
 			}
 		}
@@ -190,13 +176,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			c.linkFailed(l, err)
 			return
 		}
-		ch.mu.Lock()
-		cons, known := ch.consumers[d.ConsumerTag]
-		stale := known && cons.link != l.idx && !ch.isReplyConsumer(d.ConsumerTag) || !known && ch.orphaned[d.ConsumerTag]
-		if !known {
-			cons = ch.consumers[""]
-		}
-		ch.mu.Unlock()
+		cons, stale := ch.deliveryConsumer(d.ConsumerTag, l.idx)
 		meta, inLog := c.queueMeta(cons.queue)
 		if stale || inLog && meta.Master != l.name {
 			// The consumer moved to a new master (or waits for one): what
@@ -209,13 +189,11 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			return
 		}
 		queue := c.trimmable(cons.queue, m, hasID, &id)
-		if !d.Redelivered && hasID && inLog && c.deliveredBefore(cons.queue.id, meta, id, header) {
+		if !d.Redelivered && hasID && inLog && c.deliveredBefore(cons.queue.ID, meta, id, header) {
 			d.Redelivered = true
 		}
 		ch.outMu.Lock()
-		ch.mu.Lock()
-		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: d.DeliveryTag, queue: queue, id: id, from: cons.queue}, !cons.noAck)
-		ch.mu.Unlock()
+		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: d.DeliveryTag, Queue: queue, ID: id, From: cons.queue}, !cons.noAck)
 		if tag == d.DeliveryTag && !hasID {
 			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
 		} else {
@@ -225,7 +203,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		c.writeContent(ch.id, m, header)
 		ch.outMu.Unlock()
 		if cons.noAck && queue != nil {
-			c.srv.opts.Mirror.Settle(queue.id, []mirror.MessageID{id})
+			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id})
 		}
 	case frames.BasicGetOkKey:
 		g := &l.getOk
@@ -235,14 +213,12 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		}
 		queue := c.trimmable(m.get.queue, m, hasID, &id)
 		meta, inLog := c.queueMeta(m.get.queue)
-		flagged := !g.Redelivered && hasID && inLog && c.deliveredBefore(m.get.queue.id, meta, id, header)
+		flagged := !g.Redelivered && hasID && inLog && c.deliveredBefore(m.get.queue.ID, meta, id, header)
 		if flagged {
 			g.Redelivered = true
 		}
 		ch.outMu.Lock()
-		ch.mu.Lock()
-		tag := ch.tags.deliver(delivered{backend: l.idx, gen: l.gen, backendTag: g.DeliveryTag, queue: queue, id: id, from: m.get.queue}, !m.get.noAck)
-		ch.mu.Unlock()
+		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: g.DeliveryTag, Queue: queue, ID: id, From: m.get.queue}, !m.get.noAck)
 		if tag == g.DeliveryTag && !flagged {
 			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
 		} else {
@@ -252,7 +228,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		c.writeContent(ch.id, m, header)
 		ch.outMu.Unlock()
 		if m.get.noAck && queue != nil {
-			c.srv.opts.Mirror.Settle(queue.id, []mirror.MessageID{id})
+			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id})
 		}
 	}
 }
@@ -279,33 +255,33 @@ func (c *clientConn) linkFailed(l *link, err error) bool {
 // came from; false without mirroring, for no queue or one the log lacks.
 // The delivery path asks once per message, for the moved-master check and
 // the redelivered flag both.
-func (c *clientConn) queueMeta(q *queueRef) (mirror.QueueMeta, bool) {
+func (c *clientConn) queueMeta(q *ledger.QueueRef) (mirror.QueueMeta, bool) {
 	if q == nil || c.srv.opts.Mirror == nil {
 		return mirror.QueueMeta{}, false
 	}
-	return c.srv.opts.Mirror.Lookup(q.id)
+	return c.srv.opts.Mirror.Lookup(q.ID)
 }
 
 // deliveredBefore reports whether this proxy delivered the message of queue
 // q (meta is its record) before, and records that it delivers it now (see
-// redelivered.go). header is the message's content header as the client
-// gets it.
+// internal/ledger/redelivered.go). header is the message's content header
+// as the client gets it.
 func (c *clientConn) deliveredBefore(q mirror.QueueID, meta mirror.QueueMeta, id mirror.MessageID, header []byte) bool {
-	return c.srv.delivered.delivering(q, meta.Epoch, len(meta.Slaves) > 0, id, time.Now()) && !deadLettered(header)
+	return c.srv.delivered.Delivering(q, meta.Epoch, len(meta.Slaves) > 0, id, time.Now()) && !ledger.DeadLettered(header)
 }
 
 // trimmable returns the queue whose slaves drop this message when the
 // client settles it, or nil when there is nothing to trim: no mirroring, or
 // a queue without slaves. A message without the identity header (it was on
 // the broker before the proxy) is identified by its body.
-func (c *clientConn) trimmable(q *queueRef, m *message, hasID bool, id *mirror.MessageID) *queueRef {
+func (c *clientConn) trimmable(q *ledger.QueueRef, m *message, hasID bool, id *mirror.MessageID) *ledger.QueueRef {
 	if q == nil || c.srv.opts.Mirror == nil {
 		return nil
 	}
 	if hasID {
 		return q
 	}
-	meta, ok := c.srv.opts.Mirror.Lookup(q.id)
+	meta, ok := c.srv.opts.Mirror.Lookup(q.ID)
 	if !ok || len(meta.Slaves) == 0 {
 		return nil
 	}
@@ -322,16 +298,8 @@ func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint
 	}
 	ch.outMu.Lock()
 	defer ch.outMu.Unlock()
-	ch.mu.Lock()
-	missed := l.missed[:0]
-	out := ch.confirms.confirm(l.idx, seq, multiple, nack, l.confirmed[:0], &missed)
-	l.confirmed, l.missed = out, missed
-	var refused []refusedPublish
-	if nack {
-		refused = ch.confirms.takeRefused(l.refused[:0])
-		l.refused = refused
-	}
-	ch.mu.Unlock()
+	out, missed, refused := ch.applyConfirm(l.idx, seq, multiple, nack, l.confirmed[:0], l.missed[:0], l.refused[:0])
+	l.confirmed, l.missed, l.refused = out, missed, refused
 	if len(missed) > 0 {
 		c.reportMissed(missed, "nacked")
 	}
@@ -342,7 +310,7 @@ func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint
 		c.ownConfirmsAnswered(ch, out)
 		return
 	}
-	if len(out) == 1 && out[0] == (clientConfirm{seq: seq, multiple: multiple, nack: nack}) {
+	if len(out) == 1 && out[0] == (ledger.ClientConfirm{Seq: seq, Multiple: multiple, Nack: nack}) {
 		c.toClient(f)
 		return
 	}
@@ -352,12 +320,12 @@ func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint
 }
 
 // writeConfirm writes one confirm to the client; the caller holds outMu.
-func (c *clientConn) writeConfirm(channel uint16, cc clientConfirm) {
-	if cc.nack {
-		c.toClientMethod(channel, &frames.BasicNack{DeliveryTag: cc.seq, Multiple: cc.multiple})
+func (c *clientConn) writeConfirm(channel uint16, cc ledger.ClientConfirm) {
+	if cc.Nack {
+		c.toClientMethod(channel, &frames.BasicNack{DeliveryTag: cc.Seq, Multiple: cc.Multiple})
 		return
 	}
-	c.toClientMethod(channel, &frames.BasicAck{DeliveryTag: cc.seq, Multiple: cc.multiple})
+	c.toClientMethod(channel, &frames.BasicAck{DeliveryTag: cc.Seq, Multiple: cc.Multiple})
 }
 
 // fromLinkConnection handles channel-0 methods of a link other than the
@@ -380,7 +348,7 @@ func (c *clientConn) fromLinkConnection(l *link, f frames.Frame) error {
 	if err := cl.Decode(args); err != nil {
 		return err
 	}
-	l.sock.sendMethod(0, &frames.ConnectionCloseOk{})
+	l.sock.SendMethod(0, &frames.ConnectionCloseOk{})
 	l.markClosed()
 	if cl.ReplyCode != frames.ConnectionForced {
 		c.closeClient(ReasonBackendClosed, cl.ReplyCode, cl.ReplyText, cl.ClassID, cl.MethodID)
@@ -407,20 +375,20 @@ func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 		if cl.ReplyCode == frames.ConnectionForced && c.closeInProgress() == closeNone && c.srv.opts.Mirror != nil {
 			// The broker is shutting down: with mirroring, another backend
 			// takes over as home and the client stays.
-			l.sock.sendMethod(0, &frames.ConnectionCloseOk{})
+			l.sock.SendMethod(0, &frames.ConnectionCloseOk{})
 			l.markClosed()
 			return fmt.Errorf("backend %s closed the connection: %d %s", l.name, cl.ReplyCode, cl.ReplyText)
 		}
 		detail := fmt.Sprintf("backend %s closed the connection: %d %s", l.name, cl.ReplyCode, cl.ReplyText)
 		if !c.beginClosing(closeByBackend, ReasonBackendClosed, detail) {
 			// A close of our own is in flight; answer the backend's and end.
-			l.sock.sendMethod(0, &frames.ConnectionCloseOk{})
+			l.sock.SendMethod(0, &frames.ConnectionCloseOk{})
 			c.markBackendClosed()
 			reason, detail := c.outcome()
 			c.teardown(reason, detail)
 			return nil
 		}
-		if err := c.client.sendFrame(f.Type, 0, f.Payload); err != nil {
+		if err := c.client.SendFrame(f.Type, 0, f.Payload); err != nil {
 			c.teardown(ReasonClientGone, err.Error())
 		}
 		return nil
@@ -432,8 +400,8 @@ func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 			// loop ends the connection when the client hangs up, or after
 			// CloseTimeout.
 			c.markBackendClosed()
-			c.client.conn.SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
-			c.client.sendFrame(f.Type, 0, f.Payload)
+			c.client.Conn().SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+			c.client.SendFrame(f.Type, 0, f.Payload)
 			return errBackendDone
 		}
 	}
@@ -458,13 +426,13 @@ func (c *clientConn) toClientMethodOnChannel(ch *channelState, m frames.Method) 
 
 // toClient passes a frame to the client as it came.
 func (c *clientConn) toClient(f frames.Frame) {
-	if err := c.client.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+	if err := c.client.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 		c.teardown(ReasonClientGone, fmt.Sprintf("writing to client: %v", err))
 	}
 }
 
 func (c *clientConn) toClientMethod(channel uint16, m frames.Method) {
-	if err := c.client.writeMethod(channel, m); err != nil {
+	if err := c.client.WriteMethod(channel, m); err != nil {
 		c.teardown(ReasonClientGone, fmt.Sprintf("writing to client: %v", err))
 	}
 }
@@ -493,15 +461,15 @@ func isMethod(payload []byte, keys ...uint32) bool {
 // delivered after a promotion. Under reject-publish-dlx the master's broker
 // dead-letters the refused publish, so the slaves' copies are rejected, for
 // each broker to dead-letter its own into its copies of the targets.
-func (c *clientConn) dropRefused(refused []refusedPublish) {
+func (c *clientConn) dropRefused(refused []ledger.RefusedPublish) {
 	m := c.srv.opts.Mirror
 	for len(refused) > 0 {
-		queue := refused[0].queue
+		queue := refused[0].Queue
 		ids := make([]mirror.MessageID, 0, len(refused))
 		rest := refused[:0]
 		for _, r := range refused {
-			if *r.queue == *queue {
-				ids = append(ids, r.id)
+			if *r.Queue == *queue {
+				ids = append(ids, r.ID)
 			} else {
 				rest = append(rest, r)
 			}
@@ -519,12 +487,12 @@ func (c *clientConn) dropRefused(refused []refusedPublish) {
 // that they stop counting as synchronised (they rejoin as the youngest
 // slave and synchronise again, as a RabbitMQ mirror that missed messages
 // would restart). why is "nacked" or "link lost".
-func (c *clientConn) reportMissed(missed []missedCopy, why string) {
+func (c *clientConn) reportMissed(missed []ledger.MissedCopy, why string) {
 	for _, m := range missed {
-		backend := c.srv.backends[m.backend].Name
+		backend := c.srv.backends[m.Backend].Name
 		var queue *mirror.QueueID // nil: any queue with a slave there
-		if m.queue != anyQueue {
-			queue = m.queue
+		if m.Queue != ledger.AnyQueue {
+			queue = m.Queue
 		}
 		c.log.Warn("a slave copy may lack publishes; it synchronises again", "backend", backend, "queue", queueName(queue), "why", why)
 		c.srv.opts.Mirror.Missed(backend, queue)

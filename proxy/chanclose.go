@@ -5,6 +5,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // A client channel is open on one or more links. Closing it closes it on
@@ -39,26 +40,18 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 		if l == skip {
 			continue
 		}
-		l.mu.Lock()
-		lc := l.chans[ch.id]
-		if lc == nil || !lc.open {
-			l.mu.Unlock()
-			continue
-		}
-		lc.open, lc.closing = false, true
 		g := &rpcGroup{pending: 1, primary: -1, after: func([]byte) []byte {
 			c.linkCloseOk(ch, l)
 			return nil
 		}}
-		lc.replies = append(lc.replies, g)
-		l.mu.Unlock()
-		ch.mu.Lock()
-		ch.closeWait++
-		ch.mu.Unlock()
+		if !l.beginProxyClose(ch.id, g) {
+			continue
+		}
+		ch.closeOkOwed()
 		// A close of the broker's own that crosses this one is answered
 		// only once the broker answered this (fromLinkOnClosingChannel), so
 		// the proxy's close-ok never overtakes this close on the wire.
-		if err := l.sock.sendMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+		if err := l.sock.SendMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -67,36 +60,26 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 // linkCloseOk counts one link's close-ok for a close of the proxy's, and
 // tells the client once none is owed.
 func (c *clientConn) linkCloseOk(ch *channelState, l *link) {
-	l.mu.Lock()
-	if lc := l.chans[ch.id]; lc != nil {
-		lc.closing = false
-	}
-	l.mu.Unlock()
-	ch.mu.Lock()
-	ch.closeWait--
-	c.closeWaitDoneLocked(ch)
+	l.proxyCloseOk(ch.id)
+	c.closeWaitDone(ch, ch.closeOkArrived())
 }
 
-// closeWaitDoneLocked sends the client what waited for the links' close-oks:
-// the notice of the close, or the close-ok of a close the client crossed it
-// with. It unlocks ch.mu.
-func (c *clientConn) closeWaitDoneLocked(ch *channelState) {
-	if ch.closeWait > 0 {
-		ch.mu.Unlock()
+// closeWaitDone sends the client what waited for the links' close-oks, once
+// none is owed (done): the notice of the close, or the close-ok of a close
+// the client crossed it with.
+func (c *clientConn) closeWaitDone(ch *channelState, o closeOutcome) {
+	if !o.done {
 		return
 	}
-	notice, crossed := ch.notice, ch.crossed
-	ch.notice = nil
-	ch.mu.Unlock()
 	switch {
-	case crossed:
+	case o.crossed:
 		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
 		c.channels.remove(ch.id, ch)
-	case notice != nil:
-		c.toClientMethodOnChannel(ch, notice)
+	case o.notice != nil:
+		c.toClientMethodOnChannel(ch, o.notice)
 	}
 	// The client loop may get here too, and it flushes only the links.
-	c.client.flush()
+	c.client.Flush()
 }
 
 // clientClosesChannel sends the client's channel.close to every link where
@@ -107,16 +90,13 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 	c.logChannelUnconfirmed(ch)
 	var targets []*link
 	for _, l := range c.allLinks() {
-		l.mu.Lock()
-		if lc := l.chans[ch.id]; lc != nil && lc.open {
-			lc.open, lc.clientClosing = false, true
+		if l.beginClientClose(ch.id) {
 			targets = append(targets, l)
 		}
-		l.mu.Unlock()
 	}
 	if len(targets) == 0 {
 		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
-		c.client.flush()
+		c.client.Flush()
 		c.channels.remove(ch.id, ch)
 		return
 	}
@@ -132,34 +112,14 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	if err := decodeArgs(f.Payload, &cl); err != nil {
 		return err
 	}
-	l.mu.Lock()
-	lc := l.channelLocked(ch.id)
-	if crossed := lc.closing || lc.clientClosing; crossed && !lc.open {
-		// The proxy's or the client's close is out to the link, and the
-		// broker's crossed it. The broker answers that close with
-		// close-ok, and frees the channel at ours, which waits for that
-		// answer (closeOkArrived): answered at once, the broker's close-ok
-		// came after the client had closed the channel, or reopened it,
-		// and reached the client. The broker answers nothing sent before
-		// the close that is not answered yet: only the close's own reply
-		// stays owed (the client sends nothing after its close).
-		lc.owesCloseOk = true
-		var abandoned []*rpcGroup
-		if lc.clientClosing && len(lc.replies) > 1 {
-			abandoned = lc.replies[: len(lc.replies)-1 : len(lc.replies)-1]
-			lc.replies = lc.replies[len(lc.replies)-1:]
-		}
-		l.mu.Unlock()
+	crossed, wasOpen, abandoned := l.brokerCloses(ch.id)
+	if crossed {
+		// Our close or the client's crossed the broker's (link.brokerCloses).
 		for _, g := range abandoned {
 			c.abandonReply(ch, g)
 		}
 		return nil
 	}
-	wasOpen := lc.open
-	lc.open = false
-	abandoned := lc.replies
-	lc.replies = nil
-	l.mu.Unlock()
 	// The link answers nothing more on the channel but the close handshake.
 	for _, g := range abandoned {
 		if g != nil && g.primary == -1 {
@@ -180,19 +140,12 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	// loops that both saw the channel open used to both become its closer,
 	// and the client got two notices; its second close-ok reached a broker
 	// that had freed the channel: 504, which closes the connection.
-	ch.mu.Lock()
-	first := wasOpen && ch.closing.CompareAndSwap(chanOpen, chanBackendClosing)
-	if first {
-		ch.closer = l
-		ch.notice = &cl
-	}
-	ch.mu.Unlock()
-	if !first {
+	if !wasOpen || !ch.linkCloses(l, &cl) {
 		// Closes crossed: the proxy, the client or another link closed it
 		// meanwhile. The link gets its close-ok; what the client is owed
 		// is settled by the close under way.
 		write(func() {
-			if err := l.sock.sendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
+			if err := l.sock.SendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
 				c.writeFailed(l, err)
 			}
 		})
@@ -200,8 +153,7 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	}
 	write(func() {
 		c.closeOnLinks(ch, l, "closed by amqp-mirror: "+cl.ReplyText)
-		ch.mu.Lock()
-		c.closeWaitDoneLocked(ch)
+		c.closeWaitDone(ch, ch.closeWaitOutcome())
 	})
 	return nil
 }
@@ -210,16 +162,11 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 // channel.close on every link, and channel.close with the broker's code and
 // text to the client once the links answered.
 func (c *clientConn) closeChannelByProxy(ch *channelState, code uint16, text string, classID, methodID uint16) {
-	ch.mu.Lock()
-	if !ch.closing.CompareAndSwap(chanOpen, chanProxyClosing) {
-		ch.mu.Unlock()
+	if !ch.proxyCloses(&frames.ChannelClose{ReplyCode: code, ReplyText: shortstr(text), ClassID: classID, MethodID: methodID}) {
 		return
 	}
-	ch.notice = &frames.ChannelClose{ReplyCode: code, ReplyText: shortstr(text), ClassID: classID, MethodID: methodID}
-	ch.mu.Unlock()
 	c.closeOnLinks(ch, nil, shortstr("closed by amqp-mirror: "+text))
-	ch.mu.Lock()
-	c.closeWaitDoneLocked(ch)
+	c.closeWaitDone(ch, ch.closeWaitOutcome())
 }
 
 // fromClientOnClosingChannel handles client frames on a channel a link or
@@ -228,11 +175,9 @@ func (c *clientConn) closeChannelByProxy(ch *channelState, code uint16, text str
 func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, key uint32, f frames.Frame) {
 	switch key {
 	case frames.ChannelCloseOkKey:
-		ch.mu.Lock()
-		closer := ch.closer
-		ch.mu.Unlock()
+		closer := ch.closingLink()
 		if state == chanBackendClosing && closer != nil {
-			if err := closer.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+			if err := closer.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 				c.writeFailed(closer, err)
 			}
 		}
@@ -242,33 +187,26 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 		// yet, it never will be: it gets close-ok instead, once the links
 		// answered; if it has, it gets close-ok now and its close-ok for
 		// ours still follows.
-		ch.mu.Lock()
-		if ch.notice != nil || ch.closeWait > 0 {
-			ch.notice = nil
-			ch.crossed = true
-			closer := ch.closer
-			ch.closer = nil
-			if closer != nil {
-				if err := closer.sock.writeMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
-					c.writeFailed(closer, err)
-				}
+		crossing, closer, o := ch.clientCloseCrosses(func(closer *link) {
+			if err := closer.sock.WriteMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
+				c.writeFailed(closer, err)
 			}
-			c.closeWaitDoneLocked(ch)
+		})
+		if crossing {
+			c.closeWaitDone(ch, o)
 			return
 		}
-		closer := ch.closer
-		ch.mu.Unlock()
 		if state == chanBackendClosing && closer != nil {
 			// The broker, closing, answers the client's close with
 			// close-ok, as a direct client would see it.
 			closer.expect(ch.id, &rpcGroup{pending: 1, primary: closer.idx})
-			if err := closer.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+			if err := closer.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 				c.writeFailed(closer, err)
 			}
 			return
 		}
 		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
-		c.client.flush()
+		c.client.Flush()
 	}
 }
 
@@ -290,27 +228,10 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 		}
 	}
 	ch.outMu.Lock()
-	ch.mu.Lock()
 	var cancelled []string
-	for tag, cons := range ch.consumers {
-		if cons.link != l.idx {
-			continue
-		}
-		delete(ch.consumers, tag)
-		if cons.queue != nil && c.srv.opts.Mirror != nil {
-			c.orphans = append(c.orphans, orphan{ch: ch, tag: tag, cons: cons})
-			if ch.orphaned == nil {
-				ch.orphaned = make(map[string]bool)
-			}
-			ch.orphaned[tag] = true
-			continue
-		}
-		cancelled = append(cancelled, tag)
-	}
-	missed := ch.missed[:0]
-	confirms := ch.confirms.backendLost(l.idx, time.Now(), ch.confirmedLost[:0], &missed)
-	ch.confirmedLost, ch.missed = confirms, missed
-	ch.mu.Unlock()
+	var confirms []ledger.ClientConfirm
+	var missed []ledger.MissedCopy
+	c.orphans, cancelled, confirms, missed = ch.lostLink(l.idx, c.srv.opts.Mirror != nil, time.Now(), c.orphans)
 	if !ch.confirming.Load() { // the proxy's own confirm mode
 		c.ownConfirmsAnswered(ch, confirms)
 		confirms = nil
@@ -328,13 +249,9 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 	}
 	ch.outMu.Unlock()
 	if ch.closing.Load() == chanBackendClosing {
-		ch.mu.Lock()
-		if ch.closer == l {
-			// The client's close-ok has nowhere to go; the channel is closed
-			// once the client sends it.
-			ch.closer = nil
-		}
-		ch.mu.Unlock()
+		// The client's close-ok has nowhere to go; the channel is closed
+		// once the client sends it.
+		ch.forgetCloser(l)
 	}
 }
 
@@ -349,4 +266,114 @@ func shortstr(s string) string {
 		cut--
 	}
 	return s[:cut]
+}
+
+// The channel's close state, guarded by its mu: who closes it, what the
+// client is told, and how many close-oks the links still owe.
+
+// closeOutcome is what the client is owed once no link owes a close-ok for
+// the proxy's close (done): the notice of the close, or, when the client
+// crossed it with its own close, close-ok.
+type closeOutcome struct {
+	notice  *frames.ChannelClose
+	crossed bool
+	done    bool
+}
+
+// closeOkOwed counts a close-ok a link owes for the proxy's close.
+func (ch *channelState) closeOkOwed() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.closeWait++
+}
+
+// closeOkArrived counts a link's close-ok for the proxy's close, and
+// returns what the client is owed.
+func (ch *channelState) closeOkArrived() closeOutcome {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.closeWait--
+	return ch.closeWaitOutcomeLocked()
+}
+
+// closeWaitOutcome returns what the client is owed for the proxy's close.
+func (ch *channelState) closeWaitOutcome() closeOutcome {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.closeWaitOutcomeLocked()
+}
+
+// closeWaitOutcomeLocked hands out the notice once no close-ok is owed, so
+// that the client is told once. The caller holds mu.
+func (ch *channelState) closeWaitOutcomeLocked() closeOutcome {
+	if ch.closeWait > 0 {
+		return closeOutcome{}
+	}
+	o := closeOutcome{notice: ch.notice, crossed: ch.crossed, done: true}
+	ch.notice = nil
+	return o
+}
+
+// linkCloses makes l the closer of an open channel, with the close the
+// client is to get, and reports false when the channel was closing already
+// (the proxy, the client or another link closed it meanwhile).
+func (ch *channelState) linkCloses(l *link, notice *frames.ChannelClose) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if !ch.closing.CompareAndSwap(chanOpen, chanBackendClosing) {
+		return false
+	}
+	ch.closer, ch.notice = l, notice
+	return true
+}
+
+// proxyCloses starts the proxy's own close of an open channel, with the
+// close the client is to get, and reports false when the channel was
+// closing already.
+func (ch *channelState) proxyCloses(notice *frames.ChannelClose) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if !ch.closing.CompareAndSwap(chanOpen, chanProxyClosing) {
+		return false
+	}
+	ch.notice = notice
+	return true
+}
+
+// closingLink is the link whose channel.close the client gets, nil when
+// there is none.
+func (ch *channelState) closingLink() *link {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.closer
+}
+
+// forgetCloser drops l as the channel's closer: l was lost.
+func (ch *channelState) forgetCloser(l *link) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closer == l {
+		ch.closer = nil
+	}
+}
+
+// clientCloseCrosses handles the client's channel.close on a channel whose
+// close the client has not been told of yet, or whose close-oks the links
+// still owe (crossing): it never will be told; it gets close-ok instead,
+// once the links answered, and the closer gets its close-ok at once
+// (answerCloser runs under mu, so that nothing about the close changes
+// meanwhile). Otherwise it returns the closer, to which the client's close
+// goes.
+func (ch *channelState) clientCloseCrosses(answerCloser func(*link)) (crossing bool, closer *link, o closeOutcome) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	closer = ch.closer
+	if ch.notice == nil && ch.closeWait == 0 {
+		return false, closer, closeOutcome{}
+	}
+	ch.notice, ch.crossed, ch.closer = nil, true, nil
+	if closer != nil {
+		answerCloser(closer)
+	}
+	return true, nil, ch.closeWaitOutcomeLocked()
 }

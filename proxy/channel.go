@@ -3,8 +3,11 @@ package proxy
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // channelState is the proxy's view of one client channel. The client read
@@ -46,8 +49,8 @@ type channelState struct {
 	outMu sync.Mutex
 
 	mu       sync.Mutex
-	confirms publisherConfirms
-	tags     deliveryTags
+	confirms ledger.PublisherConfirms
+	tags     ledger.DeliveryTags
 	// consumers are the channel's consumers by tag; orphaned are those
 	// whose link was lost, until they move (failover.go) or the client
 	// cancels them.
@@ -60,7 +63,7 @@ type channelState struct {
 	// the deliveries the client settled in the open transaction, restored
 	// if it rolls back (the broker never applied those acks).
 	transactional bool
-	txSettled     []tagEntry
+	txSettled     []ledger.TagEntry
 	// txTrims says, for each of txSettled, what its commit does to the
 	// slave copies.
 	txTrims []trimKind
@@ -79,8 +82,8 @@ type channelState struct {
 	returns returnCounts
 	// confirmedLost is scratch for the confirms a lost link settles, missed
 	// for the slave copies it leaves short of publishes.
-	confirmedLost []clientConfirm
-	missed        []missedCopy
+	confirmedLost []ledger.ClientConfirm
+	missed        []ledger.MissedCopy
 
 	// closing is the channel's close state (chanClosing…), set under mu and
 	// read on every frame.
@@ -94,16 +97,16 @@ type channelState struct {
 	clientGet     frames.BasicGet
 	clientPublish frames.BasicPublish
 	clientQueue   queueMethod
-	acks          []backendAck
-	trims         []trimmed
+	acks          []ledger.BackendAck
+	trims         []ledger.Trimmed
 	reachable     []*link
 }
 
 // consumer is one consumer of a channel.
 type consumer struct {
 	noAck bool
-	link  int       // the backend link it consumes on
-	queue *queueRef // the mirrored queue it consumes, nil without mirroring
+	link  int              // the backend link it consumes on
+	queue *ledger.QueueRef // the mirrored queue it consumes, nil without mirroring
 	// args are its basic.consume's arguments, to consume again on a new
 	// master; cancelOnFailover is its x-cancel-on-ha-failover.
 	args             []byte
@@ -114,84 +117,364 @@ func newChannelState(id uint16) *channelState {
 	return &channelState{id: id, consumers: make(map[string]consumer)}
 }
 
-// channelTable holds the open channels of one client connection. Lookups
-// happen for every frame on both read loops, so they are lock-free: one
-// atomic slot per channel id up to the negotiated channel_max. The slots
-// come in chunks of slotChunk ids, made when a channel in them first opens:
-// a connection with a few channels holds a few hundred bytes, not a slot
-// for each of channel_max ids (16 KiB at 2047).
-type channelTable struct {
-	chunks []atomic.Pointer[[slotChunk]atomic.Pointer[channelState]]
-	limit  int // ids up to channel_max are tracked
-
+// selectConfirms puts the channel in confirm mode for the client; on a
+// channel the proxy already numbers publishes on, the client's first
+// publish is 1.
+func (ch *channelState) selectConfirms() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if !ch.confirming.Load() {
+		ch.confirms.ClientSelected()
+	}
+	ch.confirming.Store(true)
 }
 
-// slotChunk is how many channel ids share one lazily made chunk of slots.
-const slotChunk = 64
-
-func newChannelTable(channelMax uint16) *channelTable {
-	limit := int(channelMax) + 1
-	return &channelTable{
-		chunks: make([]atomic.Pointer[[slotChunk]atomic.Pointer[channelState]], (limit+slotChunk-1)/slotChunk),
-		limit:  limit,
-	}
+// selectTransactions records the client's tx.select: from now on the
+// deliveries it settles are kept until the transaction ends.
+func (ch *channelState) selectTransactions() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.transactional = true
 }
 
-// slot is id's slot, or nil when id is beyond channel_max or its chunk was
-// never needed (and create is false).
-func (t *channelTable) slot(id uint16, create bool) *atomic.Pointer[channelState] {
-	if int(id) >= t.limit {
-		return nil
+// endTransaction applies tx.commit or tx.rollback to the deliveries the
+// transaction settled: a rollback makes them outstanding again, a commit
+// hands them to commit (which trims their slave copies) under the lock.
+func (ch *channelState) endTransaction(rollback bool, commit func([]ledger.TagEntry, []trimKind)) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if rollback {
+		ch.tags.Restore(ch.txSettled)
+	} else {
+		commit(ch.txSettled, ch.txTrims)
 	}
-	chunk := &t.chunks[int(id)/slotChunk]
-	slots := chunk.Load()
-	if slots == nil {
-		if !create {
-			return nil
+	ch.txSettled = ch.txSettled[:0]
+	ch.txTrims = ch.txTrims[:0]
+}
+
+// forgetDeliveries voids every outstanding delivery tag, after
+// basic.recover-async.
+func (ch *channelState) forgetDeliveries() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.tags.DropAll()
+}
+
+// Consumers. The client loop adds and cancels them, the link loops look
+// them up for every delivery and drop those of a lost link, and the
+// failover goroutine moves the orphaned ones: all through these methods.
+
+// addConsumer records the consumer with tag.
+func (ch *channelState) addConsumer(tag string, cons consumer) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.consumers[tag] = cons
+}
+
+// addReplyConsumer records the channel's consumer of
+// amq.rabbitmq.reply-to, on link (replyto.go).
+func (ch *channelState) addReplyConsumer(tag string, link int) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.consumers[tag] = consumer{noAck: true, link: link}
+	ch.replyTag = tag
+}
+
+// takeReplyConsumer reports whether tag is the channel's consumer of
+// amq.rabbitmq.reply-to, and if so forgets that it has one.
+func (ch *channelState) takeReplyConsumer(tag string) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	mine := tag != "" && tag == ch.replyTag
+	if mine {
+		ch.replyTag = ""
+	}
+	return mine
+}
+
+// clientCancels returns the consumer the client cancels, if known; one that
+// waits for a new master after its link was lost ends here.
+func (ch *channelState) clientCancels(tag string) (consumer, bool) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	cons, known := ch.consumers[tag]
+	if ch.orphaned[tag] {
+		delete(ch.orphaned, tag)
+	}
+	return cons, known
+}
+
+// removeConsumer forgets the consumer with tag.
+func (ch *channelState) removeConsumer(tag string) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	delete(ch.consumers, tag)
+}
+
+// brokerCancels applies a broker's basic.cancel of tag on link, and reports
+// whether the client is to see it: not when it comes from the old master
+// of a consumer that moved.
+func (ch *channelState) brokerCancels(tag string, link int) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	cons, known := ch.consumers[tag]
+	if known && cons.link != link || !known && ch.orphaned[tag] {
+		return false
+	}
+	delete(ch.consumers, tag)
+	return true
+}
+
+// deliveryConsumer returns the consumer a delivery with tag from link is
+// for (the one without a tag when tag is unknown), and whether the delivery
+// is stale: from a link its consumer no longer consumes on.
+func (ch *channelState) deliveryConsumer(tag string, link int) (cons consumer, stale bool) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	cons, known := ch.consumers[tag]
+	stale = known && cons.link != link && !ch.isReplyConsumer(tag) || !known && ch.orphaned[tag]
+	if !known {
+		cons = ch.consumers[""]
+	}
+	return cons, stale
+}
+
+// orphanLocked makes the consumer with tag an orphan: it waits for its
+// queue's new master. The caller holds mu.
+func (ch *channelState) orphanLocked(tag string, cons consumer, orphans []orphan) []orphan {
+	delete(ch.consumers, tag)
+	if ch.orphaned == nil {
+		ch.orphaned = make(map[string]bool)
+	}
+	ch.orphaned[tag] = true
+	return append(orphans, orphan{ch: ch, tag: tag, cons: cons})
+}
+
+// orphanMoved makes the consumers of mirrored queues for which moved
+// reports true orphans, appended to orphans: they are to consume on their
+// queue's new master.
+func (ch *channelState) orphanMoved(moved func(consumer) bool, orphans []orphan) []orphan {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	for tag, cons := range ch.consumers {
+		if cons.queue != nil && moved(cons) {
+			orphans = ch.orphanLocked(tag, cons, orphans)
 		}
-		// Only the client loop opens channels, but a CAS keeps this
-		// correct for any caller.
-		chunk.CompareAndSwap(nil, new([slotChunk]atomic.Pointer[channelState]))
-		slots = chunk.Load()
 	}
-	return &slots[int(id)%slotChunk]
+	return orphans
 }
 
-// get returns the open channel with this id, or nil.
-func (t *channelTable) get(id uint16) *channelState {
-	if s := t.slot(id, false); s != nil {
-		return s.Load()
+// adoptOrphan records the orphan with tag as consuming again (moved), and
+// reports false when the client cancelled it meanwhile.
+func (ch *channelState) adoptOrphan(tag string, moved consumer) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if !ch.orphaned[tag] {
+		return false
 	}
-	return nil
+	delete(ch.orphaned, tag)
+	ch.consumers[tag] = moved
+	return true
 }
 
-// open records a new channel; ids above channel_max are not tracked (the
-// backend refuses them).
-func (t *channelTable) open(id uint16) *channelState {
-	ch := newChannelState(id)
-	if s := t.slot(id, true); s != nil {
-		s.Store(ch)
-	}
-	return ch
+// dropOrphan forgets the consumer with tag for good, and reports whether it
+// was still an orphan (false: the client cancelled it itself).
+func (ch *channelState) dropOrphan(tag string) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	delete(ch.consumers, tag)
+	wasOrphan := ch.orphaned[tag]
+	delete(ch.orphaned, tag)
+	return wasOrphan
 }
 
-// each calls f for every open channel.
-func (t *channelTable) each(f func(ch *channelState)) {
-	for i := range t.chunks {
-		slots := t.chunks[i].Load()
-		if slots == nil {
+// lostLink forgets what the channel had on link, lost at now: its consumers
+// (with keepMirrored, those of mirrored queues become orphans, appended to
+// orphans; the others are returned in cancelled) and its unconfirmed
+// publishes (the confirms the loss settles, and the slave copies it leaves
+// short). The slices returned are the channel's scratch, valid until the
+// next call; the caller holds outMu.
+func (ch *channelState) lostLink(link int, keepMirrored bool, now time.Time, orphans []orphan) (_ []orphan, cancelled []string, confirms []ledger.ClientConfirm, missed []ledger.MissedCopy) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	for tag, cons := range ch.consumers {
+		if cons.link != link {
 			continue
 		}
-		for j := range slots {
-			if ch := slots[j].Load(); ch != nil {
-				f(ch)
-			}
+		if cons.queue != nil && keepMirrored {
+			orphans = ch.orphanLocked(tag, cons, orphans)
+			continue
 		}
+		delete(ch.consumers, tag)
+		cancelled = append(cancelled, tag)
+	}
+	missed = ch.missed[:0]
+	confirms = ch.confirms.BackendLost(link, now, ch.confirmedLost[:0], &missed)
+	ch.confirmedLost, ch.missed = confirms, missed
+	return orphans, cancelled, confirms, missed
+}
+
+// Delivery tags.
+
+// deliver assigns the client's delivery tag for a delivery (see
+// ledger.DeliveryTags.Deliver).
+func (ch *channelState) deliver(d ledger.Delivered, needsAck bool) uint64 {
+	ch.mu.Lock() // no defer: every delivery comes here
+	tag := ch.tags.Deliver(d, needsAck)
+	ch.mu.Unlock()
+	return tag
+}
+
+// dropDeliveriesFrom voids the outstanding deliveries from link, whose
+// broker answered basic.recover.
+func (ch *channelState) dropDeliveriesFrom(link int) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.tags.DropFrom(link)
+}
+
+// countUnacked adds the channel's deliveries awaiting settlement to counts
+// (see ledger.DeliveryTags.CountUnacked).
+func (ch *channelState) countUnacked(vhost string, live func(backend int, gen uint64) bool, counts map[mirror.QueueID]int) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.tags.CountUnacked(vhost, live, counts)
+}
+
+// settleDeliveries applies the client's ack, nack or reject of tag: it
+// returns the acknowledgements to send to backends (the channel's scratch,
+// valid until the next call) and false for an unknown tag. In a
+// transaction the settled deliveries are kept, to restore on rollback and
+// trim as kind says on commit, and trims comes back nil; otherwise the
+// mirrored messages to trim are appended to *trims.
+func (ch *channelState) settleDeliveries(tag uint64, multiple bool, kind trimKind, trims *[]ledger.Trimmed) ([]ledger.BackendAck, *[]ledger.Trimmed, bool) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	transactional := ch.transactional
+	if transactional {
+		trims = nil // trimmed at tx.commit, from txSettled
+	}
+	acks, settled, ok := ch.tags.Settle(tag, multiple, ch.acks[:0], transactional, ch.txSettled, trims)
+	if transactional {
+		for range settled[len(ch.txSettled):] {
+			ch.txTrims = append(ch.txTrims, kind)
+		}
+	}
+	ch.acks, ch.txSettled = acks, settled
+	return acks, trims, ok
+}
+
+// Publisher confirms.
+
+// numberPublish numbers a publish to the home backend alone.
+func (ch *channelState) numberPublish() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.confirms.Publish(0)
+}
+
+// numberCopies numbers a publish to the copies of cs, after prune took out
+// the copies on links lost since the route was decided: prune runs under
+// the lock, since such a link has settled its confirms under it already,
+// and numbering the publish on it would wait for a confirm nobody sends.
+// prune returns the time of the loss of unreached copies (zero for none).
+// A publish left with no copy to wait for is confirmed at once: its
+// confirms are returned.
+func (ch *channelState) numberCopies(cs ledger.CopySet, prune func(*ledger.CopySet) time.Time) (uint64, []ledger.ClientConfirm) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	now := prune(&cs)
+	seq := ch.confirms.PublishTo(cs, now)
+	var out []ledger.ClientConfirm
+	if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 {
+		out = ch.confirms.ConfirmWithoutCopies(nil)
+	}
+	return seq, out
+}
+
+// identifyPublish records the identity the proxy gave the message of the
+// publish whose content is passing (ch.pub): for its returns from several
+// backends and for its confirm.
+func (ch *channelState) identifyPublish(id mirror.MessageID) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.pub.returns > 1 {
+		ch.returns.expect(id, ch.pub.returns)
+	}
+	if ch.pub.seq != 0 {
+		ch.confirms.Identify(ch.pub.seq, id)
 	}
 }
 
-func (t *channelTable) remove(id uint16, ch *channelState) {
-	if s := t.slot(id, false); s != nil {
-		s.CompareAndSwap(ch, nil)
+// returnArrived counts a backend's return of the message id, and reports
+// whether it is the one the client gets.
+func (ch *channelState) returnArrived(id mirror.MessageID) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.returns.arrived(id)
+}
+
+// applyConfirm applies a backend's confirm of its publish seq (see
+// ledger.PublisherConfirms.Confirm), with the caller's scratch: the
+// client's confirms are appended to out, the slave copies a nack leaves
+// short to missed, and on a nack the publishes their master refused to
+// refused.
+func (ch *channelState) applyConfirm(backend int, seq uint64, multiple, nack bool, out []ledger.ClientConfirm, missed []ledger.MissedCopy, refused []ledger.RefusedPublish) ([]ledger.ClientConfirm, []ledger.MissedCopy, []ledger.RefusedPublish) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	out = ch.confirms.Confirm(backend, seq, multiple, nack, out, &missed)
+	if nack {
+		refused = ch.confirms.TakeRefused(refused)
 	}
+	return out, missed, refused
+}
+
+// unconfirmed returns the number of publishes still unconfirmed and, per
+// backend, the confirms it owes.
+func (ch *channelState) unconfirmed() (int, map[int]int) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.confirms.Unconfirmed(), ch.confirms.Owed()
+}
+
+// holdsLostCopies reports whether lost copies keep publishes waiting.
+func (ch *channelState) holdsLostCopies() bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.confirms.HoldsLost()
+}
+
+// releaseLostCopies lets go of lost copies (see
+// ledger.PublisherConfirms.Release) and returns the confirms that answers,
+// in the channel's scratch; the caller holds outMu.
+func (ch *channelState) releaseLostCopies(held func(backend int, queue *mirror.QueueID) bool, expired time.Time) []ledger.ClientConfirm {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.confirmedLost = ch.confirms.Release(held, expired, ch.confirmedLost[:0])
+	return ch.confirmedLost
+}
+
+// Replies (rpc.go).
+
+// groupReplied counts one reply of g, keeping the primary's (primary) when
+// g must wait for others or run its after; it reports whether g is
+// complete.
+func (ch *channelState) groupReplied(g *rpcGroup, primary bool, payload []byte) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	g.pending--
+	done := g.pending == 0
+	if primary && (!done || g.after != nil) {
+		g.reply = append([]byte(nil), payload...)
+	}
+	return done
+}
+
+// groupAbandoned counts a reply of g that will never come, and reports
+// whether g is complete.
+func (ch *channelState) groupAbandoned(g *rpcGroup) bool {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	g.pending--
+	return g.pending == 0
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // clientConn is one client connection and the backend connection that
@@ -28,8 +29,8 @@ type clientConn struct {
 	srv     *Server
 	id      uint64
 	log     *slog.Logger
-	client  *socket
-	backend *socket // the home link's socket; nil until the handshake dialled it
+	client  *wire.Socket
+	backend *wire.Socket // the home link's socket; nil until the handshake dialled it
 	// homeIdx is the backend the handshake chose as home (connectHome);
 	// the handshake's goroutine sets it before open returns.
 	homeIdx int
@@ -142,7 +143,7 @@ func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 	c := &clientConn{
 		srv:          srv,
 		id:           id,
-		client:       newSocket(conn),
+		client:       wire.NewSocket(conn),
 		done:         make(chan struct{}),
 		links:        make([]*link, n),
 		linkGens:     make([]uint64, n),
@@ -214,9 +215,7 @@ func (c *clientConn) logUnconfirmed() {
 // logChannelUnconfirmed logs a channel's publishes still unconfirmed, and
 // which backends owe them, when the channel ends.
 func (c *clientConn) logChannelUnconfirmed(ch *channelState) {
-	ch.mu.Lock()
-	n, owed := ch.confirms.unconfirmed(), ch.confirms.owed()
-	ch.mu.Unlock()
+	n, owed := ch.unconfirmed()
 	if n == 0 {
 		return
 	}
@@ -284,26 +283,26 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 
 	close(c.done)
 	c.cancelCtx()
-	c.client.conn.Close()
+	c.client.Conn().Close()
 	c.closeLinks(reason)
 	if backend == nil {
 		return
 	}
 	if !sayGoodbye || reason == ReasonPaused {
 		if reason == ReasonPaused {
-			resetOnClose(backend.conn) // as closeLinks does
+			resetOnClose(backend.Conn()) // as closeLinks does
 		}
-		backend.conn.Close()
+		backend.Conn().Close()
 		return
 	}
 	// The backend loop keeps reading until the close-ok or the deadline.
-	backend.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+	backend.Conn().SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
 	text := "client connection closed"
 	if reason == ReasonShutdown {
 		text = "proxy shutting down"
 	}
-	if err := backend.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
-		backend.conn.Close()
+	if err := backend.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+		backend.Conn().Close()
 	}
 }
 
@@ -314,7 +313,7 @@ func (c *clientConn) closeClient(reason CloseReason, code uint16, text string, c
 		return
 	}
 	closeFrame := &frames.ConnectionClose{ReplyCode: code, ReplyText: text, ClassID: classID, MethodID: methodID}
-	if err := c.client.sendMethod(0, closeFrame); err != nil {
+	if err := c.client.SendMethod(0, closeFrame); err != nil {
 		c.teardown(reason, text)
 	}
 }
@@ -360,9 +359,9 @@ func (c *clientConn) backendLost(err error) {
 	// loop's read error, which follows, does not replace this reason.
 	c.closeClient(ReasonBackendLost, frames.ConnectionForced, text, 0, 0)
 	if home := c.home.Load(); home != nil {
-		home.sock.conn.Close()
+		home.sock.Conn().Close()
 	} else {
-		c.backend.conn.Close()
+		c.backend.Conn().Close()
 	}
 }
 
@@ -470,8 +469,8 @@ func (c *clientConn) heartbeatCheck(now time.Time) bool {
 	default:
 	}
 	if hb := c.clientHeartbeat; hb > 0 {
-		c.client.heartbeatIfIdle(now, hb/2)
-		if silent := c.client.silentFor(now); silent > hb*3/2 {
+		c.client.HeartbeatIfIdle(now, hb/2)
+		if silent := c.client.SilentFor(now); silent > hb*3/2 {
 			c.teardown(ReasonMissedHeartbeats, fmt.Sprintf("missed heartbeats from client, timeout: %s", hb))
 			return false
 		}
@@ -482,8 +481,8 @@ func (c *clientConn) heartbeatCheck(now time.Time) bool {
 			if l == nil {
 				continue
 			}
-			l.sock.heartbeatIfIdle(now, hb/2)
-			if silent := l.sock.silentFor(now); silent > hb*3/2 {
+			l.sock.HeartbeatIfIdle(now, hb/2)
+			if silent := l.sock.SilentFor(now); silent > hb*3/2 {
 				if !c.linkFailed(l, fmt.Errorf("%w, timeout: %s", errMissedHeartbeats, hb)) {
 					return false // the close under way ends the connection
 				}

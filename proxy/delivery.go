@@ -57,12 +57,12 @@ func (m *message) content(f frames.Frame) (complete bool, err error) {
 // writeContent writes the message's content frames to the client, with
 // header as its content header.
 func (c *clientConn) writeContent(ch uint16, m *message, header []byte) error {
-	if err := c.client.writeFrame(frames.FrameHeader, ch, header); err != nil {
+	if err := c.client.WriteFrame(frames.FrameHeader, ch, header); err != nil {
 		return err
 	}
 	off := 0
 	for _, n := range m.sizes {
-		if err := c.client.writeFrame(frames.FrameBody, ch, m.body[off:off+n]); err != nil {
+		if err := c.client.WriteFrame(frames.FrameBody, ch, m.body[off:off+n]); err != nil {
 			return err
 		}
 		off += n

@@ -5,43 +5,44 @@
 //
 // # Shape
 //
-// Each client connection (clientConn) has a link (link.go) to each backend it
-// needs: the home link, opened during the handshake with the client's
+// Each client connection (clientConn) has a link (link.go) to each backend
+// it needs: the home link, opened during the handshake with the client's
 // credentials and vhost to the first backend that answers (Options.Backend
 // first, none the engine counts down), and, with mirroring (a Mirror is
 // configured), links to the other backends, opened on first need with the
-// same credentials.
-// Client channel N is channel N on every link it is open on; it opens on a
-// link when a method first needs it there, and the proxy repeats on it what
-// the client set (prefetch, confirm or transaction mode). One goroutine reads
-// the client (the client loop) and one reads each link; heartbeats are
-// checked from a timer. A read loop queues frames on the sockets it writes to
-// (socketWriter) and flushes them when its own socket runs dry, so a burst of
-// frames costs one system call, and flushes that meet a write in flight join
-// it. A slow reader on either side slows the other side through TCP flow
-// control: the proxy buffers at most two write buffers and one frame per
-// direction, and sockets hold pooled buffers only while they have data.
+// same credentials. Client channel N is channel N on every link it is open
+// on; it opens on a link when a method first needs it there, and the proxy
+// repeats on it what the client set (prefetch, confirm or transaction mode).
+// One goroutine reads the client (the client loop) and one reads each link;
+// heartbeats are checked from a timer. A read loop queues frames on the
+// sockets it writes to (wire.Socket, the socket layer in internal/wire) and
+// flushes them when its own socket runs dry, so a burst of frames costs one
+// system call, and flushes that meet a write in flight join it. A slow
+// reader on either side slows the other side through TCP flow control: the
+// proxy buffers at most two write buffers and one frame per direction, and
+// sockets hold pooled buffers only while they have data.
 //
-// A client frame travels one way (client_loop.go, route.go): decoded as far
-// as the proxy acts on it, applied to its channel's state, routed to the
-// links the method must reach (a queue's copies, every backend for an
-// exchange, the master for a consume), and written there. A synchronous
-// method sent to several links gives the client one reply, the first
-// link's, once all answered (rpc.go); a link's replies are matched to
-// requests by a queue per link and channel, since a broker answers a
-// channel's requests in order. Deliveries, gets and returns are assembled
-// whole before they reach the client (delivery.go), so frames of messages
-// from two links never interleave on a client channel, and each channel's
-// output (channelState.outMu) keeps its delivery tags and confirms in order.
+// A client frame travels one way (client_loop.go, client_methods.go,
+// route.go): decoded as far as the proxy acts on it, applied to its
+// channel's state, routed to the links the method must reach (a queue's
+// copies, every backend for an exchange, the master for a consume), and
+// written there. A synchronous method sent to several links gives the client
+// one reply, the first link's, once all answered (rpc.go); a link's replies
+// are matched to requests by a queue per link and channel, since a broker
+// answers a channel's requests in order. Deliveries, gets and returns are
+// assembled whole before they reach the client (delivery.go), so frames of
+// messages from two links never interleave on a client channel, and each
+// channel's output (channelState.outMu) keeps its delivery tags and confirms
+// in order.
 //
-// The client sees the proxy's own delivery tags and confirm sequence
-// numbers (deliveryTags, publisherConfirms), each mapped to a link, its
-// generation and the backend's number. A client's ack is split per link; an
-// ack of a delivery whose link was lost settles nothing (the broker requeued
-// it). A publish to a mirrored queue carries an identity header, added at
-// publish and removed at delivery; the client's ack of a message from a
-// master tells the engine, which trims the slaves. The client's confirm
-// waits for the master and the synchronised slaves.
+// The client sees the proxy's own delivery tags and confirm sequence numbers
+// (ledger.DeliveryTags, ledger.PublisherConfirms), each mapped to a link,
+// its generation and the backend's number. A client's ack is split per link;
+// an ack of a delivery whose link was lost settles nothing (the broker
+// requeued it). A publish to a mirrored queue carries an identity header,
+// added at publish and removed at delivery; the client's ack of a message
+// from a master tells the engine, which trims the slaves. The client's
+// confirm waits for the master and the synchronised slaves.
 //
 // When a link is lost the client connection goes on (failover.go): a lost
 // home link hands channel 0 to another backend's link, and consumers of
@@ -60,19 +61,82 @@
 // the backend and the backend's close-ok back; a backend's close goes to the
 // client and its close-ok back; a close of the proxy's own (backend lost,
 // protocol error, shutdown) ends when the client answers or CloseTimeout
-// passes. teardown is the one way out and is idempotent. A channel closes
-// on every link it is open on, and the client sees one close handshake, as
-// from one broker (chanclose.go).
+// passes. teardown is the one way out and is idempotent. A channel closes on
+// every link it is open on, and the client sees one close handshake, as from
+// one broker (chanclose.go).
+//
+// # Layout
+//
+// The package holds the connection logic; what needs none of it lives in
+// leaf packages under internal/ that never import proxy:
+//
+//   - internal/wire: the socket layer. wire.Socket pairs a frame reader,
+//     parsing in place in pooled buffers, with a coalescing writer shared by
+//     the goroutines that produce frames for the socket; raw read(2) and
+//     write(2) calls; buffers held only while they hold data.
+//   - internal/ledger: bookkeeping without I/O. DeliveryTags maps the
+//     client's delivery tags to links and backend tags; PublisherConfirms
+//     counts the backends' confirms towards the client's; DeliveredIDs
+//     remembers recent deliveries of mirrored queues, to flag a promoted
+//     slave's redeliveries.
+//   - internal/memory: the releaser that returns memory to the system after
+//     a storm of closed connections.
+//
+// In proxy, by concern: server.go accepts connections; handshake.go opens
+// them; conn.go is the client connection (clientConn) and its teardown;
+// client_loop.go reads the client and dispatches each frame (fromClient),
+// client_methods.go has the handler of each client method it acts on, and
+// route.go, exchanges.go, replyto.go and txemulated.go the routing of queue,
+// exchange, reply-to and transactional traffic; link.go is a backend link
+// (link) and its read loop, backend_loop.go what that loop does with each
+// frame, delivery.go the assembly of messages; rpc.go matches replies to
+// requests; channel.go is a client channel (channelState) and
+// channel_table.go the lock-free table of them; chanclose.go closes
+// channels; failover.go and lostcopies.go handle lost links and moved
+// masters.
+//
+// # Who owns what
+//
+// A channel's state (channelState) is touched by the client loop, by the
+// read loop of every link that serves the channel, and by the failover
+// goroutine; a link's (link) by the client loop, its own read loop and the
+// failover goroutine. Each keeps its shared state behind its own lock, taken
+// only by its own methods, so a function that holds a *channelState or a
+// *link can change only what those methods allow:
+//
+//   - channelState.mu guards the consumers and orphaned consumers (added and
+//     cancelled by the client loop, cancelled or orphaned by the link loops,
+//     moved by failover), the delivery tags (assigned by the link loops,
+//     settled by the client loop), the publisher confirms (numbered by the
+//     client loop, answered by the link loops, released by failover), the
+//     transaction's settled deliveries, the close in progress, and the reply
+//     counts of the channel's requests. Its methods are in channel.go,
+//     chanclose.go (close state) and txemulated.go (a kept transaction).
+//   - link.mu guards the link's side of each channel (open, in confirm mode,
+//     closing, the replies it owes) and whether the link is lost or closed;
+//     its methods are in link.go.
+//   - The fields of channelState marked "client read loop only" (the publish
+//     in progress, qos, decode scratch) and a link's decode scratch belong
+//     to one goroutine and have no lock.
+//
+// One lock is still taken outside its type's methods: channelState.outMu,
+// which whoever writes to the client on a channel holds, so that a
+// message's frames, delivery tags and confirms go out in order.
 //
 // # Locks
 //
 // Lock order: clientConn.sendMu (the client loop, per frame), then
-// Server.mu, then clientConn.mu, then channelState.outMu, then
-// channelState.mu, then link.mu, then socketWriter.mu. socketWriter.mu is
-// never held during a system call (the writer releases it around each
-// write), and nothing else is taken under it; nor under boundaryQueue.mu,
-// which guards the link loops' writes that wait for the client loop to be
-// between messages (boundary.go), nor under declaredQueues.mu (declared.go).
-// Per-frame state that both read loops check (close state, channel lookup)
-// is atomic.
+// clientConn.orphansMu, then Server.mu, then clientConn.mu, then
+// channelState.outMu, then channelState.mu, then link.mu, then the socket
+// writer's lock (internal/wire). channelState.mu is held over link.mu in one
+// place only, numberCopies, which asks the links whether they were lost (a
+// lost link settles its confirms under the channel's lock); the socket
+// writer's lock is taken under channelState.mu when a crossing close answers
+// its closer at once (clientCloseCrosses). The socket writer's lock is never
+// held during a system call (the writer releases it around each write), and
+// nothing else is taken under it; nor under boundaryQueue.mu, which guards
+// the link loops' writes that wait for the client loop to be between
+// messages (boundary.go), nor under declaredQueues.mu (declared.go), nor
+// under ledger.DeliveredIDs' own locks. Per-frame state that both read loops
+// check (close state, channel lookup) is atomic.
 package proxy

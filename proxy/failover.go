@@ -35,6 +35,13 @@ func (c *clientConn) checkLinks() {
 	}
 }
 
+// masterMoved reports whether the queue of cons, a consumer of a mirrored
+// queue, has a master other than the backend it consumes on.
+func (c *clientConn) masterMoved(cons consumer) bool {
+	meta, ok := c.srv.opts.Mirror.Lookup(cons.queue.ID)
+	return ok && meta.Master != c.srv.backends[cons.link].Name
+}
+
 // checkMasters moves consumers whose queue got a new master while their
 // link stayed up (a promotion the engine decided on its own view, or an
 // ha-mode nodes hand-over): they are cancelled on the old master's link,
@@ -47,23 +54,7 @@ func (c *clientConn) checkMasters() {
 		if ch.closing.Load() != chanOpen {
 			return
 		}
-		ch.mu.Lock()
-		defer ch.mu.Unlock()
-		for tag, cons := range ch.consumers {
-			if cons.queue == nil {
-				continue
-			}
-			meta, ok := c.srv.opts.Mirror.Lookup(cons.queue.id)
-			if !ok || meta.Master == c.srv.backends[cons.link].Name {
-				continue
-			}
-			delete(ch.consumers, tag)
-			if ch.orphaned == nil {
-				ch.orphaned = make(map[string]bool)
-			}
-			ch.orphaned[tag] = true
-			stale = append(stale, orphan{ch: ch, tag: tag, cons: cons})
-		}
+		stale = ch.orphanMoved(c.masterMoved, stale)
 	})
 	if len(stale) == 0 {
 		return
@@ -79,21 +70,17 @@ func (c *clientConn) checkMasters() {
 		if old == nil {
 			continue
 		}
-		old.mu.Lock()
-		lc := old.chans[o.ch.id]
-		open := lc != nil && lc.open
-		old.mu.Unlock()
-		if !locked || !open || o.ch.pub.inContent {
+		if !locked || !old.channelOpen(o.ch.id) || o.ch.pub.inContent {
 			// Between a publish's frames the channel takes nothing else;
 			// the old master's deliveries are dropped meanwhile anyway.
 			continue
 		}
 		old.expect(o.ch.id, nil) // cancel-ok
-		if err := old.sock.writeMethod(o.ch.id, &frames.BasicCancel{ConsumerTag: o.tag}); err != nil {
+		if err := old.sock.WriteMethod(o.ch.id, &frames.BasicCancel{ConsumerTag: o.tag}); err != nil {
 			c.writeFailed(old, err)
 			continue
 		}
-		old.sock.flush()
+		old.sock.Flush()
 	}
 	if locked {
 		c.unlockSend()
@@ -138,7 +125,7 @@ func (c *clientConn) moveConsumers(lost string, orphans []orphan) {
 		}
 		if time.Now().After(deadline) {
 			for _, o := range orphans {
-				c.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.id.Name, "consumer", o.tag, "lost", lost)
+				c.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.ID.Name, "consumer", o.tag, "lost", lost)
 				c.cancelConsumer(o)
 			}
 			return
@@ -156,7 +143,7 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 	if c.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
 		return moveDone // the channel is gone, and the consumer with it
 	}
-	meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.id)
+	meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.ID)
 	if !ok {
 		c.cancelConsumer(o) // the queue is gone
 		return moveDone
@@ -192,23 +179,17 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 	consume.ConsumerTag = o.tag
 	moved := o.cons
 	moved.link = l.idx
-	o.ch.mu.Lock()
-	if !o.ch.orphaned[o.tag] {
-		// The client cancelled it meanwhile.
-		o.ch.mu.Unlock()
-		return moveDone
+	if !o.ch.adoptOrphan(o.tag, moved) {
+		return moveDone // the client cancelled it meanwhile
 	}
-	delete(o.ch.orphaned, o.tag)
-	o.ch.consumers[o.tag] = moved
-	o.ch.mu.Unlock()
 	if !consume.NoWait {
 		l.expect(o.ch.id, nil) // consume-ok: the client had its own
 	}
-	if err := l.sock.writeMethod(o.ch.id, &consume); err != nil {
+	if err := l.sock.WriteMethod(o.ch.id, &consume); err != nil {
 		c.writeFailed(l, err)
 		return moveDone
 	}
-	l.sock.flush()
+	l.sock.Flush()
 	c.log.Info("consumer moved to the queue's new master", "queue", meta.ID.Name, "consumer", o.tag, "from", lost, "to", l.name, "epoch", meta.Epoch)
 	return moveDone
 }
@@ -217,12 +198,7 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 // as RabbitMQ does when a queue's node goes down (a client that announced
 // consumer_cancel_notify; others never learn, as with RabbitMQ).
 func (c *clientConn) cancelConsumer(o orphan) {
-	o.ch.mu.Lock()
-	delete(o.ch.consumers, o.tag)
-	wasOrphan := o.ch.orphaned[o.tag]
-	delete(o.ch.orphaned, o.tag)
-	o.ch.mu.Unlock()
-	if !wasOrphan {
+	if !o.ch.dropOrphan(o.tag) {
 		return // the client cancelled it itself
 	}
 	if !c.cancelNotify {
@@ -234,5 +210,5 @@ func (c *clientConn) cancelConsumer(o orphan) {
 		return
 	}
 	c.toClientMethodOnChannel(o.ch, &frames.BasicCancel{ConsumerTag: o.tag, NoWait: true})
-	c.client.flush()
+	c.client.Flush()
 }

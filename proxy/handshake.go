@@ -15,6 +15,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // handshake takes the client from its protocol header to connection.open-ok.
@@ -27,15 +28,14 @@ import (
 //
 // The whole handshake is bounded by HandshakeTimeout through socket deadlines.
 func (c *clientConn) handshake() error {
-	opts := &c.srv.opts
-	deadline := time.Now().Add(opts.HandshakeTimeout)
-	c.client.conn.SetDeadline(deadline)
+	deadline := time.Now().Add(c.srv.opts.HandshakeTimeout)
+	c.client.Conn().SetDeadline(deadline)
 
-	if err := c.client.in.ReadProtocolHeader(); err != nil {
+	if err := c.client.ReadProtocolHeader(); err != nil {
 		var fe *frames.Error
 		if errors.As(err, &fe) {
 			// As the spec says: answer with the header we speak, then close.
-			c.client.sendProtocolHeader()
+			c.client.SendProtocolHeader()
 		}
 		return fmt.Errorf("reading protocol header: %w", err)
 	}
@@ -45,63 +45,88 @@ func (c *clientConn) handshake() error {
 		return err
 	}
 	// connection.start, relayed as the home backend sent it.
-	if err := c.client.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+	if err := c.client.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
 		return err
 	}
 	c.startRelayed = true
 
-	// SASL: start-ok, then any number of secure / secure-ok rounds.
-	f, err = c.expectClient(frames.ConnectionStartOkKey)
+	tune, err := c.authenticate()
 	if err != nil {
 		return err
 	}
+	channelMax, err := c.tune(tune)
+	if err != nil {
+		return err
+	}
+	if err := c.openVHost(channelMax); err != nil {
+		return err
+	}
+	c.client.Conn().SetDeadline(time.Time{})
+	c.backend.Conn().SetDeadline(time.Time{})
+	return nil
+}
+
+// authenticate relays the SASL exchange, start-ok and then any number of
+// secure / secure-ok rounds, and returns the backend's connection.tune,
+// which ends it.
+func (c *clientConn) authenticate() (frames.ConnectionTune, error) {
+	var tune frames.ConnectionTune
+	f, err := c.expectClient(frames.ConnectionStartOkKey)
+	if err != nil {
+		return tune, err
+	}
 	var startOk frames.ConnectionStartOk
 	if err := decodeArgs(f.Payload, &startOk); err != nil {
-		return c.clientSyntaxError(err)
+		return tune, c.clientSyntaxError(err)
 	}
 	c.user = saslUser(startOk.Mechanism, startOk.Response)
 	if c.srv.opts.Mirror != nil {
 		c.startOk = append([]byte(nil), f.Payload...)
 		c.cancelNotify = capability(startOk.ClientProperties, "consumer_cancel_notify")
 	}
-	if err := c.backend.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-		return c.refuseUnavailable(err)
+	if err := c.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+		return tune, c.refuseUnavailable(err)
 	}
-	var tune frames.ConnectionTune
 	for {
 		f, err = c.readBackendHandshake()
 		if err != nil {
 			if backendHungUp(err) {
-				return c.loginDropped(err)
+				return tune, c.loginDropped(err)
 			}
-			return c.refuseUnavailable(err)
+			return tune, c.refuseUnavailable(err)
 		}
 		classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
 		switch frames.MethodKey(classID, methodID) {
 		case frames.ConnectionSecureKey:
-			if err := c.client.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-				return err
+			if err := c.client.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+				return tune, err
 			}
 			f, err = c.expectClient(frames.ConnectionSecureOkKey)
 			if err != nil {
-				return err
+				return tune, err
 			}
-			if err := c.backend.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-				return c.refuseUnavailable(err)
+			if err := c.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+				return tune, c.refuseUnavailable(err)
 			}
 			continue
 		case frames.ConnectionTuneKey:
 			if err := decodeArgs(f.Payload, &tune); err != nil {
-				return c.refuseUnavailable(err)
+				return tune, c.refuseUnavailable(err)
 			}
 		case frames.ConnectionCloseKey: // authentication refused
-			return c.relayBackendRefusal(f.Payload)
+			return tune, c.relayBackendRefusal(f.Payload)
 		default:
-			return c.refuseUnavailable(fmt.Errorf("backend sent %s during the handshake", frames.MethodName(classID, methodID)))
+			return tune, c.refuseUnavailable(fmt.Errorf("backend sent %s during the handshake", frames.MethodName(classID, methodID)))
 		}
-		break
+		return tune, nil
 	}
+}
 
+// tune offers the client the backend's tune within the proxy's limits,
+// settles both legs on the client's answer, and returns the channel_max
+// agreed.
+func (c *clientConn) tune(tune frames.ConnectionTune) (uint16, error) {
+	opts := &c.srv.opts
 	offer := frames.ConnectionTune{
 		ChannelMax: capLimit16(tune.ChannelMax, opts.ChannelMax),
 		FrameMax:   capLimit32(tune.FrameMax, opts.FrameMax),
@@ -109,34 +134,38 @@ func (c *clientConn) handshake() error {
 		// proxy what it would negotiate directly.
 		Heartbeat: tune.Heartbeat,
 	}
-	if err := c.client.sendMethod(0, &offer); err != nil {
-		return err
+	if err := c.client.SendMethod(0, &offer); err != nil {
+		return 0, err
 	}
-	f, err = c.expectClient(frames.ConnectionTuneOkKey)
+	f, err := c.expectClient(frames.ConnectionTuneOkKey)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var tuneOk frames.ConnectionTuneOk
 	if err := decodeArgs(f.Payload, &tuneOk); err != nil {
-		return c.clientSyntaxError(err)
+		return 0, c.clientSyntaxError(err)
 	}
 	if err := c.negotiate(offer, &tuneOk); err != nil {
-		return err
+		return 0, err
 	}
 	backendTuneOk := frames.ConnectionTuneOk{
 		ChannelMax: tuneOk.ChannelMax,
 		FrameMax:   tuneOk.FrameMax,
 		Heartbeat:  uint16(c.backendHeartbeat / time.Second),
 	}
-	if err := c.backend.sendMethod(0, &backendTuneOk); err != nil {
-		return c.refuseUnavailable(err)
+	if err := c.backend.SendMethod(0, &backendTuneOk); err != nil {
+		return 0, c.refuseUnavailable(err)
 	}
-	c.client.in.SetMaxFrameSize(c.frameMax)
-	c.backend.in.SetMaxFrameSize(c.frameMax)
+	c.client.SetMaxFrameSize(c.frameMax)
+	c.backend.SetMaxFrameSize(c.frameMax)
 	c.channels = newChannelTable(tuneOk.ChannelMax)
+	return tuneOk.ChannelMax, nil
+}
 
-	// connection.open: the backend checks the vhost and the user's access.
-	f, err = c.expectClient(frames.ConnectionOpenKey)
+// openVHost relays connection.open: the backend checks the vhost and the
+// user's access.
+func (c *clientConn) openVHost(channelMax uint16) error {
+	f, err := c.expectClient(frames.ConnectionOpenKey)
 	if err != nil {
 		return err
 	}
@@ -145,11 +174,11 @@ func (c *clientConn) handshake() error {
 		return c.clientSyntaxError(err)
 	}
 	c.vhost = open.VirtualHost
-	c.channelMax = tuneOk.ChannelMax
+	c.channelMax = channelMax
 	if c.srv.opts.Mirror != nil {
 		c.openPayload = append([]byte(nil), f.Payload...)
 	}
-	if err := c.backend.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+	if err := c.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
 		return c.refuseUnavailable(err)
 	}
 	f, err = c.readBackendHandshake()
@@ -164,12 +193,7 @@ func (c *clientConn) handshake() error {
 	default:
 		return c.refuseUnavailable(fmt.Errorf("backend sent %s instead of connection.open-ok", frames.MethodName(classID, methodID)))
 	}
-	if err := c.client.sendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-		return err
-	}
-	c.client.conn.SetDeadline(time.Time{})
-	c.backend.conn.SetDeadline(time.Time{})
-	return nil
+	return c.client.SendFrame(frames.FrameMethod, 0, f.Payload)
 }
 
 // negotiate checks the client's tune-ok against the offer, as RabbitMQ
@@ -191,7 +215,7 @@ func (c *clientConn) negotiate(offer frames.ConnectionTune, tuneOk *frames.Conne
 		problem = fmt.Sprintf("NOT_ALLOWED - channel_max=%d > %d max", tuneOk.ChannelMax, offer.ChannelMax)
 	}
 	if problem != "" {
-		c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.NotAllowed, ReplyText: problem, ClassID: 10, MethodID: 31})
+		c.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.NotAllowed, ReplyText: problem, ClassID: 10, MethodID: 31})
 		return errors.New(problem)
 	}
 	c.frameMax = tuneOk.FrameMax
@@ -257,7 +281,7 @@ func (c *clientConn) startHome(b Backend, deadline time.Time, last bool) (frames
 	if err != nil {
 		return frames.Frame{}, err
 	}
-	sock := newSocket(conn)
+	sock := wire.NewSocket(conn)
 	c.mu.Lock()
 	tornDown := c.tornDown.Load()
 	if !tornDown {
@@ -269,7 +293,7 @@ func (c *clientConn) startHome(b Backend, deadline time.Time, last bool) (frames
 		return frames.Frame{}, errors.New("proxy shutting down")
 	}
 	conn.SetDeadline(startBy)
-	f, err := frames.Frame{}, pki.Refusal(conn, sock.sendProtocolHeader())
+	f, err := frames.Frame{}, pki.Refusal(conn, sock.SendProtocolHeader())
 	if err == nil {
 		f, err = c.expectBackend(frames.ConnectionStartKey)
 	}
@@ -328,10 +352,10 @@ func (c *clientConn) refuse(err error) error {
 	c.reason, c.detail = ReasonBackendUnavailable, err.Error()
 	if c.backend != nil {
 		c.backendClosed = true
-		c.backend.conn.Close()
+		c.backend.Conn().Close()
 	}
 	c.mu.Unlock()
-	if c.client.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout)) != nil {
+	if c.client.Conn().SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout)) != nil {
 		return err
 	}
 	if !c.startRelayed {
@@ -341,14 +365,14 @@ func (c *clientConn) refuse(err error) error {
 			Mechanisms:       "PLAIN AMQPLAIN",
 			Locales:          "en_US",
 		}
-		if c.client.sendMethod(0, start) != nil {
+		if c.client.SendMethod(0, start) != nil {
 			return err
 		}
 		if _, rerr := c.expectClient(frames.ConnectionStartOkKey); rerr != nil {
 			return err
 		}
 	}
-	c.client.sendMethod(0, &frames.ConnectionClose{
+	c.client.SendMethod(0, &frames.ConnectionClose{
 		ReplyCode: frames.ConnectionForced,
 		ReplyText: "CONNECTION_FORCED - " + err.Error(),
 	})
@@ -366,7 +390,7 @@ func (c *clientConn) loginDropped(cause error) error {
 	c.mu.Lock()
 	c.backendClosed = true
 	c.mu.Unlock()
-	c.backend.conn.Close()
+	c.backend.Conn().Close()
 	return fmt.Errorf("backend %s closed the connection after start-ok (credentials refused): %w", c.homeName(), cause)
 }
 
@@ -385,8 +409,8 @@ func (c *clientConn) relayBackendRefusal(payload []byte) error {
 	c.mu.Lock()
 	c.backendClosed = true
 	c.mu.Unlock()
-	c.backend.sendMethod(0, &frames.ConnectionCloseOk{})
-	c.client.sendFrame(frames.FrameMethod, 0, payload)
+	c.backend.SendMethod(0, &frames.ConnectionCloseOk{})
+	c.client.SendFrame(frames.FrameMethod, 0, payload)
 	c.awaitClientCloseOk()
 	return fmt.Errorf("backend refused the connection: %d %s", cl.ReplyCode, cl.ReplyText)
 }
@@ -395,7 +419,7 @@ func (c *clientConn) relayBackendRefusal(payload []byte) error {
 // socket deadline.
 func (c *clientConn) awaitClientCloseOk() {
 	for {
-		f, err := c.client.in.ReadFrame()
+		f, err := c.client.ReadFrame()
 		if err != nil {
 			return
 		}
@@ -409,11 +433,11 @@ func (c *clientConn) awaitClientCloseOk() {
 // the given connection method. Anything else is answered like RabbitMQ does.
 func (c *clientConn) expectClient(want uint32) (frames.Frame, error) {
 	for {
-		f, err := c.client.in.ReadFrame()
+		f, err := c.client.ReadFrame()
 		if err != nil {
 			var fe *frames.Error
 			if errors.As(err, &fe) {
-				c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: fe.Code, ReplyText: fe.ReplyText()})
+				c.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: fe.Code, ReplyText: fe.ReplyText()})
 			}
 			return f, fmt.Errorf("waiting for %s: %w", keyName(want), err)
 		}
@@ -423,13 +447,13 @@ func (c *clientConn) expectClient(want uint32) (frames.Frame, error) {
 		gotClass, gotMethod, _, perr := frames.ParseMethodID(f.Payload)
 		if f.Type == frames.FrameMethod && perr == nil && !definedMethod(gotClass, gotMethod) {
 			// RabbitMQ drops the socket, in the handshake as later.
-			resetOnClose(c.client.conn)
+			resetOnClose(c.client.Conn())
 			return f, fmt.Errorf("waiting for %s: %w", keyName(want), undefinedMethod(gotClass, gotMethod))
 		}
 		if f.Type != frames.FrameMethod || perr != nil || f.Channel != 0 || frames.MethodKey(gotClass, gotMethod) != want {
 			got := frameDescription(f)
 			text := fmt.Sprintf("COMMAND_INVALID - expected %s, got %s", keyName(want), got)
-			c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.CommandInvalid, ReplyText: text, ClassID: gotClass, MethodID: gotMethod})
+			c.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.CommandInvalid, ReplyText: text, ClassID: gotClass, MethodID: gotMethod})
 			return f, errors.New(text)
 		}
 		return f, nil
@@ -452,7 +476,7 @@ func (c *clientConn) expectBackend(want uint32) (frames.Frame, error) {
 // readBackendHandshake reads the backend's next method frame on channel 0.
 func (c *clientConn) readBackendHandshake() (frames.Frame, error) {
 	for {
-		f, err := c.backend.in.ReadFrame()
+		f, err := c.backend.ReadFrame()
 		if err != nil {
 			return f, err
 		}
@@ -474,7 +498,7 @@ func (c *clientConn) clientSyntaxError(err error) error {
 	if errors.As(err, &fe) {
 		code, text = fe.Code, fe.ReplyText()
 	}
-	c.client.sendMethod(0, &frames.ConnectionClose{ReplyCode: code, ReplyText: text})
+	c.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: code, ReplyText: text})
 	return err
 }
 

@@ -8,6 +8,8 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // link is a client connection's connection to one backend. The home link
@@ -26,7 +28,7 @@ type link struct {
 	idx  int
 	name string
 	gen  uint64
-	sock *socket
+	sock *wire.Socket
 	done chan struct{} // closed when the read loop returns
 
 	mu sync.Mutex // guards the fields below
@@ -43,9 +45,9 @@ type link struct {
 	cancel        frames.BasicCancel
 	backAck       frames.BasicAck
 	backNack      frames.BasicNack
-	confirmed     []clientConfirm
-	missed        []missedCopy
-	refused       []refusedPublish // scratch for confirm
+	confirmed     []ledger.ClientConfirm
+	missed        []ledger.MissedCopy
+	refused       []ledger.RefusedPublish // scratch for confirm
 	headerScratch []byte
 }
 
@@ -67,12 +69,12 @@ type linkChannel struct {
 	assembled   message // content being assembled (read loop only)
 }
 
-func newLink(idx int, name string, gen uint64, sock *socket) *link {
+func newLink(idx int, name string, gen uint64, sock *wire.Socket) *link {
 	return &link{idx: idx, name: name, gen: gen, sock: sock, done: make(chan struct{}), chans: make(map[uint16]*linkChannel)}
 }
 
-// channel returns the link's side of client channel id, made on first use.
-// Callers hold l.mu.
+// channelLocked returns the link's side of client channel id, made on first
+// use. Callers hold l.mu.
 func (l *link) channelLocked(id uint16) *linkChannel {
 	lc := l.chans[id]
 	if lc == nil {
@@ -80,6 +82,157 @@ func (l *link) channelLocked(id uint16) *linkChannel {
 		l.chans[id] = lc
 	}
 	return lc
+}
+
+// channelSide returns the link's side of client channel id (nil when the
+// link never had it) and whether the proxy's close of it is out.
+func (l *link) channelSide(id uint16) (lc *linkChannel, closing bool) {
+	l.mu.Lock() // no defer: every frame from the link comes here
+	lc = l.chans[id]
+	closing = lc != nil && lc.closing
+	l.mu.Unlock()
+	return lc, closing
+}
+
+// channelOpen reports whether client channel id is open on the link.
+func (l *link) channelOpen(id uint16) bool {
+	l.mu.Lock() // no defer: every publish comes here
+	lc := l.chans[id]
+	open := lc != nil && lc.open
+	l.mu.Unlock()
+	return open
+}
+
+// openChannel records that channel.open of client channel id goes to the
+// link.
+func (l *link) openChannel(id uint16) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.channelLocked(id)
+	lc.open, lc.confirm, lc.closing = true, false, false
+}
+
+// selectConfirm records that channel id is in confirm mode on the link,
+// and reports whether it was not yet (confirm.select is to be sent).
+func (l *link) selectConfirm(id uint16) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.channelLocked(id)
+	send := !lc.confirm
+	lc.confirm = true
+	return send
+}
+
+// beginProxyClose starts the proxy's close of channel id on the link, with
+// g to count its close-ok, and reports false when the channel is not open
+// there.
+func (l *link) beginProxyClose(id uint16, g *rpcGroup) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.chans[id]
+	if lc == nil || !lc.open {
+		return false
+	}
+	lc.open, lc.closing = false, true
+	lc.replies = append(lc.replies, g)
+	return true
+}
+
+// proxyCloseOk ends the proxy's close of channel id on the link.
+func (l *link) proxyCloseOk(id uint16) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if lc := l.chans[id]; lc != nil {
+		lc.closing = false
+	}
+}
+
+// beginClientClose records that the client's channel.close of id goes to
+// the link, and reports false when the channel is not open there.
+func (l *link) beginClientClose(id uint16) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.chans[id]
+	if lc == nil || !lc.open {
+		return false
+	}
+	lc.open, lc.clientClosing = false, true
+	return true
+}
+
+// owesCloseOk records that the proxy owes the broker close-ok for its
+// close of channel id, sent after the broker's answer (closeOkArrived).
+func (l *link) owesCloseOk(id uint16) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.channelLocked(id).owesCloseOk = true
+}
+
+// brokerCloses applies the broker's channel.close of id to the link's side.
+// crossed: the proxy's or the client's close is out to the link, and the
+// broker's crossed it. The broker answers that close with close-ok, and
+// frees the channel at ours, which waits for that answer (closeOkArrived):
+// answered at once, the broker's close-ok came after the client had closed
+// the channel, or reopened it, and reached the client. The broker answers
+// nothing sent before the close that is not answered yet: only the close's
+// own reply stays owed (the client sends nothing after its close), and the
+// earlier ones are returned in abandoned. Otherwise the channel is closed
+// on the link, wasOpen says whether it was open, and every reply owed is
+// abandoned: the link answers nothing more on the channel but the close
+// handshake.
+func (l *link) brokerCloses(id uint16) (crossed, wasOpen bool, abandoned []*rpcGroup) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.channelLocked(id)
+	if (lc.closing || lc.clientClosing) && !lc.open {
+		lc.owesCloseOk = true
+		if lc.clientClosing && len(lc.replies) > 1 {
+			abandoned = lc.replies[: len(lc.replies)-1 : len(lc.replies)-1]
+			lc.replies = lc.replies[len(lc.replies)-1:]
+		}
+		return true, false, abandoned
+	}
+	wasOpen = lc.open
+	lc.open = false
+	abandoned = lc.replies
+	lc.replies = nil
+	return false, wasOpen, abandoned
+}
+
+// openWithReplays records that channel.open of id goes to the link, followed
+// by the replays of what the client set on the channel (confirm: with
+// confirm.select among them), and that the link owes replies for them. It
+// reports false when the channel is open there already.
+func (l *link) openWithReplays(id uint16, replies int, confirm bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc := l.channelLocked(id)
+	if lc.open {
+		return false
+	}
+	lc.open, lc.confirm = true, confirm
+	for range replies {
+		lc.replies = append(lc.replies, nil)
+	}
+	return true
+}
+
+// lose marks the link lost, never to be used again, and hands over the
+// link's sides of the client channels, for the loss to settle.
+func (l *link) lose() map[uint16]*linkChannel {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lost = true
+	chans := l.chans
+	l.chans = map[uint16]*linkChannel{}
+	return chans
+}
+
+// isLost reports whether the link failed.
+func (l *link) isLost() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lost
 }
 
 // expect queues a reply the link owes on channel id, for g (nil: swallow it).
@@ -124,7 +277,7 @@ func (l *link) closeOkArrived(id uint16) error {
 	if !owes {
 		return nil
 	}
-	return l.sock.sendMethod(id, &frames.ChannelCloseOk{})
+	return l.sock.SendMethod(id, &frames.ChannelCloseOk{})
 }
 
 // links is the client connection's links, by backend index.
@@ -179,7 +332,7 @@ func (c *clientConn) ensureLink(i int) (*link, error) {
 		return nil, err
 	}
 	if c.tornDown.Load() {
-		l.sock.conn.Close()
+		l.sock.Conn().Close()
 		return nil, errors.New("connection closing")
 	}
 	c.links[i] = l
@@ -205,18 +358,18 @@ func (c *clientConn) openLink(i int) (*link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
 	}
-	s := newSocket(conn)
+	s := wire.NewSocket(conn)
 	fail := func(err error) (*link, error) {
 		conn.Close()
 		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
 	}
 	conn.SetDeadline(deadline)
-	if err := pki.Refusal(conn, s.sendProtocolHeader()); err != nil {
+	if err := pki.Refusal(conn, s.SendProtocolHeader()); err != nil {
 		return fail(err)
 	}
 	expect := func(want uint32) (frames.Frame, error) {
 		for {
-			f, err := s.in.ReadFrame()
+			f, err := s.ReadFrame()
 			if err != nil {
 				return f, err
 			}
@@ -237,7 +390,7 @@ func (c *clientConn) openLink(i int) (*link, error) {
 	if _, err := expect(frames.ConnectionStartKey); err != nil {
 		return fail(err)
 	}
-	if err := s.sendFrame(frames.FrameMethod, 0, c.startOk); err != nil {
+	if err := s.SendFrame(frames.FrameMethod, 0, c.startOk); err != nil {
 		return fail(err)
 	}
 	if _, err := expect(frames.ConnectionTuneKey); err != nil {
@@ -248,11 +401,11 @@ func (c *clientConn) openLink(i int) (*link, error) {
 		FrameMax:   c.frameMax,
 		Heartbeat:  uint16(c.backendHeartbeat / time.Second),
 	}
-	if err := s.sendMethod(0, &tuneOk); err != nil {
+	if err := s.SendMethod(0, &tuneOk); err != nil {
 		return fail(err)
 	}
-	s.in.SetMaxFrameSize(c.frameMax)
-	if err := s.sendFrame(frames.FrameMethod, 0, c.openPayload); err != nil {
+	s.SetMaxFrameSize(c.frameMax)
+	if err := s.SendFrame(frames.FrameMethod, 0, c.openPayload); err != nil {
 		return fail(err)
 	}
 	if _, err := expect(frames.ConnectionOpenOkKey); err != nil {
@@ -274,54 +427,47 @@ func (c *clientConn) openLink(i int) (*link, error) {
 // client loop held (sendMu).
 func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	replyTag := ch.replyConsumerTag()
-	l.mu.Lock()
-	lc := l.channelLocked(ch.id)
-	if lc.open {
-		l.mu.Unlock()
-		return nil
-	}
-	lc.open = true
-	lc.confirm = false
-	lc.replies = append(lc.replies, nil) // channel.open-ok
 	qos := ch.qos
+	tx := ch.transactional // the client loop's to write
+	confirm := (ch.confirming.Load() || ch.ownConfirms.Load()) && !tx
+	replies := 1 // channel.open-ok, and one for each replay
 	if qos != nil {
-		lc.replies = append(lc.replies, nil)
+		replies++
 	}
-	confirm := (ch.confirming.Load() || ch.ownConfirms.Load()) && !ch.transactional
 	if confirm {
-		lc.confirm = true
-		lc.replies = append(lc.replies, nil)
+		replies++
 	}
-	tx := ch.transactional
 	if tx {
-		lc.replies = append(lc.replies, nil)
+		replies++
 	}
 	if replyTag != "" {
-		lc.replies = append(lc.replies, nil) // consume-ok
+		replies++ // consume-ok
 	}
-	l.mu.Unlock()
+	if !l.openWithReplays(ch.id, replies, confirm) {
+		return nil
+	}
 
 	w := l.sock
-	if err := w.writeMethod(ch.id, &frames.ChannelOpen{}); err != nil {
+	if err := w.WriteMethod(ch.id, &frames.ChannelOpen{}); err != nil {
 		return err
 	}
 	if qos != nil {
-		if err := w.writeMethod(ch.id, qos); err != nil {
+		if err := w.WriteMethod(ch.id, qos); err != nil {
 			return err
 		}
 	}
 	if confirm {
-		if err := w.writeMethod(ch.id, &frames.ConfirmSelect{}); err != nil {
+		if err := w.WriteMethod(ch.id, &frames.ConfirmSelect{}); err != nil {
 			return err
 		}
 	}
 	if tx {
-		if err := w.writeMethod(ch.id, &frames.TxSelect{}); err != nil {
+		if err := w.WriteMethod(ch.id, &frames.TxSelect{}); err != nil {
 			return err
 		}
 	}
 	if replyTag != "" {
-		if err := w.writeMethod(ch.id, replyConsume(replyTag)); err != nil {
+		if err := w.WriteMethod(ch.id, replyConsume(replyTag)); err != nil {
 			return err
 		}
 	}
@@ -376,10 +522,10 @@ func (c *clientConn) rehome(lost *link) bool {
 func (c *clientConn) linkLoop(l *link) {
 	defer c.linkLoops.Done()
 	defer close(l.done)
-	defer l.sock.conn.Close()
-	l.sock.whenDry(func() { c.client.flush() })
+	defer l.sock.Conn().Close()
+	l.sock.WhenDry(func() { c.client.Flush() })
 	for {
-		f, err := l.sock.in.ReadFrame()
+		f, err := l.sock.ReadFrame()
 		if err != nil {
 			if c.tornDown.Load() {
 				return
@@ -428,16 +574,12 @@ func (c *clientConn) linkLost(l *link, err error) {
 	c.linkFailedAt[l.idx] = time.Now()
 	c.linkChanges.Add(1)
 	c.mu.Unlock()
-	l.mu.Lock()
-	l.lost = true
-	chans := l.chans
-	l.chans = map[uint16]*linkChannel{}
-	l.mu.Unlock()
+	chans := l.lose()
 	// A reset, not a FIN behind what is still unsent: a link cut off by a
 	// partition would otherwise deliver its buffered publishes when the
 	// network heals, to copies that were purged and resynchronised since.
-	resetOnClose(l.sock.conn)
-	l.sock.conn.Close()
+	resetOnClose(l.sock.Conn())
+	l.sock.Conn().Close()
 	c.log.Warn("backend link lost", "backend", l.name, "generation", l.gen, "err", err)
 
 	c.orphansMu.Lock()
@@ -458,7 +600,7 @@ func (c *clientConn) linkLost(l *link, err error) {
 	// What the loss settled (confirms, cancels) must leave now: the
 	// goroutine that noticed it may be no read loop, whose flush would
 	// follow.
-	c.client.flush()
+	c.client.Flush()
 }
 
 // markLinkClosed records that a link's connection ended its close handshake.
@@ -488,13 +630,13 @@ func (c *clientConn) closeLinks(reason CloseReason) {
 			// A paused proxy cannot tell which brokers the majority still
 			// reaches: what it sent them and they have not received must
 			// not arrive after the healing (see linkLost).
-			resetOnClose(l.sock.conn)
-			l.sock.conn.Close()
+			resetOnClose(l.sock.Conn())
+			l.sock.Conn().Close()
 			continue
 		}
-		l.sock.conn.SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
-		if err := l.sock.sendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
-			l.sock.conn.Close()
+		l.sock.Conn().SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
+		if err := l.sock.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
+			l.sock.Conn().Close()
 		}
 	}
 }
@@ -502,12 +644,12 @@ func (c *clientConn) closeLinks(reason CloseReason) {
 // flushLinks sends what the client loop queued on every link.
 func (c *clientConn) flushLinks() {
 	if len(c.links) == 1 {
-		c.backend.flush()
+		c.backend.Flush()
 		return
 	}
 	for i := range c.links {
 		if l := c.linkAt(i); l != nil {
-			l.sock.flush()
+			l.sock.Flush()
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // releaseLostCopies lets go of the lost quorum copies that keep publishes
@@ -14,24 +15,18 @@ import (
 func (c *clientConn) releaseLostCopies() {
 	m := c.srv.opts.Mirror
 	held := func(backend int, queue *mirror.QueueID) bool {
-		if queue == anyQueue {
+		if queue == ledger.AnyQueue {
 			queue = nil
 		}
 		return m.Holds(c.srv.backends[backend].Name, queue)
 	}
 	expired := time.Now().Add(-c.srv.opts.FailoverWait)
 	c.channels.each(func(ch *channelState) {
-		ch.mu.Lock()
-		waiting := ch.confirms.holdsLost()
-		ch.mu.Unlock()
-		if !waiting {
+		if !ch.holdsLostCopies() {
 			return
 		}
 		ch.outMu.Lock()
-		ch.mu.Lock()
-		out := ch.confirms.release(held, expired, ch.confirmedLost[:0])
-		ch.confirmedLost = out
-		ch.mu.Unlock()
+		out := ch.releaseLostCopies(held, expired)
 		if ch.confirming.Load() {
 			for _, cc := range out {
 				c.writeConfirm(ch.id, cc)
@@ -41,7 +36,7 @@ func (c *clientConn) releaseLostCopies() {
 		}
 		ch.outMu.Unlock()
 		if len(out) > 0 {
-			c.client.flush()
+			c.client.Flush()
 		}
 	})
 }

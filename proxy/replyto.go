@@ -49,16 +49,13 @@ func (c *clientConn) consumeReplyTo(ch *channelState, f frames.Frame, d *frames.
 	if d.ConsumerTag == "" {
 		d.ConsumerTag = newConsumerTag()
 	}
-	ch.mu.Lock()
-	ch.consumers[d.ConsumerTag] = consumer{noAck: true, link: home.idx}
-	ch.replyTag = d.ConsumerTag
-	ch.mu.Unlock()
+	ch.addReplyConsumer(d.ConsumerTag, home.idx)
 	client := frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: d.Append(nil)}
 	c.send(ch, client, []*link{home}, !d.NoWait, nil)
 	for _, l := range c.openLinks(ch) {
 		if l != home {
 			l.expect(ch.id, nil) // consume-ok
-			if err := l.sock.writeMethod(ch.id, replyConsume(d.ConsumerTag)); err != nil {
+			if err := l.sock.WriteMethod(ch.id, replyConsume(d.ConsumerTag)); err != nil {
 				c.writeFailed(l, err)
 			}
 		}
@@ -90,13 +87,7 @@ func (ch *channelState) isReplyConsumer(tag string) bool {
 // channel is open on other than targets, where the client's cancel goes,
 // when tag is that consumer's.
 func (c *clientConn) cancelReplyTo(ch *channelState, tag string, targets []*link) {
-	ch.mu.Lock()
-	mine := tag != "" && tag == ch.replyTag
-	if mine {
-		ch.replyTag = ""
-	}
-	ch.mu.Unlock()
-	if !mine {
+	if !ch.takeReplyConsumer(tag) {
 		return
 	}
 	for _, l := range c.openLinks(ch) {
@@ -104,7 +95,7 @@ func (c *clientConn) cancelReplyTo(ch *channelState, tag string, targets []*link
 			continue
 		}
 		l.expect(ch.id, nil) // cancel-ok
-		if err := l.sock.writeMethod(ch.id, &frames.BasicCancel{ConsumerTag: tag}); err != nil {
+		if err := l.sock.WriteMethod(ch.id, &frames.BasicCancel{ConsumerTag: tag}); err != nil {
 			c.writeFailed(l, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // This file decides which links a client method reaches. Without mirroring
@@ -90,11 +91,9 @@ func (c *clientConn) reachAll(ch *channelState) []*link {
 func (c *clientConn) openLinks(ch *channelState) []*link {
 	out := ch.reachable[:0]
 	for _, l := range c.allLinks() {
-		l.mu.Lock()
-		if lc := l.chans[ch.id]; lc != nil && lc.open {
+		if l.channelOpen(ch.id) {
 			out = append(out, l)
 		}
-		l.mu.Unlock()
 	}
 	ch.reachable = out
 	return out
@@ -119,9 +118,7 @@ func (c *clientConn) onOpenLinks(ch *channelState, f frames.Frame, wantReply boo
 	targets := c.openLinks(ch)
 	if len(targets) > 1 && f.Type == frames.FrameMethod && isMethod(f.Payload, frames.ConfirmSelectKey) {
 		for _, l := range targets {
-			l.mu.Lock()
-			l.channelLocked(ch.id).confirm = true
-			l.mu.Unlock()
+			l.selectConfirm(ch.id)
 		}
 	}
 	c.sendTo(ch, f, nil, targets, wantReply)
@@ -359,11 +356,11 @@ func (c *clientConn) deleteQueue(ch *channelState, f frames.Frame, meta mirror.Q
 		c.declared.forget(meta.ID.Name)
 		for _, l := range others {
 			l.expect(ch.id, nil)
-			if err := l.sock.writeMethod(ch.id, &frames.QueueDelete{Queue: meta.ID.Name}); err != nil {
+			if err := l.sock.WriteMethod(ch.id, &frames.QueueDelete{Queue: meta.ID.Name}); err != nil {
 				c.writeFailed(l, err)
 				continue
 			}
-			l.sock.flush()
+			l.sock.Flush()
 		}
 		return reply
 	}
@@ -452,12 +449,12 @@ func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod,
 	masterLink.expect(ch.id, g)
 	noWaitOff := *d
 	noWaitOff.NoWait = false
-	if err := masterLink.sock.writeMethod(ch.id, &noWaitOff); err != nil {
+	if err := masterLink.sock.WriteMethod(ch.id, &noWaitOff); err != nil {
 		c.writeFailed(masterLink, err)
 	}
 	for _, l := range slaves {
 		l.expect(ch.id, g)
-		if err := l.sock.writeMethod(ch.id, &slaveDecl); err != nil {
+		if err := l.sock.WriteMethod(ch.id, &slaveDecl); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -469,7 +466,7 @@ func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod,
 // for a queue no backend has (the broker answers 404). ok is false when the
 // request was answered already (the master is down: 404) or there is no
 // link at all.
-func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (target *link, ref *queueRef, ok bool) {
+func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (target *link, ref *ledger.QueueRef, ok bool) {
 	if c.srv.opts.Mirror != nil && queue != "" {
 		if meta, found := c.locate(queue); found {
 			master := c.reach(ch, meta.Master)
@@ -477,7 +474,7 @@ func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (t
 				c.masterDown(ch, meta, f)
 				return nil, nil, false
 			}
-			return master[0], &queueRef{id: meta.ID}, true
+			return master[0], &ledger.QueueRef{ID: meta.ID}, true
 		}
 	}
 	home := c.homeOnly()
@@ -509,21 +506,17 @@ func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) erro
 		}
 	}
 	tag := d.ConsumerTag
-	ch.mu.Lock()
 	if tag != "" || d.NoWait {
 		// With no tag and no-wait, the server picks a tag the client never
 		// learns; deliveries with an unknown tag take this consumer's mode.
-		ch.consumers[tag] = cons
+		ch.addConsumer(tag, cons)
 	}
-	ch.mu.Unlock()
 	var after func([]byte) []byte
 	if tag == "" && !d.NoWait {
 		after = func(reply []byte) []byte {
 			var ok frames.BasicConsumeOk
 			if decodeArgs(reply, &ok) == nil {
-				ch.mu.Lock()
-				ch.consumers[ok.ConsumerTag] = cons
-				ch.mu.Unlock()
+				ch.addConsumer(ok.ConsumerTag, cons)
 			}
 			return reply
 		}
@@ -544,7 +537,7 @@ func (c *clientConn) get(ch *channelState, f frames.Frame, args []byte) error {
 	}
 	g := &rpcGroup{pending: 1, primary: target.idx, get: &pendingGet{noAck: d.NoAck, queue: ref}}
 	target.expect(ch.id, g)
-	if err := target.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+	if err := target.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 		c.writeFailed(target, err)
 	}
 	return nil
@@ -556,13 +549,7 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 	if err := d.Decode(args); err != nil {
 		return err
 	}
-	ch.mu.Lock()
-	cons, known := ch.consumers[d.ConsumerTag]
-	if ch.orphaned[d.ConsumerTag] {
-		// Its link was lost and it waits for a new master: it ends here.
-		delete(ch.orphaned, d.ConsumerTag)
-	}
-	ch.mu.Unlock()
+	cons, known := ch.clientCancels(d.ConsumerTag)
 	targets := c.homeOnly()
 	if known {
 		if l := c.linkAt(cons.link); l != nil {
@@ -570,9 +557,7 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 		}
 	}
 	forget := func(reply []byte) []byte {
-		ch.mu.Lock()
-		delete(ch.consumers, d.ConsumerTag)
-		ch.mu.Unlock()
+		ch.removeConsumer(d.ConsumerTag)
 		return reply
 	}
 	if d.NoWait {
@@ -593,9 +578,7 @@ func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) erro
 	if c.srv.opts.Mirror == nil {
 		ch.pub = publishing{targets: c.homeOnly()}
 		if ch.confirming.Load() {
-			ch.mu.Lock()
-			ch.confirms.publish(0)
-			ch.mu.Unlock()
+			ch.numberPublish()
 		}
 		c.toBackend(f)
 		return nil
@@ -622,7 +605,7 @@ func (c *clientConn) sendDeferred(ch *channelState, header []byte) error {
 	ch.heldPublish = method[:0]
 	if header == nil {
 		if home := c.homeOnly(); len(home) > 0 {
-			if err := home[0].sock.writeFrame(frames.FrameMethod, ch.id, method); err != nil {
+			if err := home[0].sock.WriteFrame(frames.FrameMethod, ch.id, method); err != nil {
 				c.writeFailed(home[0], err)
 			}
 		}
@@ -647,35 +630,12 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 		c.selectOwnConfirms(ch)
 	}
 	if confirming || ch.ownConfirms.Load() {
-		ch.mu.Lock()
-		// A link lost since the route was decided has settled its confirms
-		// already (under this lock); numbering this publish on it would
-		// wait for a confirm nobody sends.
-		cs := r.copySet
-		var now time.Time
-		if cs.queue != nil {
-			// A lost quorum copy of a mirrored queue keeps counting until
-			// the metadata records its loss.
-			cs.quorum, cs.unreached = c.withoutLost(targets, cs.quorum, cs.unreached)
-			if len(cs.unreached) > 0 {
-				now = time.Now()
-			}
-		} else {
-			cs.quorum, _ = c.withoutLost(targets, cs.quorum, nil)
-		}
-		cs.extra, _ = c.withoutLost(targets, cs.extra, nil)
-		if len(cs.quorum) == 0 && len(cs.unreached) == 0 && len(cs.extra) > 0 {
-			cs.quorum, cs.extra = cs.extra, nil
-		}
-		seq := ch.confirms.publishTo(cs, now)
-		if cs.queue != nil && cs.queue != anyQueue {
+		seq, out := ch.numberCopies(r.CopySet, func(cs *ledger.CopySet) time.Time {
+			return c.withoutLostCopies(targets, cs)
+		})
+		if r.Queue != nil && r.Queue != ledger.AnyQueue {
 			ch.pub.seq = seq
 		}
-		var out []clientConfirm
-		if len(cs.quorum) == 0 && len(cs.unreached) == 0 {
-			out = ch.confirms.collect(1, nil)
-		}
-		ch.mu.Unlock()
 		if !confirming {
 			if len(out) > 0 {
 				ch.outMu.Lock()
@@ -688,7 +648,7 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 			ch.outMu.Lock()
 			c.writeConfirm(ch.id, cc)
 			ch.outMu.Unlock()
-			c.client.flush()
+			c.client.Flush()
 		}
 	}
 	if len(targets) == 0 {
@@ -696,7 +656,7 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 		return nil
 	}
 	for _, l := range targets {
-		if err := l.sock.writeFrame(frames.FrameMethod, ch.id, method); err != nil {
+		if err := l.sock.WriteFrame(frames.FrameMethod, ch.id, method); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -712,13 +672,8 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 func (c *clientConn) selectOwnConfirms(ch *channelState) {
 	ch.ownConfirms.Store(true)
 	for _, l := range c.openLinks(ch) {
-		l.mu.Lock()
-		lc := l.channelLocked(ch.id)
-		send := !lc.confirm
-		lc.confirm = true
-		l.mu.Unlock()
-		if send {
-			if err := l.sock.writeMethod(ch.id, &frames.ConfirmSelect{NoWait: true}); err != nil {
+		if l.selectConfirm(ch.id) {
+			if err := l.sock.WriteMethod(ch.id, &frames.ConfirmSelect{NoWait: true}); err != nil {
 				c.writeFailed(l, err)
 			}
 		}
@@ -737,16 +692,16 @@ type publishRoute struct {
 	confirming    bool
 	targets       []*link
 	identify      bool
-	// copySet says which backends' confirms count (by index), which the
+	// CopySet says which backends' confirms count (by index), which the
 	// publish could not reach, and for which queue.
-	copySet
+	ledger.CopySet
 }
 
 // newRoute starts deciding the channel's route afresh.
 func (c *clientConn) newRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
 	r := &ch.route
 	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: ch.confirming.Load(),
-		copySet: copySet{quorum: r.quorum[:0], extra: r.extra[:0], unreached: r.unreached[:0], master: -1}}
+		CopySet: ledger.CopySet{Quorum: r.Quorum[:0], Extra: r.Extra[:0], Unreached: r.Unreached[:0], Master: -1}}
 	return r
 }
 
@@ -778,18 +733,18 @@ func (c *clientConn) queueRoute(ch *channelState, p *frames.BasicPublish) *publi
 	r.identify = true
 	r.version = meta.Version
 	if len(meta.Slaves) > 0 {
-		r.queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
+		r.Queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
 	}
-	r.master = c.srv.backendIndex[meta.Master]
+	r.Master = c.srv.backendIndex[meta.Master]
 	for _, l := range targets {
 		if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
-			r.extra = append(r.extra, l.idx)
+			r.Extra = append(r.Extra, l.idx)
 		} else {
-			r.quorum = append(r.quorum, l.idx)
+			r.Quorum = append(r.Quorum, l.idx)
 		}
 	}
-	if r.queue != nil {
-		r.unreached = c.unreachedCopies(meta, targets, r.unreached)
+	if r.Queue != nil {
+		r.Unreached = c.unreachedCopies(meta, targets, r.Unreached)
 	}
 	return c.decided(r, targets, len(targets) == 1+len(meta.Slaves))
 }
@@ -838,11 +793,11 @@ func (c *clientConn) exchangeRoute(ch *channelState, p *frames.BasicPublish, hea
 	targets := c.reach(ch, wanted...)
 	r.identify = len(c.srv.backends) > 1
 	if len(c.srv.backends) > 1 {
-		r.queue = anyQueue
+		r.Queue = ledger.AnyQueue
 		for _, name := range wanted {
 			i := c.srv.backendIndex[name]
 			if !slices.ContainsFunc(targets, func(l *link) bool { return l.idx == i }) && c.srv.opts.Mirror.Holds(name, nil) {
-				r.unreached = append(r.unreached, i)
+				r.Unreached = append(r.Unreached, i)
 			}
 		}
 	}
@@ -871,16 +826,16 @@ func decodeHeaders(encoded []byte) (frames.Table, bool) {
 // route).
 func (c *clientConn) decided(r *publishRoute, targets []*link, keep bool) *publishRoute {
 	r.targets = append([]*link(nil), targets...) // reach's slice is scratch
-	if len(r.quorum) == 0 && len(r.extra) == 0 {
+	if len(r.Quorum) == 0 && len(r.Extra) == 0 {
 		for _, l := range r.targets {
-			r.quorum = append(r.quorum, l.idx)
+			r.Quorum = append(r.Quorum, l.idx)
 		}
 	}
-	if len(r.quorum) == 0 && len(r.unreached) == 0 && len(r.extra) > 0 {
-		r.quorum, r.extra = r.extra, r.quorum
+	if len(r.Quorum) == 0 && len(r.Unreached) == 0 && len(r.Extra) > 0 {
+		r.Quorum, r.Extra = r.Extra, r.Quorum
 	}
 	r.links = c.linkChanges.Load()
-	if len(r.unreached) > 0 {
+	if len(r.Unreached) > 0 {
 		c.reportUnreached(r)
 	}
 	if !keep {
@@ -898,18 +853,40 @@ func (c *clientConn) decided(r *publishRoute, targets []*link, keep bool) *publi
 // the backend is up again, if the log still does). They miss the publish.
 func (c *clientConn) reportUnreached(r *publishRoute) {
 	m := c.srv.opts.Mirror
-	queue := r.queue
-	if queue == anyQueue {
+	queue := r.Queue
+	if queue == ledger.AnyQueue {
 		queue = nil // any queue with a slave there
 	}
-	for _, i := range r.unreached {
+	for _, i := range r.Unreached {
 		name := c.srv.backends[i].Name
-		if i == r.master {
+		if i == r.Master {
 			continue
 		}
 		c.log.Debug("a publish cannot reach a slave copy", "backend", name, "queue", queueName(queue))
 		m.Missed(name, queue)
 	}
+}
+
+// withoutLostCopies takes out of cs the copies whose link among targets was
+// lost since the route was decided, and returns when the lost quorum copies
+// of a mirrored queue, which keep counting until the metadata records their
+// loss, were lost (zero for none). The caller holds the channel's mu
+// (channelState.numberCopies).
+func (c *clientConn) withoutLostCopies(targets []*link, cs *ledger.CopySet) time.Time {
+	var now time.Time
+	if cs.Queue != nil {
+		cs.Quorum, cs.Unreached = c.withoutLost(targets, cs.Quorum, cs.Unreached)
+		if len(cs.Unreached) > 0 {
+			now = time.Now()
+		}
+	} else {
+		cs.Quorum, _ = c.withoutLost(targets, cs.Quorum, nil)
+	}
+	cs.Extra, _ = c.withoutLost(targets, cs.Extra, nil)
+	if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 && len(cs.Extra) > 0 {
+		cs.Quorum, cs.Extra = cs.Extra, nil
+	}
+	return now
 }
 
 // withoutLost returns idxs without the backends whose link among targets
@@ -922,9 +899,7 @@ func (c *clientConn) withoutLost(targets []*link, idxs, lost []int) ([]int, []in
 		isLost := false
 		for _, l := range targets {
 			if l.idx == idx {
-				l.mu.Lock()
-				isLost = l.lost
-				l.mu.Unlock()
+				isLost = l.isLost()
 				break
 			}
 		}
@@ -1002,18 +977,11 @@ func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
 		}
 		payload = c.headerScratch
 		if ch.pub.returns > 1 || ch.pub.seq != 0 {
-			ch.mu.Lock()
-			if ch.pub.returns > 1 {
-				ch.returns.expect(id, ch.pub.returns)
-			}
-			if ch.pub.seq != 0 {
-				ch.confirms.identify(ch.pub.seq, id)
-			}
-			ch.mu.Unlock()
+			ch.identifyPublish(id)
 		}
 	}
 	for _, l := range ch.pub.targets {
-		if err := l.sock.writeFrame(f.Type, f.Channel, payload); err != nil {
+		if err := l.sock.WriteFrame(f.Type, f.Channel, payload); err != nil {
 			c.writeFailed(l, err)
 		}
 	}

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"github.com/amqp-mirror/amqp-mirror/frames"
+
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // rpcGroup is one synchronous client request (queue.declare, basic.qos,
@@ -31,7 +33,7 @@ type rpcGroup struct {
 // pendingGet is a basic.get in flight.
 type pendingGet struct {
 	noAck bool
-	queue *queueRef
+	queue *ledger.QueueRef
 }
 
 // isReply reports whether a method from a broker answers a client request.
@@ -60,7 +62,7 @@ func (c *clientConn) send(ch *channelState, f frames.Frame, targets []*link, wan
 		if g != nil {
 			l.expect(ch.id, g)
 		}
-		if err := l.sock.writeFrame(f.Type, f.Channel, f.Payload); err != nil {
+		if err := l.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 			c.writeFailed(l, err)
 		}
 	}
@@ -85,14 +87,7 @@ func (c *clientConn) replyArrived(ch *channelState, l *link, f frames.Frame) {
 	if g == nil {
 		return // the reply to the proxy's own request
 	}
-	ch.mu.Lock()
-	g.pending--
-	done := g.pending == 0
-	if l.idx == g.primary && (!done || g.after != nil) {
-		g.reply = append([]byte(nil), f.Payload...)
-	}
-	ch.mu.Unlock()
-	if !done {
+	if !ch.groupReplied(g, l.idx == g.primary, f.Payload) {
 		return
 	}
 	if g.after == nil && l.idx == g.primary {
@@ -121,11 +116,7 @@ func (c *clientConn) abandonReply(ch *channelState, g *rpcGroup) {
 	if g == nil {
 		return
 	}
-	ch.mu.Lock()
-	g.pending--
-	done := g.pending == 0
-	ch.mu.Unlock()
-	if done && g.reply != nil {
+	if ch.groupAbandoned(g) && g.reply != nil {
 		c.finishGroup(ch, g)
 	}
 }

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/memory"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
@@ -115,12 +118,12 @@ type Server struct {
 	nextConnID atomic.Uint64
 	stats      Stats
 	// releaser returns memory to the system after a storm of connections.
-	releaser *memoryReleaser
+	releaser *memory.Releaser
 	// stopWatch ends watchMirror; watchDone is closed when it returned.
 	stopWatch, watchDone chan struct{}
 	// delivered remembers recent deliveries of mirrored queues, to flag
-	// their redelivery by a promoted slave (redelivered.go).
-	delivered *deliveredIDs
+	// their redelivery by a promoted slave (internal/ledger/redelivered.go).
+	delivered *ledger.DeliveredIDs
 }
 
 // Stats are the server's counters, safe to read at any time.
@@ -159,8 +162,8 @@ func New(opts Options) (*Server, error) {
 		log:          opts.Logger,
 		listeners:    make(map[net.Listener]struct{}),
 		conns:        make(map[*clientConn]struct{}),
-		releaser:     newMemoryReleaser(),
-		delivered:    newDeliveredIDs(),
+		releaser:     memory.NewReleaser(),
+		delivered:    ledger.NewDeliveredIDs(),
 	}
 	if opts.Mirror != nil {
 		go s.watchMirror()
@@ -185,8 +188,8 @@ func (s *Server) watchMirror() {
 			return
 		case now = <-ticker.C:
 		}
-		if now.Sub(lastSweep) >= sweepEvery {
-			s.delivered.sweep(s.opts.Mirror.Lookup, now)
+		if now.Sub(lastSweep) >= ledger.SweepEvery {
+			s.delivered.Sweep(s.opts.Mirror.Lookup, now)
 			lastSweep = now
 		}
 		s.mu.Lock()
@@ -286,7 +289,7 @@ func (s *Server) Serve(ln net.Listener) error {
 				return ErrServerClosed
 			}
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, errTooManyFiles) {
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, wire.ErrTooManyFiles) {
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 				s.log.Warn("accept failed; retrying", "err", err, "backoff", backoff)
 				time.Sleep(backoff)
@@ -311,7 +314,7 @@ func (s *Server) startConn(conn net.Conn) {
 	s.connWG.Add(1)
 	s.mu.Unlock()
 	s.stats.ConnectionsOpened.Add(1)
-	s.releaser.opened(s.stats.ConnectionsOpen.Add(1))
+	s.releaser.Opened(s.stats.ConnectionsOpen.Add(1))
 	go func() {
 		ok, reason := c.open()
 		if !ok {
@@ -326,7 +329,7 @@ func (s *Server) startConn(conn net.Conn) {
 func (s *Server) connEnded(c *clientConn, reason CloseReason) {
 	defer s.connWG.Done()
 	s.stats.ClosedByReason[reason].Add(1)
-	s.releaser.closed(s.stats.ConnectionsOpen.Add(-1))
+	s.releaser.Closed(s.stats.ConnectionsOpen.Add(-1))
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()
@@ -340,7 +343,7 @@ func (s *Server) isClosed() bool {
 
 // beginClose stops accepting and returns the connections still open.
 func (s *Server) beginClose() []*clientConn {
-	s.releaser.stop()
+	s.releaser.Stop()
 	s.stopWatching()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // A channel the proxy put in confirm mode on the backends itself
@@ -92,6 +93,47 @@ func (c *clientConn) beginEmulatedTx(ch *channelState) {
 	c.answerOnChannel(ch, &frames.TxSelectOk{})
 }
 
+// beginCommit starts the commit of the kept transaction: it waits for the
+// confirms of the publishes numbered from now on.
+func (ch *channelState) beginCommit() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	t := &ch.tx
+	t.committing.Store(true)
+	t.sent, t.nacked = false, false
+	t.from = ch.confirms.LastSeq()
+}
+
+// commitSent records that every publish of the committing transaction was
+// sent: the commit is answered once they are all confirmed.
+func (ch *channelState) commitSent() {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.tx.to, ch.tx.sent = ch.confirms.LastSeq(), true
+}
+
+// commitAnswered applies the confirms out of the proxy's own confirm mode
+// to the committing transaction, and reports whether its publishes are all
+// answered now (the commit ends) and whether one was nacked.
+func (ch *channelState) commitAnswered(out []ledger.ClientConfirm) (done, nacked bool) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	t := &ch.tx
+	if !t.committing.Load() {
+		return false, false
+	}
+	for _, cc := range out {
+		if cc.Nack && cc.Seq > t.from {
+			t.nacked = true
+		}
+	}
+	done = t.sent && ch.confirms.AnsweredThrough(t.to)
+	if done {
+		t.committing.Store(false)
+	}
+	return done, t.nacked
+}
+
 func (t *emulatedTx) hold(f frames.Frame) {
 	f.Payload = append([]byte(nil), f.Payload...)
 	t.held = append(t.held, f)
@@ -107,11 +149,7 @@ func (t *emulatedTx) drop() {
 // sent it, and answers commit-ok once its publishes are confirmed.
 func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 	t := &ch.tx
-	ch.mu.Lock()
-	t.committing.Store(true)
-	t.sent, t.nacked = false, false
-	t.from = ch.confirms.lastClient
-	ch.mu.Unlock()
+	ch.beginCommit()
 	held := t.held
 	t.held, t.heldBytes = nil, 0
 	for _, f := range held {
@@ -122,9 +160,7 @@ func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 			return nil // a held frame closed the channel: no commit-ok
 		}
 	}
-	ch.mu.Lock()
-	t.to, t.sent = ch.confirms.lastClient, true
-	ch.mu.Unlock()
+	ch.commitSent()
 	ch.outMu.Lock()
 	c.ownConfirmsAnswered(ch, nil)
 	ch.outMu.Unlock()
@@ -171,27 +207,12 @@ func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
 // that out answers, and a commit of an emulated transaction whose publishes
 // are all answered now gets its commit-ok, or, if a master refused one of
 // them, the channel is closed with 541. The caller holds outMu.
-func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []clientConfirm) {
+func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []ledger.ClientConfirm) {
 	t := &ch.tx
 	if !t.committing.Load() {
 		return
 	}
-	ch.mu.Lock()
-	if !t.committing.Load() {
-		ch.mu.Unlock()
-		return
-	}
-	for _, cc := range out {
-		if cc.nack && cc.seq > t.from {
-			t.nacked = true
-		}
-	}
-	done := t.sent && ch.confirms.answeredThrough(t.to)
-	nacked := t.nacked
-	if done {
-		t.committing.Store(false)
-	}
-	ch.mu.Unlock()
+	done, nacked := ch.commitAnswered(out)
 	switch {
 	case !done:
 	case nacked:
@@ -202,7 +223,7 @@ func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []clientConfirm) 
 			frames.ClassTx, 20)
 	default:
 		c.toClientMethod(ch.id, &frames.TxCommitOk{})
-		c.client.flush()
+		c.client.Flush()
 	}
 }
 
@@ -211,5 +232,5 @@ func (c *clientConn) answerOnChannel(ch *channelState, m frames.Method) {
 	ch.outMu.Lock()
 	c.toClientMethod(ch.id, m)
 	ch.outMu.Unlock()
-	c.client.flush()
+	c.client.Flush()
 }

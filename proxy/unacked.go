@@ -39,8 +39,6 @@ func (c *clientConn) countUnacked(vhost string, counts map[mirror.QueueID]int) {
 		return backend < len(gens) && gens[backend] == gen && gen != 0
 	}
 	c.channels.each(func(ch *channelState) {
-		ch.mu.Lock()
-		ch.tags.countUnacked(vhost, live, counts)
-		ch.mu.Unlock()
+		ch.countUnacked(vhost, live, counts)
 	})
 }

@@ -1,4 +1,4 @@
-package proxy
+package memory
 
 import (
 	"fmt"
@@ -9,8 +9,8 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
 )
 
-func testReleaser(releases *atomic.Int32) *memoryReleaser {
-	m := newMemoryReleaser()
+func testReleaser(releases *atomic.Int32) *Releaser {
+	m := NewReleaser()
 	m.release = func() { releases.Add(1) }
 	m.drop, m.quiet, m.interval = 100, 20*time.Millisecond, 300*time.Millisecond
 	return m
@@ -34,12 +34,12 @@ func TestMemoryReleaserStorms(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var releases atomic.Int32
 			m := testReleaser(&releases)
-			defer m.stop()
+			defer m.Stop()
 			for open := int64(1); open <= tt.peak; open++ {
-				m.opened(open)
+				m.Opened(open)
 			}
 			for open := tt.peak - 1; open >= tt.peak-tt.closed; open-- {
-				m.closed(open)
+				m.Closed(open)
 			}
 			if tt.want > 0 {
 				testutil.Eventually(t, 5*time.Second, func() error {
@@ -63,13 +63,13 @@ func TestMemoryReleaserStorms(t *testing.T) {
 func TestMemoryReleaserInterval(t *testing.T) {
 	var releases atomic.Int32
 	m := testReleaser(&releases)
-	defer m.stop()
+	defer m.Stop()
 	storm := func() {
 		for open := int64(1); open <= 200; open++ {
-			m.opened(open)
+			m.Opened(open)
 		}
 		for open := int64(199); open >= 0; open-- {
-			m.closed(open)
+			m.Closed(open)
 		}
 	}
 	storm()
@@ -97,12 +97,12 @@ func TestMemoryReleaserStop(t *testing.T) {
 	var releases atomic.Int32
 	m := testReleaser(&releases)
 	for open := int64(1); open <= 200; open++ {
-		m.opened(open)
+		m.Opened(open)
 	}
 	for open := int64(199); open >= 0; open-- {
-		m.closed(open)
+		m.Closed(open)
 	}
-	m.stop()
+	m.Stop()
 	time.Sleep(3 * m.quiet)
 	if got := releases.Load(); got != 0 {
 		t.Errorf("%d releases after stop, want 0", got)

@@ -1,4 +1,4 @@
-package proxy
+package ledger
 
 import (
 	"sync"
@@ -54,12 +54,12 @@ const (
 	maxRecent = 1 << 17
 	// maxPromotions bounds the sets kept from earlier epochs of one queue.
 	maxPromotions = 4
-	// sweepEvery is how often idle queues' records are pruned.
-	sweepEvery = time.Second
+	// SweepEvery is how often idle queues' records are pruned.
+	SweepEvery = time.Second
 )
 
-// deliveredIDs is the record of recent deliveries, per mirrored queue.
-type deliveredIDs struct {
+// DeliveredIDs is the record of recent deliveries, per mirrored queue.
+type DeliveredIDs struct {
 	mu     sync.RWMutex
 	queues map[mirror.QueueID]*queueDeliveries
 }
@@ -92,16 +92,16 @@ type promotedSet struct {
 	until time.Time
 }
 
-func newDeliveredIDs() *deliveredIDs {
-	return &deliveredIDs{queues: make(map[mirror.QueueID]*queueDeliveries)}
+func NewDeliveredIDs() *DeliveredIDs {
+	return &DeliveredIDs{queues: make(map[mirror.QueueID]*queueDeliveries)}
 }
 
-// delivering records that the message id of queue q is being delivered while
+// Delivering records that the message id of queue q is being delivered while
 // the queue is at epoch, and reports whether it was delivered before.
 // mirrored says whether the queue has slaves: a queue without any starts no
 // record (nothing can be promoted), but one it has is kept, since the queue
 // may have lost its slaves in the promotion that matters.
-func (d *deliveredIDs) delivering(q mirror.QueueID, epoch uint64, mirrored bool, id mirror.MessageID, now time.Time) bool {
+func (d *DeliveredIDs) Delivering(q mirror.QueueID, epoch uint64, mirrored bool, id mirror.MessageID, now time.Time) bool {
 	r := d.record(q, epoch, mirrored)
 	if r == nil {
 		return false
@@ -126,7 +126,7 @@ func (d *deliveredIDs) delivering(q mirror.QueueID, epoch uint64, mirrored bool,
 
 // record returns q's record, locked; nil when there is none and mirrored
 // is false.
-func (d *deliveredIDs) record(q mirror.QueueID, epoch uint64, mirrored bool) *queueDeliveries {
+func (d *DeliveredIDs) record(q mirror.QueueID, epoch uint64, mirrored bool) *queueDeliveries {
 	for {
 		d.mu.RLock()
 		r := d.queues[q]
@@ -179,11 +179,11 @@ func (r *queueDeliveries) advance(epoch uint64, now time.Time) {
 
 func (r *queueDeliveries) empty() bool { return len(r.recent) == 0 && len(r.promoted) == 0 }
 
-// sweep prunes every record as a delivery would, so that a promotion is
+// Sweep prunes every record as a delivery would, so that a promotion is
 // noticed (and what was delivered before it kept) even while the queue
 // delivers nothing, and drops the records of deleted queues and of queues
 // that delivered nothing for keepRecent and had no promotion since.
-func (d *deliveredIDs) sweep(lookup func(mirror.QueueID) (mirror.QueueMeta, bool), now time.Time) {
+func (d *DeliveredIDs) Sweep(lookup func(mirror.QueueID) (mirror.QueueMeta, bool), now time.Time) {
 	d.mu.RLock()
 	ids := make([]mirror.QueueID, 0, len(d.queues))
 	for q := range d.queues {
@@ -211,9 +211,9 @@ func (d *deliveredIDs) sweep(lookup func(mirror.QueueID) (mirror.QueueMeta, bool
 	}
 }
 
-// deadLettered reports whether a content header's headers table has
+// DeadLettered reports whether a content header's headers table has
 // x-death: the message was dead-lettered at least once.
-func deadLettered(header []byte) bool {
+func DeadLettered(header []byte) bool {
 	start, end, present, err := frames.HeadersField(header)
 	if err != nil || !present {
 		return false

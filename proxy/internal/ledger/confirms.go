@@ -1,4 +1,4 @@
-package proxy
+package ledger
 
 import (
 	"sort"
@@ -7,7 +7,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
-// publisherConfirms tracks, on one channel in confirm mode, which of the
+// PublisherConfirms tracks, on one channel in confirm mode, which of the
 // client's publishes the backends have confirmed. The client's sequence
 // numbers are the proxy's own. Each publish is sent to one or more backends,
 // each numbering it in its own sequence. A client publish is confirmed when
@@ -31,7 +31,7 @@ import (
 // cannot reach a majority of the log can therefore never confirm a publish
 // with fewer copies than the log counts, whatever it sees of the backends
 // (see release).
-type publisherConfirms struct {
+type PublisherConfirms struct {
 	lastClient uint64 // the last publish sequence number, the proxy's own included
 	// clientBase is lastClient when the client sent confirm.select on a
 	// channel the proxy had put in confirm mode itself: the client numbers
@@ -47,18 +47,18 @@ type publisherConfirms struct {
 	// refused are the publishes the master of their mirrored queue nacked
 	// since the caller last took them (takeRefused): the slaves' copies
 	// of those are to go.
-	refused []refusedPublish
+	refused []RefusedPublish
 	one     [1]int // publish's quorum
 }
 
-// refusedPublish is a publish to the default exchange that the master of
+// RefusedPublish is a publish to the default exchange that the master of
 // its mirrored queue nacked (an overflow of reject-publish or
 // reject-publish-dlx, or the queue failed): the master does not hold it,
 // while the slaves' brokers, which count no ready message since their
 // trimmers hold every copy, accepted theirs.
-type refusedPublish struct {
-	queue *mirror.QueueID
-	id    mirror.MessageID
+type RefusedPublish struct {
+	Queue *mirror.QueueID
+	ID    mirror.MessageID
 }
 
 // lostCopy is a quorum copy of a publish that its backend will never
@@ -70,16 +70,16 @@ type lostCopy struct {
 	since     time.Time
 }
 
-// copySet is where one publish goes, as publisherConfirms counts it.
-type copySet struct {
-	quorum, extra []int // reached backends whose confirms count, and the others
-	// unreached are quorum backends the publish could not reach: lost at once.
-	unreached []int
-	// queue is the mirrored queue the publish goes to, anyQueue for an
+// CopySet is where one publish goes, as PublisherConfirms counts it.
+type CopySet struct {
+	Quorum, Extra []int // reached backends whose confirms count, and the others
+	// Unreached are quorum backends the publish could not reach: lost at once.
+	Unreached []int
+	// Queue is the mirrored queue the publish goes to, anyQueue for an
 	// exchange publish with several backends, nil otherwise; master is the
 	// index of the queue's master, -1 for none.
-	queue  *mirror.QueueID
-	master int
+	Queue  *mirror.QueueID
+	Master int
 }
 
 type pendingPublish struct {
@@ -107,54 +107,54 @@ type backendPublish struct {
 	queue *mirror.QueueID
 }
 
-// anyQueue stands for every queue a publish to an exchange may have
+// AnyQueue stands for every queue a publish to an exchange may have
 // reached on a backend.
-var anyQueue = new(mirror.QueueID)
+var AnyQueue = new(mirror.QueueID)
 
-// missedCopy is a slave copy that may lack a publish: its backend nacked
+// MissedCopy is a slave copy that may lack a publish: its backend nacked
 // it, or its link was lost before confirming it. queue is anyQueue when
 // the publish went to an exchange.
-type missedCopy struct {
-	backend int
-	queue   *mirror.QueueID
+type MissedCopy struct {
+	Backend int
+	Queue   *mirror.QueueID
 }
 
-// clientConfirm is one basic.ack or basic.nack to send to the client.
-type clientConfirm struct {
-	seq      uint64
-	multiple bool
-	nack     bool
+// ClientConfirm is one basic.ack or basic.nack to send to the client.
+type ClientConfirm struct {
+	Seq      uint64
+	Multiple bool
+	Nack     bool
 }
 
-// publish records a client publish sent to one backend, and returns its
+// Publish records a client publish sent to one backend, and returns its
 // client sequence number. It does not allocate: it is every publish's path
 // with one backend.
-func (p *publisherConfirms) publish(backend int) uint64 {
+func (p *PublisherConfirms) Publish(backend int) uint64 {
 	p.one[0] = backend
-	return p.publishTo(copySet{quorum: p.one[:], master: -1}, time.Time{})
+	return p.PublishTo(CopySet{Quorum: p.one[:], Master: -1}, time.Time{})
 }
 
-// publishTo records a publish sent to the copies of cs and returns its
+// PublishTo records a publish sent to the copies of cs and returns its
 // sequence number; its unreached copies count as lost at now.
-func (p *publisherConfirms) publishTo(cs copySet, now time.Time) uint64 {
+func (p *PublisherConfirms) PublishTo(cs CopySet, now time.Time) uint64 {
 	p.lastClient++
-	p.waiting = append(p.waiting, pendingPublish{seq: p.lastClient, copies: uint8(len(cs.quorum) + len(cs.unreached))})
+	p.waiting = append(p.waiting, pendingPublish{seq: p.lastClient, copies: uint8(len(cs.Quorum) + len(cs.Unreached))})
 	if p.backendSeqs == nil {
 		p.backendSeqs = make(map[int]*backendSequence, 1)
 	}
-	for _, b := range cs.quorum {
-		p.number(b, backendPublish{counts: true, slave: cs.queue != nil && b != cs.master, queue: cs.queue})
+	for _, b := range cs.Quorum {
+		p.number(b, backendPublish{counts: true, slave: cs.Queue != nil && b != cs.Master, queue: cs.Queue})
 	}
-	for _, b := range cs.extra {
+	for _, b := range cs.Extra {
 		p.number(b, backendPublish{})
 	}
-	for _, b := range cs.unreached {
-		p.lost = append(p.lost, lostCopy{backend: b, clientSeq: p.lastClient, queue: cs.queue, since: now})
+	for _, b := range cs.Unreached {
+		p.lost = append(p.lost, lostCopy{backend: b, clientSeq: p.lastClient, queue: cs.Queue, since: now})
 	}
 	return p.lastClient
 }
 
-func (p *publisherConfirms) number(b int, bp backendPublish) {
+func (p *PublisherConfirms) number(b int, bp backendPublish) {
 	bs := p.backendSeqs[b]
 	if bs == nil {
 		bs = &backendSequence{}
@@ -165,47 +165,47 @@ func (p *publisherConfirms) number(b int, bp backendPublish) {
 	bs.pending = append(bs.pending, bp)
 }
 
-// identify records the identity of the message of publish seq, given
+// Identify records the identity of the message of publish seq, given
 // when its content header went out; nothing when it was answered already.
-func (p *publisherConfirms) identify(seq uint64, id mirror.MessageID) {
+func (p *PublisherConfirms) Identify(seq uint64, id mirror.MessageID) {
 	if i := p.indexOf(seq); i >= 0 {
 		p.waiting[i].identified, p.waiting[i].id = true, id
 	}
 }
 
-// takeRefused appends to out the publishes their queue's master nacked
+// TakeRefused appends to out the publishes their queue's master nacked
 // since the last call, and forgets them.
-func (p *publisherConfirms) takeRefused(out []refusedPublish) []refusedPublish {
+func (p *PublisherConfirms) TakeRefused(out []RefusedPublish) []RefusedPublish {
 	out = append(out, p.refused...)
 	p.refused = p.refused[:0]
 	return out
 }
 
-// clientSelected records the client's confirm.select on a channel the
+// ClientSelected records the client's confirm.select on a channel the
 // proxy already numbers publishes on: the client's first publish is 1.
-func (p *publisherConfirms) clientSelected() { p.clientBase = p.lastClient }
+func (p *PublisherConfirms) ClientSelected() { p.clientBase = p.lastClient }
 
 // appendMissed appends to missed the slave copy of bp's publish on backend
 // b, once per queue.
-func appendMissed(missed []missedCopy, b int, bp backendPublish) []missedCopy {
+func appendMissed(missed []MissedCopy, b int, bp backendPublish) []MissedCopy {
 	if !bp.slave {
 		return missed
 	}
 	for _, m := range missed {
-		if m.backend == b && m.queue == bp.queue {
+		if m.Backend == b && m.Queue == bp.queue {
 			return missed
 		}
 	}
-	return append(missed, missedCopy{backend: b, queue: bp.queue})
+	return append(missed, MissedCopy{Backend: b, Queue: bp.queue})
 }
 
-// backendLost stops waiting for a backend whose link was lost, at now: its
+// BackendLost stops waiting for a backend whose link was lost, at now: its
 // pending publishes count as neither acked nor nacked, at once for a
 // publish with one copy, and for a mirrored queue's copies once release
 // lets them go; a publish no quorum backend acked is nacked. A new link to
 // the backend numbers from 1 again. The slave copies those publishes were
 // meant for are appended to missed.
-func (p *publisherConfirms) backendLost(backend int, now time.Time, out []clientConfirm, missed *[]missedCopy) []clientConfirm {
+func (p *PublisherConfirms) BackendLost(backend int, now time.Time, out []ClientConfirm, missed *[]MissedCopy) []ClientConfirm {
 	bs := p.backendSeqs[backend]
 	if bs == nil {
 		return out
@@ -233,12 +233,12 @@ func (p *publisherConfirms) backendLost(backend int, now time.Time, out []client
 	return p.collect(answered, out)
 }
 
-// confirm applies a backend's basic.ack or basic.nack and appends to out the
+// Confirm applies a backend's basic.ack or basic.nack and appends to out the
 // confirms the client should now receive, coalesced into one multiple ack
 // when they are the oldest outstanding publishes, as they are when a single
 // backend confirms in order. A nack appends the slave copies it concerns to
 // missed.
-func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, nack bool, out []clientConfirm, missed *[]missedCopy) []clientConfirm {
+func (p *PublisherConfirms) Confirm(backend int, backendSeq uint64, multiple, nack bool, out []ClientConfirm, missed *[]MissedCopy) []ClientConfirm {
 	bs := p.backendSeqs[backend]
 	if bs == nil {
 		return out
@@ -260,8 +260,8 @@ func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, na
 			return
 		}
 		w := &p.waiting[i]
-		if nack && !bp.slave && bp.queue != nil && bp.queue != anyQueue && w.identified {
-			p.refused = append(p.refused, refusedPublish{queue: bp.queue, id: w.id})
+		if nack && !bp.slave && bp.queue != nil && bp.queue != AnyQueue && w.identified {
+			p.refused = append(p.refused, RefusedPublish{Queue: bp.queue, ID: w.id})
 		}
 		w.copies--
 		w.nacked = w.nacked || nack
@@ -291,12 +291,12 @@ func (p *publisherConfirms) confirm(backend int, backendSeq uint64, multiple, na
 	return p.collect(answered, out)
 }
 
-// release lets go of the lost copies that held reports the metadata no
+// Release lets go of the lost copies that held reports the metadata no
 // longer counts (their loss was recorded), and of those lost before
 // expired, which nack their publishes: the copy may lack a publish the
 // metadata still counts it for. It appends the confirms the client should
 // now receive to out.
-func (p *publisherConfirms) release(held func(backend int, queue *mirror.QueueID) bool, expired time.Time, out []clientConfirm) []clientConfirm {
+func (p *PublisherConfirms) Release(held func(backend int, queue *mirror.QueueID) bool, expired time.Time, out []ClientConfirm) []ClientConfirm {
 	if len(p.lost) == 0 {
 		return out
 	}
@@ -323,7 +323,7 @@ func (p *publisherConfirms) release(held func(backend int, queue *mirror.QueueID
 // dropCopy stops waiting for one quorum copy of publish seq, which never
 // confirms it (nack: the publish is nacked whatever the others say), and
 // reports whether that answered the publish: nacked if no copy acked it.
-func (p *publisherConfirms) dropCopy(seq uint64, nack bool) bool {
+func (p *PublisherConfirms) dropCopy(seq uint64, nack bool) bool {
 	i := p.indexOf(seq)
 	if i < 0 {
 		return false
@@ -338,11 +338,11 @@ func (p *publisherConfirms) dropCopy(seq uint64, nack bool) bool {
 	return true
 }
 
-// holdsLost reports whether lost copies keep publishes waiting.
-func (p *publisherConfirms) holdsLost() bool { return len(p.lost) > 0 }
+// HoldsLost reports whether lost copies keep publishes waiting.
+func (p *PublisherConfirms) HoldsLost() bool { return len(p.lost) > 0 }
 
 // collect moves the answered publishes to out and drops them from waiting.
-func (p *publisherConfirms) collect(answered int, out []clientConfirm) []clientConfirm {
+func (p *PublisherConfirms) collect(answered int, out []ClientConfirm) []ClientConfirm {
 	// The answered publishes at the front with no nack among them become
 	// one multiple ack; everything else is answered one by one.
 	prefix := 0
@@ -352,11 +352,11 @@ func (p *publisherConfirms) collect(answered int, out []clientConfirm) []clientC
 	switch {
 	case prefix == 0 || p.waiting[prefix-1].seq <= p.clientBase:
 	case prefix == 1:
-		out = append(out, clientConfirm{seq: p.waiting[0].seq - p.clientBase})
+		out = append(out, ClientConfirm{Seq: p.waiting[0].seq - p.clientBase})
 	default:
 		// Publishes of the proxy's own (up to clientBase) in the range are
 		// news to nobody; the client's sequence starts after them.
-		out = append(out, clientConfirm{seq: p.waiting[prefix-1].seq - p.clientBase, multiple: true})
+		out = append(out, ClientConfirm{Seq: p.waiting[prefix-1].seq - p.clientBase, Multiple: true})
 	}
 	if prefix == answered {
 		n := copy(p.waiting, p.waiting[prefix:])
@@ -370,7 +370,7 @@ func (p *publisherConfirms) collect(answered int, out []clientConfirm) []clientC
 		case i < prefix:
 		case w.copies == 0:
 			if w.seq > p.clientBase {
-				out = append(out, clientConfirm{seq: w.seq - p.clientBase, nack: w.nacked})
+				out = append(out, ClientConfirm{Seq: w.seq - p.clientBase, Nack: w.nacked})
 			}
 		default:
 			kept = append(kept, w)
@@ -381,7 +381,7 @@ func (p *publisherConfirms) collect(answered int, out []clientConfirm) []clientC
 }
 
 // indexOf finds the waiting publish with the client sequence number seq.
-func (p *publisherConfirms) indexOf(seq uint64) int {
+func (p *PublisherConfirms) indexOf(seq uint64) int {
 	i := sort.Search(len(p.waiting), func(i int) bool { return p.waiting[i].seq >= seq })
 	if i == len(p.waiting) || p.waiting[i].seq != seq {
 		return -1
@@ -389,19 +389,30 @@ func (p *publisherConfirms) indexOf(seq uint64) int {
 	return i
 }
 
-// answeredThrough reports whether every publish numbered up to seq has
+// AnsweredThrough reports whether every publish numbered up to seq has
 // been answered.
-func (p *publisherConfirms) answeredThrough(seq uint64) bool {
+func (p *PublisherConfirms) AnsweredThrough(seq uint64) bool {
 	return len(p.waiting) == 0 || p.waiting[0].seq > seq
 }
 
-// unconfirmed is the number of client publishes still waiting for backends.
-func (p *publisherConfirms) unconfirmed() int { return len(p.waiting) }
+// LastSeq is the sequence number of the last publish, the proxy's own
+// included.
+func (p *PublisherConfirms) LastSeq() uint64 { return p.lastClient }
 
-// owed returns, per backend, how many confirms it still owes towards a
+// ConfirmWithoutCopies answers the publish PublishTo just recorded with
+// no copy to wait for (an empty quorum and nothing unreached): it is
+// confirmed at once. It appends the confirms to out.
+func (p *PublisherConfirms) ConfirmWithoutCopies(out []ClientConfirm) []ClientConfirm {
+	return p.collect(1, out)
+}
+
+// Unconfirmed is the number of client publishes still waiting for backends.
+func (p *PublisherConfirms) Unconfirmed() int { return len(p.waiting) }
+
+// Owed returns, per backend, how many confirms it still owes towards a
 // client publish's quorum: for the log when a channel ends with publishes
 // unconfirmed.
-func (p *publisherConfirms) owed() map[int]int {
+func (p *PublisherConfirms) Owed() map[int]int {
 	out := make(map[int]int)
 	for b, bs := range p.backendSeqs {
 		for _, bp := range bs.pending {

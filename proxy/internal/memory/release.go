@@ -1,4 +1,6 @@
-package proxy
+// Package memory gives memory back to the operating system after a storm
+// of connections has ended (Releaser).
+package memory
 
 import (
 	"runtime/debug"
@@ -6,7 +8,7 @@ import (
 	"time"
 )
 
-// memoryReleaser gives memory back to the operating system after a storm of
+// Releaser gives memory back to the operating system after a storm of
 // connections has ended. What a connection holds while it is open is mostly
 // its goroutines' stacks; when thousands close at once, that memory is free
 // inside the Go runtime but stays resident: the runtime finds it free only at
@@ -19,7 +21,7 @@ import (
 // immediate return of every free page) — at most once per releaseInterval,
 // and never from a read loop. The connections that closed are its only
 // trigger; steady traffic never causes one.
-type memoryReleaser struct {
+type Releaser struct {
 	mu      sync.Mutex
 	peak    int64     // most connections open since the last release
 	armed   bool      // a timer will call run
@@ -44,20 +46,20 @@ const (
 	releaseInterval = 10 * time.Second
 )
 
-func newMemoryReleaser() *memoryReleaser {
-	return &memoryReleaser{release: debug.FreeOSMemory, drop: releaseDrop, quiet: releaseQuiet, interval: releaseInterval}
+func NewReleaser() *Releaser {
+	return &Releaser{release: debug.FreeOSMemory, drop: releaseDrop, quiet: releaseQuiet, interval: releaseInterval}
 }
 
-// opened notes the number of open connections after one opened.
-func (m *memoryReleaser) opened(open int64) {
+// Opened notes the number of open connections after one opened.
+func (m *Releaser) Opened(open int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.peak = max(m.peak, open)
 }
 
-// closed notes the number of open connections after one ended, and arms the
+// Closed notes the number of open connections after one ended, and arms the
 // release when enough have gone.
-func (m *memoryReleaser) closed(open int64) {
+func (m *Releaser) Closed(open int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.peak = max(m.peak, open)
@@ -75,7 +77,7 @@ func (m *memoryReleaser) closed(open int64) {
 	}
 }
 
-func (m *memoryReleaser) run() {
+func (m *Releaser) run() {
 	m.mu.Lock()
 	if m.stopped {
 		m.armed = false
@@ -98,8 +100,8 @@ func (m *memoryReleaser) run() {
 	m.mu.Unlock()
 }
 
-// stop cancels a pending release; the server calls it when it closes.
-func (m *memoryReleaser) stop() {
+// Stop cancels a pending release; the server calls it when it closes.
+func (m *Releaser) Stop() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.stopped = true

@@ -1,4 +1,4 @@
-package proxy
+package ledger
 
 import (
 	"sort"
@@ -6,7 +6,7 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
-// deliveryTags maps the delivery tags a client sees on one channel to the
+// DeliveryTags maps the delivery tags a client sees on one channel to the
 // backend and backend tag of each delivery. The client's tags are the proxy's
 // own: once mirroring merges deliveries from several backends onto one client
 // channel, or moves a consumer to another backend on failover, backend tags no
@@ -16,70 +16,70 @@ import (
 // proxy tag and searched by bisection; settled entries are marked, and
 // swept out when they make up most of the slice. Memory is bounded by the
 // client's unacknowledged window (its prefetch).
-type deliveryTags struct {
+type DeliveryTags struct {
 	next    uint64 // last proxy tag handed out
-	pending []tagEntry
+	pending []TagEntry
 	live    int // entries in pending that are not settled
 }
 
-type tagEntry struct {
+type TagEntry struct {
 	proxyTag   uint64
 	backendTag uint64
 	backend    int    // index of the backend link the delivery came from
 	gen        uint64 // the link's generation
 	settled    bool
-	// queue and id say which message of which mirrored queue it was, so
-	// that settling it trims the slaves; queue is nil otherwise.
-	queue *queueRef
-	id    mirror.MessageID
+	// Queue and ID say which message of which mirrored queue it was, so
+	// that settling it trims the slaves; Queue is nil otherwise.
+	Queue *QueueRef
+	ID    mirror.MessageID
 	// from is the recorded queue the consumer or get read, nil when the
 	// proxy does not know it: list_queues counts unacknowledged messages
 	// by it.
-	from *queueRef
+	from *QueueRef
 }
 
-// queueRef names the queue of a consumer or get, shared by its deliveries.
-type queueRef struct{ id mirror.QueueID }
+// QueueRef names the queue of a consumer or get, shared by its deliveries.
+type QueueRef struct{ ID mirror.QueueID }
 
-// trimmed is a message whose master copy the client settled: its slave
+// Trimmed is a message whose master copy the client settled: its slave
 // copies are to go.
-type trimmed struct {
-	queue *queueRef
-	id    mirror.MessageID
+type Trimmed struct {
+	Queue *QueueRef
+	ID    mirror.MessageID
 }
 
-// backendAck is one acknowledgement to send to a backend: settle
+// BackendAck is one acknowledgement to send to a backend: settle
 // backendTag, and with multiple every earlier unsettled tag on that backend.
 // It is void when the link's generation is no longer gen.
-type backendAck struct {
-	backend    int
-	gen        uint64
-	backendTag uint64
-	multiple   bool
+type BackendAck struct {
+	Backend    int
+	Gen        uint64
+	BackendTag uint64
+	Multiple   bool
 }
 
-// delivered describes one delivery for deliveryTags.deliver.
-type delivered struct {
-	backend    int
-	gen        uint64
-	backendTag uint64
-	queue      *queueRef // nil unless the message's slaves are to be trimmed
-	id         mirror.MessageID
-	from       *queueRef // the recorded queue the message came from, if known
+// Delivered describes one delivery for deliveryTags.deliver.
+type Delivered struct {
+	Backend    int
+	Gen        uint64
+	BackendTag uint64
+	Queue      *QueueRef // nil unless the message's slaves are to be trimmed
+	ID         mirror.MessageID
+	From       *QueueRef // the recorded queue the message came from, if known
 }
 
-// deliver assigns the proxy tag for a delivery. Deliveries that need no
+// Deliver assigns the proxy tag for a delivery. Deliveries that need no
 // acknowledgement (no-ack consumers and gets) get a tag but no entry.
-func (d *deliveryTags) deliver(m delivered, needsAck bool) uint64 {
+func (d *DeliveryTags) Deliver(m Delivered, needsAck bool) uint64 {
 	d.next++
 	if needsAck {
-		d.pending = append(d.pending, tagEntry{proxyTag: d.next, backendTag: m.backendTag, backend: m.backend, gen: m.gen, queue: m.queue, id: m.id, from: m.from})
+		d.pending = append(d.pending, TagEntry{proxyTag: d.next, backendTag: m.BackendTag, backend: m.Backend, gen: m.Gen, Queue: m.Queue, ID: m.ID, from: m.From})
 		d.live++
 	}
 	return d.next
 }
 
-// settle resolves a client's ack, nack or reject of proxyTag (with multiple:
+// Settle resolves a client's ack, nack or reject of proxyTag (with multiple:
 // of every unsettled tag up to it; tag 0 with multiple means all). It returns
 // the backend acknowledgements to send, appended to out; with keep set, the
 // entries it settled appended to settled (a transaction that rolls back
@@ -87,7 +87,7 @@ func (d *deliveryTags) deliver(m delivered, needsAck bool) uint64 {
 // RabbitMQ answers that with PRECONDITION_FAILED - unknown delivery tag.
 // With trims non-nil, the settled messages of mirrored queues are appended
 // to *trims (their master copies are gone: the slaves drop theirs).
-func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, keep bool, settled []tagEntry, trims *[]trimmed) ([]backendAck, []tagEntry, bool) {
+func (d *DeliveryTags) Settle(proxyTag uint64, multiple bool, out []BackendAck, keep bool, settled []TagEntry, trims *[]Trimmed) ([]BackendAck, []TagEntry, bool) {
 	if multiple && proxyTag == 0 {
 		proxyTag = d.next
 		if d.live == 0 {
@@ -105,9 +105,9 @@ func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, 
 			if keep {
 				settled = append(settled, *e)
 			}
-			ack := backendAck{backend: e.backend, gen: e.gen, backendTag: e.backendTag}
-			if trims != nil && e.queue != nil {
-				*trims = append(*trims, trimmed{queue: e.queue, id: e.id})
+			ack := BackendAck{Backend: e.backend, Gen: e.gen, BackendTag: e.backendTag}
+			if trims != nil && e.Queue != nil {
+				*trims = append(*trims, Trimmed{Queue: e.Queue, ID: e.ID})
 			}
 			d.compact() // moves entries: e points at another one afterwards
 			return append(out, ack), settled, true
@@ -131,28 +131,28 @@ func (d *deliveryTags) settle(proxyTag uint64, multiple bool, out []backendAck, 
 		if keep {
 			settled = append(settled, *e)
 		}
-		if trims != nil && e.queue != nil {
-			*trims = append(*trims, trimmed{queue: e.queue, id: e.id})
+		if trims != nil && e.Queue != nil {
+			*trims = append(*trims, Trimmed{Queue: e.Queue, ID: e.ID})
 		}
 		found := false
 		for j := first; j < len(out); j++ {
-			if out[j].backend == e.backend && out[j].gen == e.gen {
-				out[j].backendTag = e.backendTag
+			if out[j].Backend == e.backend && out[j].Gen == e.gen {
+				out[j].BackendTag = e.backendTag
 				found = true
 				break
 			}
 		}
 		if !found {
-			out = append(out, backendAck{backend: e.backend, gen: e.gen, backendTag: e.backendTag, multiple: true})
+			out = append(out, BackendAck{Backend: e.backend, Gen: e.gen, BackendTag: e.backendTag, Multiple: true})
 		}
 	}
 	d.compact()
 	return out, settled, true
 }
 
-// restore makes settled entries outstanding again: a rolled-back transaction
+// Restore makes settled entries outstanding again: a rolled-back transaction
 // leaves its acks unapplied at the broker.
-func (d *deliveryTags) restore(entries []tagEntry) {
+func (d *DeliveryTags) Restore(entries []TagEntry) {
 	if len(entries) == 0 {
 		return
 	}
@@ -175,20 +175,20 @@ func (d *deliveryTags) restore(entries []tagEntry) {
 	sort.Slice(d.pending, func(i, j int) bool { return d.pending[i].proxyTag < d.pending[j].proxyTag })
 }
 
-// dropAll forgets every outstanding delivery: after basic.recover-async
+// DropAll forgets every outstanding delivery: after basic.recover-async
 // the brokers redeliver them with new tags, and the old tags are void.
-func (d *deliveryTags) dropAll() {
+func (d *DeliveryTags) DropAll() {
 	d.pending = d.pending[:0]
 	d.live = 0
 }
 
-// dropFrom forgets the outstanding deliveries that came from backend, when
+// DropFrom forgets the outstanding deliveries that came from backend, when
 // its broker answers basic.recover: it requeued them all, and what it
 // delivers after its recover-ok carries new tags. Deliveries from other
 // backends stay, whenever their recover-ok comes: a channel open on several
 // links gets one recover-ok from each, and the master's redeliveries may
 // reach the proxy before a slave's recover-ok does.
-func (d *deliveryTags) dropFrom(backend int) {
+func (d *DeliveryTags) DropFrom(backend int) {
 	kept := d.pending[:0]
 	for _, e := range d.pending {
 		switch {
@@ -202,24 +202,24 @@ func (d *deliveryTags) dropFrom(backend int) {
 	d.pending = kept
 }
 
-// outstanding is the number of deliveries awaiting the client's ack.
-func (d *deliveryTags) outstanding() int { return d.live }
+// Outstanding is the number of deliveries awaiting the client's ack.
+func (d *DeliveryTags) Outstanding() int { return d.live }
 
-// countUnacked adds to counts, per queue of vhost ("" for every vhost), the
+// CountUnacked adds to counts, per queue of vhost ("" for every vhost), the
 // deliveries waiting for the client's settlement that came from a link
 // still open (live): a lost link's broker has taken its deliveries back.
-func (d *deliveryTags) countUnacked(vhost string, live func(backend int, gen uint64) bool, counts map[mirror.QueueID]int) {
+func (d *DeliveryTags) CountUnacked(vhost string, live func(backend int, gen uint64) bool, counts map[mirror.QueueID]int) {
 	for i := range d.pending {
 		e := &d.pending[i]
-		if e.settled || e.from == nil || vhost != "" && e.from.id.VHost != vhost || !live(e.backend, e.gen) {
+		if e.settled || e.from == nil || vhost != "" && e.from.ID.VHost != vhost || !live(e.backend, e.gen) {
 			continue
 		}
-		counts[e.from.id]++
+		counts[e.from.ID]++
 	}
 }
 
 // find returns the index of the unsettled entry for proxyTag, or -1.
-func (d *deliveryTags) find(proxyTag uint64) int {
+func (d *DeliveryTags) find(proxyTag uint64) int {
 	i := d.index(proxyTag)
 	if i < 0 || d.pending[i].settled {
 		return -1
@@ -228,7 +228,7 @@ func (d *deliveryTags) find(proxyTag uint64) int {
 }
 
 // index returns the index of the entry for proxyTag, settled or not, or -1.
-func (d *deliveryTags) index(proxyTag uint64) int {
+func (d *DeliveryTags) index(proxyTag uint64) int {
 	i := sort.Search(len(d.pending), func(i int) bool { return d.pending[i].proxyTag >= proxyTag })
 	if i == len(d.pending) || d.pending[i].proxyTag != proxyTag {
 		return -1
@@ -239,7 +239,7 @@ func (d *deliveryTags) index(proxyTag uint64) int {
 // compact removes settled entries once they are the bulk of the slice,
 // moving the live ones down in place so that the backing array is reused
 // and the steady state allocates nothing.
-func (d *deliveryTags) compact() {
+func (d *DeliveryTags) compact() {
 	if d.live == 0 {
 		d.pending = d.pending[:0]
 		return

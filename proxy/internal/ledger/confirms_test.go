@@ -1,4 +1,4 @@
-package proxy
+package ledger
 
 import (
 	"reflect"
@@ -14,7 +14,7 @@ func TestPublisherConfirms(t *testing.T) {
 		backend        int
 		seq            uint64
 		multiple, nack bool
-		want           []clientConfirm
+		want           []ClientConfirm
 	}
 	tests := []struct {
 		name      string
@@ -26,17 +26,17 @@ func TestPublisherConfirms(t *testing.T) {
 			name:      "single backend in order passes through",
 			publishes: [][]int{{0}, {0}, {0}},
 			confirms: []backendConfirm{
-				{backend: 0, seq: 1, want: []clientConfirm{{seq: 1}}},
-				{backend: 0, seq: 3, multiple: true, want: []clientConfirm{{seq: 3, multiple: true}}},
+				{backend: 0, seq: 1, want: []ClientConfirm{{Seq: 1}}},
+				{backend: 0, seq: 3, multiple: true, want: []ClientConfirm{{Seq: 3, Multiple: true}}},
 			},
 		},
 		{
 			name:      "single backend out of order",
 			publishes: [][]int{{0}, {0}, {0}},
 			confirms: []backendConfirm{
-				{backend: 0, seq: 2, want: []clientConfirm{{seq: 2}}},
-				{backend: 0, seq: 1, want: []clientConfirm{{seq: 1}}},
-				{backend: 0, seq: 3, nack: true, want: []clientConfirm{{seq: 3, nack: true}}},
+				{backend: 0, seq: 2, want: []ClientConfirm{{Seq: 2}}},
+				{backend: 0, seq: 1, want: []ClientConfirm{{Seq: 1}}},
+				{backend: 0, seq: 3, nack: true, want: []ClientConfirm{{Seq: 3, Nack: true}}},
 			},
 		},
 		{
@@ -44,8 +44,8 @@ func TestPublisherConfirms(t *testing.T) {
 			publishes: [][]int{{0, 1}, {0, 1}},
 			confirms: []backendConfirm{
 				{backend: 0, seq: 2, multiple: true},
-				{backend: 1, seq: 1, want: []clientConfirm{{seq: 1}}},
-				{backend: 1, seq: 2, want: []clientConfirm{{seq: 2}}},
+				{backend: 1, seq: 1, want: []ClientConfirm{{Seq: 1}}},
+				{backend: 1, seq: 2, want: []ClientConfirm{{Seq: 2}}},
 			},
 		},
 		{
@@ -53,17 +53,17 @@ func TestPublisherConfirms(t *testing.T) {
 			publishes: [][]int{{0, 1}},
 			confirms: []backendConfirm{
 				{backend: 0, seq: 1, nack: true},
-				{backend: 1, seq: 1, want: []clientConfirm{{seq: 1, nack: true}}},
+				{backend: 1, seq: 1, want: []ClientConfirm{{Seq: 1, Nack: true}}},
 			},
 		},
 		{
 			name:      "backends number their own sequences",
 			publishes: [][]int{{0}, {1}, {0, 1}},
 			confirms: []backendConfirm{
-				{backend: 1, seq: 2, multiple: true, want: []clientConfirm{{seq: 2}}},
+				{backend: 1, seq: 2, multiple: true, want: []ClientConfirm{{Seq: 2}}},
 				// 2 was confirmed alone already; one multiple ack of 3 covers 1
 				// and 3, and repeats 2, which a client ignores (RabbitMQ does the same).
-				{backend: 0, seq: 2, multiple: true, want: []clientConfirm{{seq: 3, multiple: true}}},
+				{backend: 0, seq: 2, multiple: true, want: []ClientConfirm{{Seq: 3, Multiple: true}}},
 			},
 		},
 		{
@@ -75,19 +75,19 @@ func TestPublisherConfirms(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var p publisherConfirms
+			var p PublisherConfirms
 			for i, backends := range tt.publishes {
-				if got := p.publishTo(copySet{quorum: backends, master: -1}, time.Time{}); got != uint64(i+1) {
+				if got := p.PublishTo(CopySet{Quorum: backends, Master: -1}, time.Time{}); got != uint64(i+1) {
 					t.Fatalf("publish %d: got seq %d, want %d", i, got, i+1)
 				}
 			}
 			for i, c := range tt.confirms {
-				got := p.confirm(c.backend, c.seq, c.multiple, c.nack, nil, nil)
+				got := p.Confirm(c.backend, c.seq, c.multiple, c.nack, nil, nil)
 				if !reflect.DeepEqual(got, c.want) {
 					t.Errorf("confirm %d (backend %d seq %d): got %+v, want %+v", i, c.backend, c.seq, got, c.want)
 				}
 			}
-			if got := p.unconfirmed(); got != tt.wantLeft {
+			if got := p.Unconfirmed(); got != tt.wantLeft {
 				t.Errorf("unconfirmed: got %d, want %d", got, tt.wantLeft)
 			}
 		})
@@ -95,11 +95,11 @@ func TestPublisherConfirms(t *testing.T) {
 }
 
 func TestPublisherConfirmsSteadyStateDoesNotAllocate(t *testing.T) {
-	var p publisherConfirms
-	var out []clientConfirm
+	var p PublisherConfirms
+	var out []ClientConfirm
 	step := func() {
-		seq := p.publish(0)
-		out = p.confirm(0, seq, false, false, out[:0], nil)
+		seq := p.Publish(0)
+		out = p.Confirm(0, seq, false, false, out[:0], nil)
 	}
 	for i := 0; i < 100; i++ {
 		step()
@@ -119,7 +119,7 @@ func TestPublisherConfirmsQuorum(t *testing.T) {
 		backend        int
 		seq            uint64
 		multiple, nack bool
-		want           []clientConfirm
+		want           []ClientConfirm
 	}
 	tests := []struct {
 		name      string
@@ -133,8 +133,8 @@ func TestPublisherConfirmsQuorum(t *testing.T) {
 			steps: []step{
 				{backend: 2, seq: 2, multiple: true},
 				{backend: 0, seq: 2, multiple: true},
-				{backend: 1, seq: 1, want: []clientConfirm{{seq: 1}}},
-				{backend: 1, seq: 2, want: []clientConfirm{{seq: 2}}},
+				{backend: 1, seq: 1, want: []ClientConfirm{{Seq: 1}}},
+				{backend: 1, seq: 2, want: []ClientConfirm{{Seq: 2}}},
 			},
 		},
 		{
@@ -142,15 +142,15 @@ func TestPublisherConfirmsQuorum(t *testing.T) {
 			publishes: [][2][]int{{{0, 1}, nil}},
 			steps: []step{
 				{backend: 1, seq: 1},
-				{lost: true, backend: 0, want: []clientConfirm{{seq: 1}}},
+				{lost: true, backend: 0, want: []ClientConfirm{{Seq: 1}}},
 			},
 		},
 		{
 			name:      "every copy lost before acking: nacked",
 			publishes: [][2][]int{{{0}, nil}, {{0}, nil}},
 			steps: []step{
-				{backend: 0, seq: 1, want: []clientConfirm{{seq: 1}}},
-				{lost: true, backend: 0, want: []clientConfirm{{seq: 2, nack: true}}},
+				{backend: 0, seq: 1, want: []ClientConfirm{{Seq: 1}}},
+				{lost: true, backend: 0, want: []ClientConfirm{{Seq: 2, Nack: true}}},
 			},
 		},
 		{
@@ -158,28 +158,28 @@ func TestPublisherConfirmsQuorum(t *testing.T) {
 			publishes: [][2][]int{{{0}, {1}}},
 			steps: []step{
 				{lost: true, backend: 1},
-				{backend: 0, seq: 1, want: []clientConfirm{{seq: 1}}},
+				{backend: 0, seq: 1, want: []ClientConfirm{{Seq: 1}}},
 			},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var p publisherConfirms
+			var p PublisherConfirms
 			for _, pub := range tt.publishes {
-				p.publishTo(copySet{quorum: pub[0], extra: pub[1], master: -1}, time.Time{})
+				p.PublishTo(CopySet{Quorum: pub[0], Extra: pub[1], Master: -1}, time.Time{})
 			}
 			for i, s := range tt.steps {
-				var got []clientConfirm
+				var got []ClientConfirm
 				if s.lost {
-					got = p.backendLost(s.backend, time.Time{}, nil, nil)
+					got = p.BackendLost(s.backend, time.Time{}, nil, nil)
 				} else {
-					got = p.confirm(s.backend, s.seq, s.multiple, s.nack, nil, nil)
+					got = p.Confirm(s.backend, s.seq, s.multiple, s.nack, nil, nil)
 				}
 				if !reflect.DeepEqual(got, s.want) {
 					t.Errorf("step %d: got %+v, want %+v", i, got, s.want)
 				}
 			}
-			if got := p.unconfirmed(); got != tt.wantLeft {
+			if got := p.Unconfirmed(); got != tt.wantLeft {
 				t.Errorf("unconfirmed: got %d, want %d", got, tt.wantLeft)
 			}
 		})
@@ -197,26 +197,26 @@ func TestPublisherConfirmsMissedCopies(t *testing.T) {
 		// backend's confirm (or loss) of publishes up to seq, multiple
 		backend int
 		nack    bool
-		want    []missedCopy
+		want    []MissedCopy
 	}{
-		{name: "a slave's nack", backend: 1, nack: true, want: []missedCopy{{backend: 1, queue: orders}}},
+		{name: "a slave's nack", backend: 1, nack: true, want: []MissedCopy{{Backend: 1, Queue: orders}}},
 		{name: "a slave's ack", backend: 1},
 		{name: "the master's nack", backend: 0, nack: true},
 		{name: "an unsynchronised slave's nack", backend: 2, nack: true},
-		{name: "a slave's link lost", lost: true, backend: 1, want: []missedCopy{{backend: 1, queue: orders}}},
+		{name: "a slave's link lost", lost: true, backend: 1, want: []MissedCopy{{Backend: 1, Queue: orders}}},
 		{name: "the master's link lost", lost: true, backend: 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var p publisherConfirms
+			var p PublisherConfirms
 			for range 3 {
-				p.publishTo(copySet{quorum: []int{0, 1}, extra: []int{2}, queue: orders, master: 0}, time.Time{})
+				p.PublishTo(CopySet{Quorum: []int{0, 1}, Extra: []int{2}, Queue: orders, Master: 0}, time.Time{})
 			}
-			var missed []missedCopy
+			var missed []MissedCopy
 			if tt.lost {
-				p.backendLost(tt.backend, time.Time{}, nil, &missed)
+				p.BackendLost(tt.backend, time.Time{}, nil, &missed)
 			} else {
-				p.confirm(tt.backend, 3, true, tt.nack, nil, &missed)
+				p.Confirm(tt.backend, 3, true, tt.nack, nil, &missed)
 			}
 			if !reflect.DeepEqual(missed, tt.want) {
 				t.Errorf("missed: got %+v, want %+v", missed, tt.want)
@@ -224,11 +224,11 @@ func TestPublisherConfirmsMissedCopies(t *testing.T) {
 		})
 	}
 	t.Run("an exchange publish's lost link names any queue", func(t *testing.T) {
-		var p publisherConfirms
-		p.publishTo(copySet{quorum: []int{0, 1}, queue: anyQueue, master: -1}, time.Time{})
-		var missed []missedCopy
-		p.backendLost(0, time.Time{}, nil, &missed)
-		if want := []missedCopy{{backend: 0, queue: anyQueue}}; !reflect.DeepEqual(missed, want) {
+		var p PublisherConfirms
+		p.PublishTo(CopySet{Quorum: []int{0, 1}, Queue: AnyQueue, Master: -1}, time.Time{})
+		var missed []MissedCopy
+		p.BackendLost(0, time.Time{}, nil, &missed)
+		if want := []MissedCopy{{Backend: 0, Queue: AnyQueue}}; !reflect.DeepEqual(missed, want) {
 			t.Errorf("missed: got %+v, want %+v", missed, want)
 		}
 	})
@@ -248,30 +248,30 @@ func TestPublisherConfirmsRefused(t *testing.T) {
 		// backend's confirm of publishes up to 2, multiple
 		backend int
 		nack    bool
-		want    []refusedPublish
+		want    []RefusedPublish
 	}{
 		{name: "the master's nack", queue: orders, identify: true, backend: 0, nack: true,
-			want: []refusedPublish{{queue: orders, id: id(1)}, {queue: orders, id: id(2)}}},
+			want: []RefusedPublish{{Queue: orders, ID: id(1)}, {Queue: orders, ID: id(2)}}},
 		{name: "the master's ack", queue: orders, identify: true, backend: 0},
 		{name: "a slave's nack", queue: orders, identify: true, backend: 1, nack: true},
 		{name: "an unsynchronised slave's nack", queue: orders, identify: true, backend: 2, nack: true},
-		{name: "an exchange publish's nack", queue: anyQueue, identify: true, backend: 0, nack: true},
+		{name: "an exchange publish's nack", queue: AnyQueue, identify: true, backend: 0, nack: true},
 		{name: "no identity", queue: orders, backend: 0, nack: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var p publisherConfirms
+			var p PublisherConfirms
 			for n := range byte(2) {
-				seq := p.publishTo(copySet{quorum: []int{0, 1}, extra: []int{2}, queue: tt.queue, master: 0}, time.Time{})
+				seq := p.PublishTo(CopySet{Quorum: []int{0, 1}, Extra: []int{2}, Queue: tt.queue, Master: 0}, time.Time{})
 				if tt.identify {
-					p.identify(seq, id(n+1))
+					p.Identify(seq, id(n+1))
 				}
 			}
-			p.confirm(tt.backend, 2, true, tt.nack, nil, nil)
-			if got := p.takeRefused(nil); !reflect.DeepEqual(got, tt.want) {
+			p.Confirm(tt.backend, 2, true, tt.nack, nil, nil)
+			if got := p.TakeRefused(nil); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("refused: got %+v, want %+v", got, tt.want)
 			}
-			if got := p.takeRefused(nil); len(got) != 0 {
+			if got := p.TakeRefused(nil); len(got) != 0 {
 				t.Errorf("refused a second time: got %+v, want none", got)
 			}
 		})
@@ -282,32 +282,32 @@ func TestPublisherConfirmsRefused(t *testing.T) {
 // its own confirm mode are never confirmed to the client, whose sequence
 // starts at 1 with its confirm.select.
 func TestPublisherConfirmsClientSelectsLater(t *testing.T) {
-	var p publisherConfirms
-	p.publishTo(copySet{quorum: []int{0, 1}, master: -1}, time.Time{}) // the proxy's own: 1
-	p.publishTo(copySet{quorum: []int{0, 1}, master: -1}, time.Time{}) // the proxy's own: 2
-	p.clientSelected()
-	p.publishTo(copySet{quorum: []int{0, 1}, master: -1}, time.Time{}) // the client's 1
-	p.publishTo(copySet{quorum: []int{0, 1}, master: -1}, time.Time{}) // the client's 2
+	var p PublisherConfirms
+	p.PublishTo(CopySet{Quorum: []int{0, 1}, Master: -1}, time.Time{}) // the proxy's own: 1
+	p.PublishTo(CopySet{Quorum: []int{0, 1}, Master: -1}, time.Time{}) // the proxy's own: 2
+	p.ClientSelected()
+	p.PublishTo(CopySet{Quorum: []int{0, 1}, Master: -1}, time.Time{}) // the client's 1
+	p.PublishTo(CopySet{Quorum: []int{0, 1}, Master: -1}, time.Time{}) // the client's 2
 	steps := []struct {
 		backend  int
 		seq      uint64
 		multiple bool
 		nack     bool
-		want     []clientConfirm
+		want     []ClientConfirm
 	}{
 		{backend: 0, seq: 3, multiple: true},
 		{backend: 1, seq: 1}, // own 1 done: nothing to say
-		{backend: 1, seq: 3, multiple: true, want: []clientConfirm{{seq: 1, multiple: true}}}, // own 2 and client 1
+		{backend: 1, seq: 3, multiple: true, want: []ClientConfirm{{Seq: 1, Multiple: true}}}, // own 2 and client 1
 		{backend: 0, seq: 4, nack: true},
-		{backend: 1, seq: 4, want: []clientConfirm{{seq: 2, nack: true}}},
+		{backend: 1, seq: 4, want: []ClientConfirm{{Seq: 2, Nack: true}}},
 	}
 	for i, s := range steps {
-		got := p.confirm(s.backend, s.seq, s.multiple, s.nack, nil, nil)
+		got := p.Confirm(s.backend, s.seq, s.multiple, s.nack, nil, nil)
 		if !reflect.DeepEqual(got, s.want) {
 			t.Errorf("step %d: got %+v, want %+v", i, got, s.want)
 		}
 	}
-	if got := p.unconfirmed(); got != 0 {
+	if got := p.Unconfirmed(); got != 0 {
 		t.Errorf("unconfirmed: got %d, want 0", got)
 	}
 }
@@ -326,7 +326,7 @@ func TestPublisherConfirmsLostCopiesWaitForTheMetadata(t *testing.T) {
 		release bool
 		holds   []int
 		at      time.Duration
-		want    []clientConfirm
+		want    []ClientConfirm
 	}
 	const wait = 10 * time.Second
 	tests := []struct {
@@ -341,7 +341,7 @@ func TestPublisherConfirmsLostCopiesWaitForTheMetadata(t *testing.T) {
 				{ack: 2, lost: -1},
 				{ack: -1, lost: 1},
 				{ack: -1, lost: -1, release: true, holds: []int{0, 1, 2}, at: time.Second},
-				{ack: -1, lost: -1, release: true, holds: []int{0, 2}, at: 2 * time.Second, want: []clientConfirm{{seq: 1}}},
+				{ack: -1, lost: -1, release: true, holds: []int{0, 2}, at: 2 * time.Second, want: []ClientConfirm{{Seq: 1}}},
 			},
 		},
 		{
@@ -351,7 +351,7 @@ func TestPublisherConfirmsLostCopiesWaitForTheMetadata(t *testing.T) {
 				{ack: 2, lost: -1},
 				{ack: -1, lost: 0},
 				{ack: -1, lost: -1, release: true, holds: []int{0, 1, 2}, at: wait - time.Second},
-				{ack: -1, lost: -1, release: true, holds: []int{0, 1, 2}, at: wait + time.Second, want: []clientConfirm{{seq: 1, nack: true}}},
+				{ack: -1, lost: -1, release: true, holds: []int{0, 1, 2}, at: wait + time.Second, want: []ClientConfirm{{Seq: 1, Nack: true}}},
 			},
 		},
 		{
@@ -361,7 +361,7 @@ func TestPublisherConfirmsLostCopiesWaitForTheMetadata(t *testing.T) {
 				{ack: 0, lost: -1},
 				{ack: 1, lost: -1},
 				{ack: -1, lost: -1, release: true, holds: []int{0, 1, 2}},
-				{ack: -1, lost: -1, release: true, holds: []int{0, 1}, want: []clientConfirm{{seq: 1}}},
+				{ack: -1, lost: -1, release: true, holds: []int{0, 1}, want: []ClientConfirm{{Seq: 1}}},
 			},
 		},
 		{
@@ -370,25 +370,25 @@ func TestPublisherConfirmsLostCopiesWaitForTheMetadata(t *testing.T) {
 				{ack: -1, lost: 0},
 				{ack: -1, lost: 1},
 				{ack: -1, lost: 2},
-				{ack: -1, lost: -1, release: true, holds: nil, want: []clientConfirm{{seq: 1, nack: true}}},
+				{ack: -1, lost: -1, release: true, holds: nil, want: []ClientConfirm{{Seq: 1, Nack: true}}},
 			},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var p publisherConfirms
+			var p PublisherConfirms
 			quorum := []int{0, 1, 2}
 			if len(tt.unreached) > 0 {
 				quorum = []int{0, 1}
 			}
-			p.publishTo(copySet{quorum: quorum, unreached: tt.unreached, queue: orders, master: 0}, start)
+			p.PublishTo(CopySet{Quorum: quorum, Unreached: tt.unreached, Queue: orders, Master: 0}, start)
 			for i, s := range tt.steps {
-				var got []clientConfirm
+				var got []ClientConfirm
 				switch {
 				case s.ack >= 0:
-					got = p.confirm(s.ack, 1, false, false, nil, nil)
+					got = p.Confirm(s.ack, 1, false, false, nil, nil)
 				case s.lost >= 0:
-					got = p.backendLost(s.lost, start, nil, nil)
+					got = p.BackendLost(s.lost, start, nil, nil)
 				case s.release:
 					held := func(b int, q *mirror.QueueID) bool {
 						if q != orders {
@@ -396,13 +396,13 @@ func TestPublisherConfirmsLostCopiesWaitForTheMetadata(t *testing.T) {
 						}
 						return slices.Contains(s.holds, b)
 					}
-					got = p.release(held, start.Add(s.at-wait), nil)
+					got = p.Release(held, start.Add(s.at-wait), nil)
 				}
 				if !reflect.DeepEqual(got, s.want) {
 					t.Errorf("step %d: got %+v, want %+v", i, got, s.want)
 				}
 			}
-			if got := p.unconfirmed(); got != 0 {
+			if got := p.Unconfirmed(); got != 0 {
 				t.Errorf("unconfirmed: got %d, want 0", got)
 			}
 		})

@@ -1,4 +1,4 @@
-package proxy
+package ledger
 
 import (
 	"testing"
@@ -58,9 +58,9 @@ func TestDeliveredIDs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := newDeliveredIDs()
+			d := NewDeliveredIDs()
 			for i, s := range tt.steps {
-				if got := d.delivering(q, s.epoch, s.mirrored, id(s.msg), start.Add(s.after)); got != s.before {
+				if got := d.Delivering(q, s.epoch, s.mirrored, id(s.msg), start.Add(s.after)); got != s.before {
 					t.Fatalf("step %d (%+v): delivered before = %v, want %v", i, s, got, s.before)
 				}
 			}
@@ -70,17 +70,17 @@ func TestDeliveredIDs(t *testing.T) {
 
 func TestDeliveredIDsBounded(t *testing.T) {
 	q := mirror.QueueID{VHost: "/", Name: "q"}
-	d := newDeliveredIDs()
+	d := NewDeliveredIDs()
 	now := time.Unix(1000, 0)
 	var first mirror.MessageID
 	first[15] = 1
-	d.delivering(q, 1, true, first, now)
+	d.Delivering(q, 1, true, first, now)
 	for i := range maxRecent {
 		var id mirror.MessageID
 		id[0], id[1], id[2] = byte(i), byte(i>>8), byte(i>>16)
-		d.delivering(q, 1, true, id, now)
+		d.Delivering(q, 1, true, id, now)
 	}
-	if d.delivering(q, 1, true, first, now) {
+	if d.Delivering(q, 1, true, first, now) {
 		t.Fatal("the oldest of more than maxRecent deliveries is still remembered")
 	}
 	r := d.queues[q]
@@ -93,11 +93,11 @@ func TestDeliveredIDsSweep(t *testing.T) {
 	deleted := mirror.QueueID{VHost: "/", Name: "deleted"}
 	promoted := mirror.QueueID{VHost: "/", Name: "promoted"}
 	idle := mirror.QueueID{VHost: "/", Name: "idle"}
-	d := newDeliveredIDs()
+	d := NewDeliveredIDs()
 	now := time.Unix(1000, 0)
 	msg := mirror.MessageID{1}
 	for _, q := range []mirror.QueueID{deleted, promoted, idle} {
-		d.delivering(q, 1, true, msg, now)
+		d.Delivering(q, 1, true, msg, now)
 	}
 	lookup := func(q mirror.QueueID) (mirror.QueueMeta, bool) {
 		switch q {
@@ -111,14 +111,14 @@ func TestDeliveredIDsSweep(t *testing.T) {
 	// Past keepRecent, with no delivery in between: the promotion seen by
 	// the sweep keeps what came before it.
 	now = now.Add(keepRecent + time.Second)
-	d.sweep(lookup, now)
+	d.Sweep(lookup, now)
 	if _, ok := d.queues[deleted]; ok {
 		t.Error("a deleted queue's record survived the sweep")
 	}
 	if _, ok := d.queues[idle]; ok {
 		t.Error("an idle queue's record survived the sweep past keepRecent")
 	}
-	if !d.delivering(promoted, 2, true, msg, now) {
+	if !d.Delivering(promoted, 2, true, msg, now) {
 		t.Error("a delivery before the promotion was forgotten by the sweep")
 	}
 }
@@ -146,7 +146,7 @@ func TestDeadLettered(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := deadLettered(header(tt.props)); got != tt.want {
+			if got := DeadLettered(header(tt.props)); got != tt.want {
 				t.Fatalf("deadLettered = %v, want %v", got, tt.want)
 			}
 		})
@@ -157,7 +157,7 @@ func TestDeadLettered(t *testing.T) {
 // mirrored queue, at a steady rate that keeps keepRecent's worth of entries.
 func BenchmarkDeliveredIDs(b *testing.B) {
 	q := mirror.QueueID{VHost: "/", Name: "q"}
-	d := newDeliveredIDs()
+	d := NewDeliveredIDs()
 	now := time.Unix(1000, 0)
 	step := keepRecent / 100_000 // 100 000 entries kept
 	var id mirror.MessageID
@@ -165,6 +165,6 @@ func BenchmarkDeliveredIDs(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		id[0], id[1], id[2], id[3] = byte(i), byte(i>>8), byte(i>>16), byte(i>>24)
 		now = now.Add(step)
-		d.delivering(q, 1, true, id, now)
+		d.Delivering(q, 1, true, id, now)
 	}
 }

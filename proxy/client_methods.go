@@ -1,0 +1,317 @@
+package proxy
+
+import (
+	"fmt"
+
+	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
+)
+
+// What the proxy does with each client frame that fromClient dispatches:
+// one handler per method it acts on, named after the method; the state
+// they change belongs to the channel (channelState's methods).
+
+// contentFromClient handles a content frame (header or body). A publish's
+// content goes where its method went: the broker assembles content even on
+// a channel it is closing, so content without its method, or a method
+// without its content, would be a connection error there.
+func (c *clientConn) contentFromClient(f frames.Frame) error {
+	ch := c.channels.get(f.Channel)
+	if ch == nil {
+		c.toBackend(f)
+		return nil
+	}
+	if ch.dropContent {
+		return nil
+	}
+	if ch.tx.on {
+		_, err := c.fromClientInEmulatedTx(ch, f, 0)
+		return err
+	}
+	return c.publishContent(ch, f)
+}
+
+// connectionMethod handles a method on channel 0: the home backend answers
+// them all; connection.close also begins the proxy's close.
+func (c *clientConn) connectionMethod(f frames.Frame, key uint32, args []byte) {
+	if key == frames.ConnectionCloseKey {
+		var cl frames.ConnectionClose
+		detail := "client sent connection.close"
+		if cl.Decode(args) == nil && cl.ReplyCode != frames.ReplySuccess {
+			detail = fmt.Sprintf("client sent connection.close %d %s", cl.ReplyCode, cl.ReplyText)
+		}
+		c.beginClosing(closeByClient, ReasonClientClosed, detail)
+	}
+	c.toBackend(f)
+}
+
+// methodOnClosedChannel handles a method on a channel that is not open:
+// channel.open opens it; anything else the home backend answers with the
+// error a broker gives.
+func (c *clientConn) methodOnClosedChannel(f frames.Frame, key uint32) error {
+	if key == frames.ChannelOpenKey {
+		ch := c.channels.open(f.Channel)
+		if home := c.home.Load(); ch != nil && home != nil {
+			return c.openChannel(ch, f, home)
+		}
+	}
+	c.toBackend(f)
+	return nil
+}
+
+// channelMethod handles a method on an open channel. A publish held for its
+// content header goes out first (a method came where the header belongs), a
+// closing channel takes only its close handshake, and a transaction the
+// proxy keeps holds what it must; dispatchChannelMethod has the rest.
+func (c *clientConn) channelMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
+	if len(ch.heldPublish) > 0 {
+		if err := c.sendDeferred(ch, nil); err != nil {
+			return err
+		}
+	}
+	ch.dropContent = false
+	if state := ch.closing.Load(); state != chanOpen {
+		ch.dropContent = true
+		if state != chanClientClosing {
+			c.fromClientOnClosingChannel(ch, state, key, f)
+		}
+		return nil
+	}
+	if ch.tx.on {
+		if handled, err := c.fromClientInEmulatedTx(ch, f, key); handled || err != nil {
+			return err
+		}
+	}
+	return c.dispatchChannelMethod(ch, f, key, args)
+}
+
+// dispatchChannelMethod passes a method on an open channel to its handler;
+// the methods the proxy does not act on go to the home backend as they came
+// (channel.open on an open channel too: the backend answers as a broker
+// does).
+func (c *clientConn) dispatchChannelMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
+	switch key {
+	case frames.BasicPublishKey:
+		return c.publish(ch, f, args)
+	case frames.BasicAckKey, frames.BasicNackKey, frames.BasicRejectKey:
+		return c.settleMethod(ch, f, key, args)
+	case frames.BasicConsumeKey:
+		return c.consume(ch, f, args)
+	case frames.BasicGetKey:
+		return c.get(ch, f, args)
+	case frames.BasicCancelKey:
+		return c.cancel(ch, f, args)
+	case frames.ChannelCloseKey:
+		c.clientClosesChannel(ch, f)
+		return nil
+	case frames.ChannelCloseOkKey:
+		// Not closing: nothing to answer. The home backend judges it.
+		c.sendTo(ch, f, nil, c.openLinks(ch), false)
+		return nil
+	case frames.QueueDeclareKey, frames.QueueBindKey, frames.QueueUnbindKey, frames.QueuePurgeKey, frames.QueueDeleteKey:
+		return c.queueMethod(ch, f, key, args)
+	case frames.ExchangeDeclareKey, frames.ExchangeDeleteKey, frames.ExchangeBindKey, frames.ExchangeUnbindKey:
+		// Exchanges and their bindings exist on every backend, as in a
+		// RabbitMQ cluster.
+		return c.exchangeMethod(ch, f, key, args)
+	case frames.BasicQosKey:
+		return c.qos(ch, f, args)
+	case frames.ConfirmSelectKey:
+		return c.confirmSelect(ch, f, args)
+	case frames.TxSelectKey:
+		return c.txSelect(ch, f)
+	case frames.TxCommitKey, frames.TxRollbackKey:
+		return c.txEnd(ch, f, key == frames.TxRollbackKey)
+	case frames.BasicRecoverAsyncKey:
+		return c.recoverAsync(ch, f)
+	case frames.BasicRecoverKey, frames.ChannelFlowKey:
+		return c.onOpenLinks(ch, f, true)
+	}
+	c.toBackend(f)
+	return nil
+}
+
+// qos records the client's basic.qos, to repeat on links the channel opens
+// on later, and passes it to the links it is open on.
+func (c *clientConn) qos(ch *channelState, f frames.Frame, args []byte) error {
+	var qos frames.BasicQos
+	if err := qos.Decode(args); err != nil {
+		return err
+	}
+	ch.qos = &qos
+	return c.onOpenLinks(ch, f, true)
+}
+
+// confirmSelect puts the channel in confirm mode for the client.
+func (c *clientConn) confirmSelect(ch *channelState, f frames.Frame, args []byte) error {
+	var sel frames.ConfirmSelect
+	if err := sel.Decode(args); err != nil {
+		return err
+	}
+	ch.selectConfirms()
+	return c.onOpenLinks(ch, f, !sel.NoWait)
+}
+
+// txSelect makes the channel transactional. On a channel in the proxy's
+// own confirm mode the backends would refuse it ("cannot switch from
+// confirm to tx mode"): the proxy keeps the transaction itself.
+func (c *clientConn) txSelect(ch *channelState, f frames.Frame) error {
+	if ch.ownConfirms.Load() {
+		c.beginEmulatedTx(ch)
+		return nil
+	}
+	ch.selectTransactions()
+	return c.onOpenLinks(ch, f, true)
+}
+
+// txEnd passes tx.commit or tx.rollback on. The broker applies the
+// transaction before anything sent after it, so the client's next acks
+// already see the outcome: a rollback leaves the transaction's acks
+// unapplied, and those deliveries can be acked again at once.
+func (c *clientConn) txEnd(ch *channelState, f frames.Frame, rollback bool) error {
+	ch.endTransaction(rollback, c.trimSettled)
+	return c.onOpenLinks(ch, f, true)
+}
+
+// recoverAsync passes basic.recover-async on: the brokers redeliver every
+// outstanding delivery with a new tag, so the old tags are void.
+func (c *clientConn) recoverAsync(ch *channelState, f frames.Frame) error {
+	ch.forgetDeliveries()
+	return c.onOpenLinks(ch, f, false)
+}
+
+// settleMethod decodes basic.ack, basic.nack or basic.reject and settles
+// the deliveries it names.
+func (c *clientConn) settleMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
+	switch key {
+	case frames.BasicAckKey:
+		if err := ch.clientAck.Decode(args); err != nil {
+			return err
+		}
+		return c.settle(ch, f, key, ch.clientAck.DeliveryTag, ch.clientAck.Multiple, false)
+	case frames.BasicNackKey:
+		if err := ch.clientNack.Decode(args); err != nil {
+			return err
+		}
+		return c.settle(ch, f, key, ch.clientNack.DeliveryTag, ch.clientNack.Multiple, ch.clientNack.Requeue)
+	default:
+		if err := ch.clientReject.Decode(args); err != nil {
+			return err
+		}
+		return c.settle(ch, f, key, ch.clientReject.DeliveryTag, false, ch.clientReject.Requeue)
+	}
+}
+
+// openChannel opens a client channel on the home link; other links open it
+// when the channel first needs them (ensureChannel).
+func (c *clientConn) openChannel(ch *channelState, f frames.Frame, home *link) error {
+	home.openChannel(ch.id)
+	c.send(ch, f, []*link{home}, true, nil)
+	return nil
+}
+
+// trimKind is what settling a delivery does to the slave copies of its
+// message.
+type trimKind uint8
+
+const (
+	trimNone   trimKind = iota // requeued: the copies stay
+	trimAck                    // acked: the copies are acked
+	trimReject                 // rejected without requeue: the copies are rejected too, to be dead-lettered
+)
+
+// settle passes a client's basic.ack, basic.nack or basic.reject to the
+// backends of the deliveries it settles, with their own delivery tags; the
+// slave copies of the messages it removes from their masters are trimmed.
+func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag uint64, multiple, requeue bool) error {
+	kind := trimNone
+	switch {
+	case key == frames.BasicAckKey:
+		kind = trimAck
+	case !requeue:
+		kind = trimReject
+	}
+	var trims *[]ledger.Trimmed
+	if c.srv.opts.Mirror != nil && kind != trimNone {
+		ch.trims = ch.trims[:0]
+		trims = &ch.trims
+	}
+	acks, trims, ok := ch.settleDeliveries(tag, multiple, kind, trims)
+	if !ok {
+		classID, methodID := uint16(key>>16), uint16(key)
+		c.closeChannelByProxy(ch, frames.PreconditionFailed,
+			fmt.Sprintf("PRECONDITION_FAILED - unknown delivery tag %d", tag), classID, methodID)
+		return nil
+	}
+	if trims != nil && len(*trims) > 0 {
+		c.trim(*trims, kind == trimReject)
+	}
+	if len(acks) == 1 && acks[0].BackendTag == tag && acks[0].Multiple == multiple {
+		if l := c.linkAt(acks[0].Backend); l != nil && l.gen == acks[0].Gen {
+			if err := l.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
+				c.writeFailed(l, err)
+			}
+		}
+		return nil
+	}
+	for _, a := range acks {
+		l := c.linkAt(a.Backend)
+		if l == nil || l.gen != a.Gen {
+			continue // the delivery's link is gone, and its broker requeued it
+		}
+		var m frames.Method
+		switch key {
+		case frames.BasicAckKey:
+			m = &frames.BasicAck{DeliveryTag: a.BackendTag, Multiple: a.Multiple}
+		case frames.BasicNackKey:
+			m = &frames.BasicNack{DeliveryTag: a.BackendTag, Multiple: a.Multiple, Requeue: requeue}
+		default:
+			m = &frames.BasicReject{DeliveryTag: a.BackendTag, Requeue: requeue}
+		}
+		if err := l.sock.WriteMethod(f.Channel, m); err != nil {
+			c.writeFailed(l, err)
+		}
+	}
+	return nil
+}
+
+// trimSettled trims the mirrored messages among tx-settled entries, at
+// commit, each as kinds says.
+func (c *clientConn) trimSettled(entries []ledger.TagEntry, kinds []trimKind) {
+	if c.srv.opts.Mirror == nil {
+		return
+	}
+	for _, kind := range []trimKind{trimAck, trimReject} {
+		var trims []ledger.Trimmed
+		for i, e := range entries {
+			if e.Queue != nil && kinds[i] == kind {
+				trims = append(trims, ledger.Trimmed{Queue: e.Queue, ID: e.ID})
+			}
+		}
+		c.trim(trims, kind == trimReject)
+	}
+}
+
+// trim tells the engine which messages left their masters, one call per
+// queue: rejected without requeue (reject) or acked.
+func (c *clientConn) trim(trims []ledger.Trimmed, reject bool) {
+	for len(trims) > 0 {
+		q := trims[0].Queue
+		ids := c.trimIDs[:0]
+		rest := trims[:0]
+		for _, t := range trims {
+			if t.Queue == q {
+				ids = append(ids, t.ID)
+			} else {
+				rest = append(rest, t)
+			}
+		}
+		if reject {
+			c.srv.opts.Mirror.Reject(q.ID, ids)
+		} else {
+			c.srv.opts.Mirror.Settle(q.ID, ids)
+		}
+		c.trimIDs = ids
+		trims = rest
+	}
+}
