@@ -187,12 +187,15 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 		// yet, it never will be: it gets close-ok instead, once the links
 		// answered; if it has, it gets close-ok now and its close-ok for
 		// ours still follows.
-		crossing, closer, o := ch.clientCloseCrosses(func(closer *link) {
-			if err := closer.sock.WriteMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
-				c.writeFailed(closer, err)
-			}
+		crossing, closer, o, answerErr := ch.clientCloseCrosses(func(closer *link) error {
+			return closer.sock.WriteMethod(ch.id, &frames.ChannelCloseOk{})
 		})
 		if crossing {
+			// A failed answer is reported only now, with the channel's
+			// lock released: losing the link settles the channel again.
+			if answerErr != nil {
+				c.writeFailed(answerErr.link, answerErr.err)
+			}
 			c.closeWaitDone(ch, o)
 			return
 		}
@@ -362,18 +365,28 @@ func (ch *channelState) forgetCloser(l *link) {
 // still owe (crossing): it never will be told; it gets close-ok instead,
 // once the links answered, and the closer gets its close-ok at once
 // (answerCloser runs under mu, so that nothing about the close changes
-// meanwhile). Otherwise it returns the closer, to which the client's close
-// goes.
-func (ch *channelState) clientCloseCrosses(answerCloser func(*link)) (crossing bool, closer *link, o closeOutcome) {
+// meanwhile; its failure is returned for the caller to report once mu is
+// released, since handling a lost link takes mu again). Otherwise it
+// returns the closer, to which the client's close goes.
+func (ch *channelState) clientCloseCrosses(answerCloser func(*link) error) (crossing bool, closer *link, o closeOutcome, answerErr *linkWriteError) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	closer = ch.closer
 	if ch.notice == nil && ch.closeWait == 0 {
-		return false, closer, closeOutcome{}
+		return false, closer, closeOutcome{}, nil
 	}
 	ch.notice, ch.crossed, ch.closer = nil, true, nil
 	if closer != nil {
-		answerCloser(closer)
+		if err := answerCloser(closer); err != nil {
+			answerErr = &linkWriteError{link: closer, err: err}
+		}
 	}
-	return true, nil, ch.closeWaitOutcomeLocked()
+	return true, nil, ch.closeWaitOutcomeLocked(), answerErr
+}
+
+// linkWriteError is a write to a link that failed under a lock, to be
+// reported (clientConn.writeFailed) once the lock is released.
+type linkWriteError struct {
+	link *link
+	err  error
 }

@@ -132,7 +132,8 @@
 // place only, numberCopies, which asks the links whether they were lost (a
 // lost link settles its confirms under the channel's lock); the socket
 // writer's lock is taken under channelState.mu when a crossing close answers
-// its closer at once (clientCloseCrosses). The socket writer's lock is never
+// its closer at once (clientCloseCrosses, which hands a failed write back
+// to be reported once channelState.mu is released). The socket writer's lock is never
 // held during a system call (the writer releases it around each write), and
 // nothing else is taken under it; nor under boundaryQueue.mu, which guards
 // the link loops' writes that wait for the client loop to be between
