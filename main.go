@@ -16,7 +16,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -241,7 +240,7 @@ can run it at every start (docker-compose.yml does).`, stdout)
 		fmt.Fprintln(stdout, key)
 		return 0
 	}
-	wrote, err := writeClusterKeys(*dir, key, *identity, *members)
+	wrote, err := pki.EnsureClusterKeys(*dir, key, *identity, *members)
 	for _, f := range wrote {
 		fmt.Fprintf(stdout, "wrote %s\n", f)
 	}
@@ -250,30 +249,4 @@ can run it at every start (docker-compose.yml does).`, stdout)
 		return 1
 	}
 	return 0
-}
-
-// writeClusterKeys writes key to dir/gossip.key unless a key is there,
-// and the members' certificates that are missing.
-func writeClusterKeys(dir, key, identity string, members []string) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	var wrote []string
-	keyFile := filepath.Join(dir, "gossip.key")
-	f, err := os.OpenFile(keyFile, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	switch {
-	case err == nil:
-		_, err = fmt.Fprintln(f, key)
-		if closeErr := f.Close(); err == nil {
-			err = closeErr
-		}
-		if err != nil {
-			return nil, err
-		}
-		wrote = append(wrote, keyFile)
-	case !errors.Is(err, os.ErrExist):
-		return nil, err
-	}
-	certs, err := pki.EnsureMembers(dir, identity, members)
-	return append(wrote, certs...), err
 }

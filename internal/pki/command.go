@@ -239,3 +239,28 @@ func EnsureMembers(dir, identity string, names []string) ([]string, error) {
 	}
 	return wrote, nil
 }
+
+// GossipKeyFileName is the file EnsureClusterKeys keeps the gossip key in
+// (for cluster.encrypt_file).
+const GossipKeyFileName = "gossip.key"
+
+// EnsureClusterKeys makes sure dir (created 0700) holds everything a
+// sidecar cluster's proxies need to trust each other: gossipKey in
+// gossip.key (mode 0600) unless a key is there already, and an authority
+// and a member certificate for each of members (EnsureMembers). It
+// returns the files it wrote.
+func EnsureClusterKeys(dir, gossipKey, identity string, members []string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	var wrote []string
+	keyFile := filepath.Join(dir, GossipKeyFileName)
+	switch err := writeNew(keyFile, []byte(gossipKey+"\n"), 0o600); {
+	case err == nil:
+		wrote = append(wrote, keyFile)
+	case !errors.Is(err, os.ErrExist):
+		return nil, err
+	}
+	certs, err := EnsureMembers(dir, identity, members)
+	return append(wrote, certs...), err
+}

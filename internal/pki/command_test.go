@@ -95,3 +95,31 @@ func TestCommand(t *testing.T) {
 		t.Errorf("ca-key.pem: got %v, %v; want mode 0600", info.Mode(), err)
 	}
 }
+
+// TestEnsureClusterKeys: a first run writes the gossip key, the authority
+// and the members' certificates; a later run with one more member adds
+// only its certificate and keeps the key and the authority.
+func TestEnsureClusterKeys(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "keys")
+	wrote, err := EnsureClusterKeys(dir, "first-key", "member.amqp-mirror", []string{"rabbit1", "rabbit2"})
+	if err != nil || len(wrote) != 7 {
+		t.Fatalf("first run: wrote %v, %v; want the key, the authority's two files and two pairs", wrote, err)
+	}
+	caBefore, _ := os.ReadFile(filepath.Join(dir, CAFileName))
+	wrote, err = EnsureClusterKeys(dir, "second-key", "member.amqp-mirror", []string{"rabbit1", "rabbit2", "rabbit3"})
+	if err != nil || len(wrote) != 2 || filepath.Base(wrote[0]) != "rabbit3.pem" {
+		t.Fatalf("second run: wrote %v, %v; want rabbit3's pair alone", wrote, err)
+	}
+	key, err := os.ReadFile(filepath.Join(dir, GossipKeyFileName))
+	if err != nil || string(key) != "first-key\n" {
+		t.Errorf("gossip key: got %q, %v; want the first run's", key, err)
+	}
+	if caAfter, _ := os.ReadFile(filepath.Join(dir, CAFileName)); !bytes.Equal(caBefore, caAfter) {
+		t.Error("the authority was replaced")
+	}
+	for _, name := range []string{GossipKeyFileName, CAKeyFileName, "rabbit3-key.pem"} {
+		if info, err := os.Stat(filepath.Join(dir, name)); err != nil || info.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, %v; want 0600", name, info.Mode(), err)
+		}
+	}
+}
