@@ -199,3 +199,90 @@ func TestRepeatedIdentityArrivesRedelivered(t *testing.T) {
 		}
 	}
 }
+
+// TestRedeliveryRemembersBrokerFlaggedDeliveries: a message whose first
+// delivery through the proxy already carries the broker's redelivered flag
+// is remembered like any other, so that a later copy of it that the broker
+// delivers as new (a promoted slave's copy its trimmer never took) arrives
+// flagged too. Staged as in TestRepeatedIdentityArrivesRedelivered: the
+// copies are published on the master's broker past the proxy, the first
+// one requeued there once so that the broker flags it.
+func TestRedeliveryRemembersBrokerFlaggedDeliveries(t *testing.T) {
+	nodes := cluster.Nodes()
+	p := startMirroredProxyWith(t, nodes[0], mirroredOptions{
+		logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	queue := queueName(t)
+	conn, err := amqp.Dial(p.url)
+	if err != nil {
+		t.Fatalf("dial through the proxy: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch := openChannel(t, conn)
+	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+		t.Fatalf("declare: %v", err)
+	}
+	t.Cleanup(func() {
+		if c, err := conn.Channel(); err == nil {
+			c.QueueDelete(queue, false, false, false)
+		}
+	})
+	meta, ok := p.eng.Lookup(mirror.QueueID{VHost: "/", Name: queue})
+	if !ok || len(meta.Slaves) == 0 {
+		t.Fatalf("metadata %+v (recorded %v), want the queue mirrored", meta, ok)
+	}
+	direct := dial(t, node(t, meta.Master))
+	ctx := testContext(t, 30*time.Second)
+	var id mirror.MessageID
+	id[0], id[15] = 4, 4
+	publish := func(body string) {
+		t.Helper()
+		dch := openChannel(t, direct)
+		defer dch.Close()
+		m := amqp.Publishing{Headers: amqp.Table{mirror.IdentityHeader: string(id[:])}, Body: []byte(body)}
+		if err := dch.PublishWithContext(ctx, "", queue, false, false, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	getThroughProxy := func(body string) amqp.Delivery {
+		t.Helper()
+		var d amqp.Delivery
+		testutil.Eventually(t, 10*time.Second, func() error {
+			got, ok, err := ch.Get(queue, false)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%q not there yet", body)
+			}
+			d = got
+			return nil
+		})
+		if string(d.Body) != body {
+			t.Fatalf("got %q, want %q", d.Body, body)
+		}
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+
+	publish("first")
+	// Taken on the broker and given back unacknowledged: from now on the
+	// broker flags it.
+	requeue := openChannel(t, direct)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if _, ok, err := requeue.Get(queue, false); err != nil || !ok {
+			return fmt.Errorf("the first copy is not on the master yet (%v)", err)
+		}
+		return nil
+	})
+	requeue.Close()
+	if d := getThroughProxy("first"); !d.Redelivered {
+		t.Fatalf("%q: redelivered=false, want the broker's flag", d.Body)
+	}
+	publish("first again")
+	if d := getThroughProxy("first again"); !d.Redelivered {
+		t.Fatalf("%q: redelivered=false, want true: the proxy delivered this message before, flagged by the broker", d.Body)
+	}
+}

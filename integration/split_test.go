@@ -94,7 +94,7 @@ var integrationParts = [][]string{
 		"TestProxyMirroredClientCloseCrossesChannelErrors",
 		"TestFanoutDeclarePublishConsume", "TestFanoutChannelErrorFromEveryBackend", "TestFanoutBindingNotRecordedClosesTheChannel",
 		"TestUnmirroredQueuesMessagesCarryTheIdentity",
-		"TestRepeatedIdentityArrivesRedelivered",
+		"TestRepeatedIdentityArrivesRedelivered", "TestRedeliveryRemembersBrokerFlaggedDeliveries",
 		"TestProxyPause",
 		"TestProxyServesAMQPS",
 		"FuzzProxyClientBytes",

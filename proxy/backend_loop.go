@@ -189,7 +189,9 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			return
 		}
 		queue := c.trimmable(cons.queue, m, hasID, &id)
-		if !d.Redelivered && hasID && inLog && c.deliveredBefore(cons.queue.ID, meta, id, header) {
+		// Recorded even when the broker flags it: a later copy the broker
+		// delivers as new must find it.
+		if hasID && inLog && c.deliveredBefore(cons.queue.ID, meta, id, header) {
 			d.Redelivered = true
 		}
 		ch.outMu.Lock()
@@ -213,7 +215,9 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		}
 		queue := c.trimmable(m.get.queue, m, hasID, &id)
 		meta, inLog := c.queueMeta(m.get.queue)
-		flagged := !g.Redelivered && hasID && inLog && c.deliveredBefore(m.get.queue.ID, meta, id, header)
+		// Recorded even when the broker flags it, as a delivery is.
+		before := hasID && inLog && c.deliveredBefore(m.get.queue.ID, meta, id, header)
+		flagged := before && !g.Redelivered
 		if flagged {
 			g.Redelivered = true
 		}
