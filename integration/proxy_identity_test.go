@@ -105,31 +105,7 @@ func TestUnmirroredQueuesMessagesCarryTheIdentity(t *testing.T) {
 // dead-lettered one is not flagged: back in its queue through a dead-letter
 // loop it is a new message to RabbitMQ.
 func TestRepeatedIdentityArrivesRedelivered(t *testing.T) {
-	nodes := cluster.Nodes()
-	p := startMirroredProxyWith(t, nodes[0], mirroredOptions{
-		logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	queue := queueName(t)
-	conn, err := amqp.Dial(p.url)
-	if err != nil {
-		t.Fatalf("dial through the proxy: %v", err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ch := openChannel(t, conn)
-	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
-		t.Fatalf("declare: %v", err)
-	}
-	t.Cleanup(func() {
-		if c, err := conn.Channel(); err == nil {
-			c.QueueDelete(queue, false, false, false)
-		}
-	})
-	meta, ok := p.eng.Lookup(mirror.QueueID{VHost: "/", Name: queue})
-	if !ok || len(meta.Slaves) == 0 {
-		t.Fatalf("metadata %+v (recorded %v), want the queue mirrored", meta, ok)
-	}
-
-	direct := dial(t, node(t, meta.Master))
+	queue, ch, direct := mirroredQueueBesideItsMaster(t)
 	dch := openChannel(t, direct)
 	ctx := testContext(t, 30*time.Second)
 	withIdentity := func(id byte, body string) amqp.Publishing {
@@ -208,30 +184,7 @@ func TestRepeatedIdentityArrivesRedelivered(t *testing.T) {
 // copies are published on the master's broker past the proxy, the first
 // one requeued there once so that the broker flags it.
 func TestRedeliveryRemembersBrokerFlaggedDeliveries(t *testing.T) {
-	nodes := cluster.Nodes()
-	p := startMirroredProxyWith(t, nodes[0], mirroredOptions{
-		logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	queue := queueName(t)
-	conn, err := amqp.Dial(p.url)
-	if err != nil {
-		t.Fatalf("dial through the proxy: %v", err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ch := openChannel(t, conn)
-	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
-		t.Fatalf("declare: %v", err)
-	}
-	t.Cleanup(func() {
-		if c, err := conn.Channel(); err == nil {
-			c.QueueDelete(queue, false, false, false)
-		}
-	})
-	meta, ok := p.eng.Lookup(mirror.QueueID{VHost: "/", Name: queue})
-	if !ok || len(meta.Slaves) == 0 {
-		t.Fatalf("metadata %+v (recorded %v), want the queue mirrored", meta, ok)
-	}
-	direct := dial(t, node(t, meta.Master))
+	queue, ch, direct := mirroredQueueBesideItsMaster(t)
 	ctx := testContext(t, 30*time.Second)
 	var id mirror.MessageID
 	id[0], id[15] = 4, 4
@@ -285,4 +238,35 @@ func TestRedeliveryRemembersBrokerFlaggedDeliveries(t *testing.T) {
 	if d := getThroughProxy("first again"); !d.Redelivered {
 		t.Fatalf("%q: redelivered=false, want true: the proxy delivered this message before, flagged by the broker", d.Body)
 	}
+}
+
+// mirroredQueueBesideItsMaster declares a mirrored queue through a proxy
+// of its own and returns its name, a channel through the proxy, and a
+// connection to the master's broker, past the proxy.
+func mirroredQueueBesideItsMaster(t *testing.T) (queue string, ch *amqp.Channel, direct *amqp.Connection) {
+	t.Helper()
+	nodes := cluster.Nodes()
+	p := startMirroredProxyWith(t, nodes[0], mirroredOptions{
+		logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	queue = queueName(t)
+	conn, err := amqp.Dial(p.url)
+	if err != nil {
+		t.Fatalf("dial through the proxy: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch = openChannel(t, conn)
+	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
+		t.Fatalf("declare: %v", err)
+	}
+	t.Cleanup(func() {
+		if c, err := conn.Channel(); err == nil {
+			c.QueueDelete(queue, false, false, false)
+		}
+	})
+	meta, ok := p.eng.Lookup(mirror.QueueID{VHost: "/", Name: queue})
+	if !ok || len(meta.Slaves) == 0 {
+		t.Fatalf("metadata %+v (recorded %v), want the queue mirrored", meta, ok)
+	}
+	return queue, ch, dial(t, node(t, meta.Master))
 }
