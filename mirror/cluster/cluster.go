@@ -122,6 +122,7 @@ func Start(cfg Config) (*Cluster, error) {
 	base.call.Store(&serveCall)
 	c.handleAppliedIndex()
 	c.handleWaitApplied()
+	c.handleInLog()
 	if voters, err := metadata.Voters(); err == nil && len(voters) > 0 {
 		c.bootstrapped = true
 	}

@@ -1,7 +1,10 @@
 package cluster
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -210,6 +213,10 @@ func (c *Cluster) maybeBootstrap(members []Member) {
 	if peers[0].ID != c.cfg.NodeName {
 		return // the lowest name bootstraps; this node waits to be contacted
 	}
+	if err := c.peersOutsideALog(peers); err != nil {
+		c.log.Info("not bootstrapping yet", "reason", err)
+		return // the next pass decides again
+	}
 	err = c.store.Bootstrap(peers)
 	switch {
 	case err == nil:
@@ -222,6 +229,51 @@ func (c *Cluster) maybeBootstrap(members []Member) {
 	}
 	c.markInLog()
 }
+
+// inLogCall is the kind of the call that asks a proxy whether its log has
+// a configuration (it is a voter of a cluster, or was).
+const inLogCall = "in-log"
+
+// handleInLog answers inLogCall.
+func (c *Cluster) handleInLog() {
+	c.peers.calls.Store(inLogCall, callHandler(func(context.Context, []byte) ([]byte, error) {
+		voters, err := c.store.Voters()
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(len(voters) > 0)
+	}))
+}
+
+// peersOutsideALog asks every other peer of a bootstrap whether its log
+// has a configuration already, and returns an error when one has, or does
+// not answer. The in_log tag says so too, but gossip carries a tag change
+// in its own time: a node that joins a formed cluster may see the members
+// before their tags, and bootstrap a second configuration beside theirs.
+func (c *Cluster) peersOutsideALog(peers []store.Voter) error {
+	ctx, cancel := context.WithTimeout(context.Background(), inLogTimeout)
+	defer cancel()
+	for _, p := range peers {
+		if p.ID == c.cfg.NodeName {
+			continue
+		}
+		raw, err := c.peers.call(ctx, p.ID, inLogCall, nil)
+		if err != nil {
+			return fmt.Errorf("asking %s whether it is in a log: %w", p.ID, err)
+		}
+		var inLog bool
+		if err := json.Unmarshal(raw, &inLog); err != nil {
+			return fmt.Errorf("%s's answer: %w", p.ID, err)
+		}
+		if inLog {
+			return fmt.Errorf("%s is in a log already: this node waits to be added", p.ID)
+		}
+	}
+	return nil
+}
+
+// inLogTimeout bounds the calls of peersOutsideALog.
+const inLogTimeout = 3 * time.Second
 
 // markInLog records that this node's log has a configuration, here and in
 // its serf tags.
