@@ -323,8 +323,7 @@ func (r *reconciler) stopQueue(id mirror.QueueID) {
 // nothing to do), but a loss this proxy did not record (it was paused in a
 // minority, and the backend was back before it served again) leaves the
 // slave synchronised in the log, without the publishes this proxy could
-// not send it while it counted the backend down (TestSidecarPartition
-// in CI: 91 messages the master held and such a slave lacked).
+// not send it while it counted the backend down.
 func (r *reconciler) handleMissed() {
 	reports := r.missed.take()
 	if len(reports) == 0 {
