@@ -15,6 +15,12 @@ func TestProxyPause(t *testing.T) {
 	url, srv := startProxy(t, node(t, "rabbit1"))
 	conn := dialURL(t, url)
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	// A channel's open-ok comes from the proxy's client loop, which runs
+	// only once the proxy counts the connection open: Dial returns at the
+	// open-ok of the connection, which the proxy writes a moment before.
+	if _, err := conn.Channel(); err != nil {
+		t.Fatalf("open a channel: %v", err)
+	}
 
 	srv.Pause()
 	select {
