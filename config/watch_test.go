@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
 
 // eventually polls check until it returns nil or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, check func() error) {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
@@ -542,7 +543,7 @@ func TestProxyLeaksNeitherGoroutinesNorSockets(t *testing.T) {
 	testutil.Eventually(t, 15*time.Second, p.allClosed)
 	verify(t, []check{{"connections the proxy served", p.srv.Stats().ConnectionsOpened.Load(), uint64(connections)}})
 	p.close(t)
-	goleak.VerifyNone(t, leakOptions...)
+	leaktest.VerifyNone(t, leakOptions...)
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if now := openDescriptors(t); now > descriptorsBefore {
 			return fmt.Errorf("%d file descriptors open, %d before the test", now, descriptorsBefore)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 	"github.com/amqp-mirror/amqp-mirror/proxy"
 )
 
@@ -74,7 +75,7 @@ func (p fuzzPrefix) run(c *rawClient) error {
 // goroutine of it, and must go on serving a normal client.
 func FuzzProxyClientBytes(f *testing.F) {
 	beforeProxy := []goleak.Option{goleak.IgnoreCurrent()}
-	f.Cleanup(func() { goleak.VerifyNone(f, beforeProxy...) }) // runs after the proxy's Close
+	f.Cleanup(func() { leaktest.VerifyNone(f, beforeProxy...) }) // runs after the proxy's Close
 	p := serveProxy(f, node(f, "rabbit1"), func(o *proxy.Options) {
 		o.Logger = slog.New(slog.NewTextHandler(f.Output(), &slog.HandlerOptions{Level: slog.LevelError}))
 		o.HandshakeTimeout = 2 * time.Second
@@ -106,7 +107,7 @@ func FuzzProxyClientBytes(f *testing.F) {
 
 		assertServes(t, p.url)
 		testutil.Eventually(t, 10*time.Second, p.allClosed)
-		goleak.VerifyNone(t, serving...)
+		leaktest.VerifyNone(t, serving...)
 	})
 }
 

@@ -11,10 +11,10 @@ import (
 	"testing"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
-	"go.uber.org/goleak"
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
 
 const testToken = "s3cret"
 

@@ -3,7 +3,7 @@ package demo
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }

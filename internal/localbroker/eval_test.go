@@ -8,14 +8,15 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/goleak"
+
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 )
 
 // TestEvalAndQueues looks at a node through erl_call: a value of every kind of iodata, an
 // expression that raises, and the counts of queues in two vhosts, one with a name that
 // needs escaping, set up over AMQP.
 func TestEvalAndQueues(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	defer leaktest.VerifyNone(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c, err := Start(ctx, Options{Names: []string{"eval1"}})

@@ -7,14 +7,15 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.uber.org/goleak"
+
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 )
 
 // TestJoinRabbitMQCluster forms a two-node RabbitMQ cluster and checks that
 // RabbitMQ's own classic mirroring, the reference amqp-mirror is measured
 // against, works on it.
 func TestJoinRabbitMQCluster(t *testing.T) {
-	defer goleak.VerifyNone(t)
+	defer leaktest.VerifyNone(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c, err := Start(ctx, Options{Names: []string{"native1", "native2"}})

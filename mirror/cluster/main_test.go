@@ -3,12 +3,7 @@ package cluster
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 )
 
-// memberlist does not wait for its probe goroutine at Shutdown; that one
-// ends within a probe interval, which a loaded machine can stretch past
-// goleak's retries.
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/hashicorp/memberlist.(*Memberlist).probeNode"))
-}
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
@@ -126,7 +127,7 @@ func TestRuntimePoliciesReachEveryProxy(t *testing.T) {
 // policy set before a restart is there after it, and a state_dir file
 // left by an earlier version is imported on the first start only.
 func TestRuntimePoliciesSurviveRestartAlone(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	defer leaktest.VerifyNone(t, goleak.IgnoreCurrent())
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	stateDir := writeRuntimeFile(t, testPolicy(t, "old", "^old_"))
 	raftDir := t.TempDir()

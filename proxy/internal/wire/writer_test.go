@@ -13,10 +13,10 @@ import (
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
-	"go.uber.org/goleak"
+	"github.com/amqp-mirror/amqp-mirror/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leaktest.VerifyTestMain(m) }
 
 // recordingConn is a net.Conn whose writes are recorded one by one. While gate
 // is set, each write waits for a token on it, so a test can hold a write in
