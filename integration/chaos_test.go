@@ -373,3 +373,61 @@ func TestChaosWhenSyncedNoPromotion(t *testing.T) {
 		t.Errorf("after the master's return: master %s epoch %d, want %s epoch %d", m.Master, m.Epoch, master.Name, before.Epoch)
 	}
 }
+
+// TestChaosGetWhileMasterFrozen: a basic.get waiting on a frozen master's
+// broker when the proxy counts that broker down is answered get-empty, as
+// RabbitMQ's channel retries a get against the new master instead of
+// failing it; the channel stays open, and the next get takes the message
+// from the new master.
+func TestChaosGetWhileMasterFrozen(t *testing.T) {
+	restoreClusterOnCleanup(t)
+	const grace = 2 * time.Second
+	p := startChaosProxy(t, node(t, "rabbit1"), chaosOptions{definition: haAllAutomatic, grace: grace})
+	queue := declareChaosQueue(t, p, 3)
+	ch, err := dialURL(t, p.url).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(testContext(t, 10*time.Second), "", queue, false, false,
+		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("waiting")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(testContext(t, 10*time.Second)); err != nil || !ok {
+		t.Fatalf("confirm: %v, %v", ok, err)
+	}
+
+	m := p.waitSynchronised(t, queue, 3)
+	frozen := node(t, m.Master)
+	signalNode(t, frozen, syscall.SIGSTOP)
+	t.Cleanup(func() { syscall.Kill(frozen.PID(), syscall.SIGCONT) })
+	_, ok, err := ch.Get(queue, false)
+	if err != nil {
+		t.Fatalf("basic.get in flight when %s was counted down: %v; want get-empty", frozen.Name, err)
+	}
+	if ok {
+		t.Fatalf("basic.get sent to the frozen %s returned a message", frozen.Name)
+	}
+	promoted := p.waitMasterMoved(t, queue, frozen.Name)
+	var d amqp.Delivery
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if d, ok, err = ch.Get(queue, false); err != nil {
+			t.Fatalf("basic.get after the promotion to %s: %v", promoted.Master, err)
+		}
+		if !ok {
+			return fmt.Errorf("get-empty from %s", promoted.Master)
+		}
+		return nil
+	})
+	if string(d.Body) != "waiting" {
+		t.Fatalf("got %q, want the confirmed message", d.Body)
+	}
+	if err := d.Ack(false); err != nil {
+		t.Fatal(err)
+	}
+	signalNode(t, frozen, syscall.SIGCONT)
+	p.waitSynchronised(t, queue, 3)
+}

@@ -215,14 +215,23 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 
 // channelLostLink settles what a client channel had in flight on a link that
 // was lost: consumers there are cancelled, confirms owed by the link stop
-// counting, requests it alone could answer close the channel with 541, and
-// a close waiting for its close-ok goes on without it.
+// counting, a basic.get on a mirrored queue gets get-empty, other requests
+// it alone could answer close the channel with 541, and a close waiting for
+// its close-ok goes on without it.
 func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel) {
 	for _, g := range lc.replies {
 		switch {
 		case g == nil:
 		case g.primary == -1:
 			g.after(nil)
+		case g.primary == l.idx && g.get != nil && g.get.queue != nil:
+			// The lost master never answers; the queue is promoted to a
+			// slave that still holds whatever message was on its way.
+			// RabbitMQ's channel retries a get on a mirrored queue
+			// against the new master rather than failing; get-empty is
+			// the answer that leaves the client to ask again.
+			ch.groupAbandoned(g)
+			c.toClientMethodOnChannel(ch, &frames.BasicGetEmpty{})
 		case g.primary == l.idx:
 			c.closeChannelByProxy(ch, frames.InternalError,
 				"INTERNAL_ERROR - backend "+l.name+" connection lost", 0, 0)
