@@ -431,3 +431,55 @@ func TestChaosGetWhileMasterFrozen(t *testing.T) {
 	signalNode(t, frozen, syscall.SIGCONT)
 	p.waitSynchronised(t, queue, 3)
 }
+
+// TestChaosQosWhileHomeFrozen: a request the proxy sends to every backend
+// a channel is open on (basic.qos here) takes another backend's reply when
+// the first one's broker is counted down before it answers, instead of
+// closing the channel; the client keeps its channel and its consumer.
+func TestChaosQosWhileHomeFrozen(t *testing.T) {
+	restoreClusterOnCleanup(t)
+	const grace = 2 * time.Second
+	home := node(t, "rabbit1")
+	p := startChaosProxy(t, home, chaosOptions{definition: haAllAutomatic, grace: grace})
+	queue := declareChaosQueue(t, p, 3)
+	ch, err := dialURL(t, p.url).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A publish to a queue mirrored on all three opens the channel on
+	// every backend.
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(testContext(t, 10*time.Second), "", queue, false, false,
+		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("before")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(testContext(t, 10*time.Second)); err != nil || !ok {
+		t.Fatalf("confirm: %v, %v", ok, err)
+	}
+
+	signalNode(t, home, syscall.SIGSTOP)
+	t.Cleanup(func() { syscall.Kill(home.PID(), syscall.SIGCONT) })
+	if err := ch.Qos(5, 0, false); err != nil {
+		t.Fatalf("basic.qos in flight when %s, the first backend asked, was counted down: %v; want qos-ok from another", home.Name, err)
+	}
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("consume after the qos: %v", err)
+	}
+	select {
+	case d := <-deliveries:
+		if string(d.Body) != "before" {
+			t.Fatalf("got %q, want the confirmed message", d.Body)
+		}
+		if err := d.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the confirmed message was not delivered after the failover")
+	}
+	signalNode(t, home, syscall.SIGCONT)
+	p.waitSynchronised(t, queue, 3)
+}

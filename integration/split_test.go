@@ -57,11 +57,13 @@ var integrationParts = [][]string{
 		"TestMirrorInOtherVHosts",
 		// mirror_channel_test.go
 		"TestMirrorRecoverThenSettleEverything", "TestMirrorNackRequeueThenGet",
+		// campaign_test.go
+		"TestCampaign",
 	},
 	{ // failover: the chaos tests (~150 s, master and slave kills), syncs
 		// chaos_test.go, proxy_failover_test.go, proxy_home_test.go
 		"TestChaosMasterKilledRepeatedly", "TestChaosSlaveKilled",
-		"TestChaosMasterFrozen", "TestChaosCancelOnFailover", "TestChaosWhenSyncedNoPromotion",
+		"TestChaosMasterFrozen", "TestChaosCancelOnFailover", "TestChaosWhenSyncedNoPromotion", "TestChaosGetWhileMasterFrozen", "TestChaosQosWhileHomeFrozen",
 		"TestFailoverMasterKilled", "TestFailoverMasterStoppedCleanly", "TestHomeIsABackendThatIsUp",
 		// mirror_sync_test.go, mirror_adopt_autodelete_test.go, proxy_own_confirms_test.go
 		"TestMirrorSlaveSynchronisation", "TestMirrorSyncUnderLoad", "TestMirrorAdoption",

@@ -106,6 +106,21 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 	})
 }
 
+// spareLost counts the reply l will never give to a group whose primary
+// link was lost earlier: the group completes with another copy's reply,
+// or, when l was the last that could answer, closes the channel with 541.
+func (c *clientConn) spareLost(ch *channelState, g *rpcGroup, l *link) {
+	if !ch.groupAbandoned(g) {
+		return
+	}
+	if g.reply != nil {
+		c.finishGroup(ch, g)
+		return
+	}
+	c.closeChannelByProxy(ch, frames.InternalError,
+		"INTERNAL_ERROR - backend "+l.name+" connection lost", 0, 0)
+}
+
 // linkClosesChannel handles a link's channel.close (a channel error there).
 func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame) error {
 	var cl frames.ChannelClose
@@ -215,9 +230,10 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 
 // channelLostLink settles what a client channel had in flight on a link that
 // was lost: consumers there are cancelled, confirms owed by the link stop
-// counting, a basic.get on a mirrored queue gets get-empty, other requests
-// it alone could answer close the channel with 541, and a close waiting for
-// its close-ok goes on without it.
+// counting, a request also sent to other links takes their answer, a
+// basic.get on a mirrored queue gets get-empty, other requests it alone
+// could answer close the channel with 541, and a close waiting for its
+// close-ok goes on without it.
 func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel) {
 	for _, g := range lc.replies {
 		switch {
@@ -232,9 +248,12 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 			// the answer that leaves the client to ask again.
 			ch.groupAbandoned(g)
 			c.toClientMethodOnChannel(ch, &frames.BasicGetEmpty{})
+		case g.primary == l.idx && c.primaryLost(ch, g):
 		case g.primary == l.idx:
 			c.closeChannelByProxy(ch, frames.InternalError,
 				"INTERNAL_ERROR - backend "+l.name+" connection lost", 0, 0)
+		case g.primary == anyReply:
+			c.spareLost(ch, g, l)
 		default:
 			c.abandonReply(ch, g)
 		}

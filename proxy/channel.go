@@ -464,10 +464,32 @@ func (ch *channelState) groupReplied(g *rpcGroup, primary bool, payload []byte) 
 	defer ch.mu.Unlock()
 	g.pending--
 	done := g.pending == 0
-	if primary && (!done || g.after != nil) {
+	switch {
+	case primary && (!done || g.after != nil):
 		g.reply = append([]byte(nil), payload...)
+	case g.primary == anyReply && g.reply == nil:
+		g.reply = append([]byte(nil), payload...)
+	case !primary && g.spare == nil && g.primary != anyReply:
+		g.spare = append([]byte(nil), payload...)
 	}
 	return done
+}
+
+// groupPrimaryLost counts the lost primary's reply of g as one that will
+// never come and makes another target's reply the client's: the spare one
+// already kept, or the next to arrive. ok is false when no other target
+// was asked; otherwise done reports whether g is complete, and answered
+// whether it holds a reply.
+func (ch *channelState) groupPrimaryLost(g *rpcGroup) (done, answered, ok bool) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if g.pending == 1 && g.spare == nil {
+		return false, false, false
+	}
+	g.pending--
+	g.primary = anyReply
+	g.reply, g.spare = g.spare, nil
+	return g.pending == 0, g.reply != nil, true
 }
 
 // groupAbandoned counts a reply of g that will never come, and reports

@@ -18,9 +18,15 @@ import (
 // its replays) are swallowed and never reach the client.
 type rpcGroup struct {
 	pending int // replies still owed; guarded by the channel's mu
-	primary int // index of the link whose reply the client gets
+	// primary is the index of the link whose reply the client gets;
+	// anyReply once that link was lost and another copy answers instead.
+	primary int
 	// reply is the primary's reply, kept when it arrives before the others.
 	reply []byte
+	// spare is the first reply of another link, the answer should the
+	// primary's link be lost before it replies: every target got the same
+	// request, so any copy's reply is one the client can take.
+	spare []byte
 	// after runs, on the read loop that completes the group, before the
 	// reply is written: what the reply makes true (a queue's copies exist,
 	// a consumer's tag is known) is recorded before the client can act on it.
@@ -29,6 +35,10 @@ type rpcGroup struct {
 	// get carries what a basic.get needs when its get-ok arrives.
 	get *pendingGet
 }
+
+// anyReply is a group's primary once its primary link was lost: the
+// first reply of another target is the client's.
+const anyReply = -2
 
 // pendingGet is a basic.get in flight.
 type pendingGet struct {
@@ -119,4 +129,20 @@ func (c *clientConn) abandonReply(ch *channelState, g *rpcGroup) {
 	if ch.groupAbandoned(g) && g.reply != nil {
 		c.finishGroup(ch, g)
 	}
+}
+
+// primaryLost settles a group whose primary link was lost before its
+// reply came. When another target answered or still owes an answer, that
+// answer is the client's, as for a request to a broker that has several
+// copies; it reports false when no other target was asked, and the
+// caller closes the channel.
+func (c *clientConn) primaryLost(ch *channelState, g *rpcGroup) bool {
+	done, answered, ok := ch.groupPrimaryLost(g)
+	if !ok {
+		return false
+	}
+	if done && answered {
+		c.finishGroup(ch, g)
+	}
+	return true
 }
