@@ -435,7 +435,8 @@ func TestChaosGetWhileMasterFrozen(t *testing.T) {
 // TestChaosQosWhileHomeFrozen: a request the proxy sends to every backend
 // a channel is open on (basic.qos here) takes another backend's reply when
 // the first one's broker is counted down before it answers, instead of
-// closing the channel; the client keeps its channel and its consumer.
+// closing the channel, and one asked of that backend alone is answered by
+// the proxy; the client keeps its channels.
 func TestChaosQosWhileHomeFrozen(t *testing.T) {
 	restoreClusterOnCleanup(t)
 	const grace = 2 * time.Second
@@ -460,10 +461,23 @@ func TestChaosQosWhileHomeFrozen(t *testing.T) {
 		t.Fatalf("confirm: %v, %v", ok, err)
 	}
 
+	// A channel that only opened is open on the home backend alone.
+	homeOnly, err := dialURL(t, p.url).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	signalNode(t, home, syscall.SIGSTOP)
 	t.Cleanup(func() { syscall.Kill(home.PID(), syscall.SIGCONT) })
+	homeOnlyQos := make(chan error, 1)
+	go func() { homeOnlyQos <- homeOnly.Qos(7, 0, false) }()
 	if err := ch.Qos(5, 0, false); err != nil {
 		t.Fatalf("basic.qos in flight when %s, the first backend asked, was counted down: %v; want qos-ok from another", home.Name, err)
+	}
+	// The proxy repeats a channel's prefetch on every backend it opens the
+	// channel on later, so the setting holds without the lost one.
+	if err := <-homeOnlyQos; err != nil {
+		t.Fatalf("basic.qos asked of %s alone when it was counted down: %v; want qos-ok from the proxy", home.Name, err)
 	}
 	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
 	if err != nil {

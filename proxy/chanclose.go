@@ -107,14 +107,19 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 }
 
 // spareLost counts the reply l will never give to a group whose primary
-// link was lost earlier: the group completes with another copy's reply,
-// or, when l was the last that could answer, closes the channel with 541.
+// link was lost earlier: the group completes with another copy's reply, or
+// the proxy's for a setting, or, when l was the last that could answer,
+// closes the channel with 541.
 func (c *clientConn) spareLost(ch *channelState, g *rpcGroup, l *link) {
 	if !ch.groupAbandoned(g) {
 		return
 	}
 	if g.reply != nil {
 		c.finishGroup(ch, g)
+		return
+	}
+	if g.settingOk != nil {
+		c.toClientMethodOnChannel(ch, g.settingOk)
 		return
 	}
 	c.closeChannelByProxy(ch, frames.InternalError,

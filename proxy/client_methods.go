@@ -125,7 +125,7 @@ func (c *clientConn) dispatchChannelMethod(ch *channelState, f frames.Frame, key
 	case frames.BasicRecoverAsyncKey:
 		return c.recoverAsync(ch, f)
 	case frames.BasicRecoverKey, frames.ChannelFlowKey:
-		return c.onOpenLinks(ch, f, true)
+		return c.onOpenLinks(ch, f, true, nil)
 	}
 	c.toBackend(f)
 	return nil
@@ -139,7 +139,7 @@ func (c *clientConn) qos(ch *channelState, f frames.Frame, args []byte) error {
 		return err
 	}
 	ch.qos = &qos
-	return c.onOpenLinks(ch, f, true)
+	return c.onOpenLinks(ch, f, true, &frames.BasicQosOk{})
 }
 
 // confirmSelect puts the channel in confirm mode for the client.
@@ -149,7 +149,7 @@ func (c *clientConn) confirmSelect(ch *channelState, f frames.Frame, args []byte
 		return err
 	}
 	ch.selectConfirms()
-	return c.onOpenLinks(ch, f, !sel.NoWait)
+	return c.onOpenLinks(ch, f, !sel.NoWait, &frames.ConfirmSelectOk{})
 }
 
 // txSelect makes the channel transactional. On a channel in the proxy's
@@ -161,7 +161,7 @@ func (c *clientConn) txSelect(ch *channelState, f frames.Frame) error {
 		return nil
 	}
 	ch.selectTransactions()
-	return c.onOpenLinks(ch, f, true)
+	return c.onOpenLinks(ch, f, true, &frames.TxSelectOk{})
 }
 
 // txEnd passes tx.commit or tx.rollback on. The broker applies the
@@ -170,14 +170,14 @@ func (c *clientConn) txSelect(ch *channelState, f frames.Frame) error {
 // unapplied, and those deliveries can be acked again at once.
 func (c *clientConn) txEnd(ch *channelState, f frames.Frame, rollback bool) error {
 	ch.endTransaction(rollback, c.trimSettled)
-	return c.onOpenLinks(ch, f, true)
+	return c.onOpenLinks(ch, f, true, nil)
 }
 
 // recoverAsync passes basic.recover-async on: the brokers redeliver every
 // outstanding delivery with a new tag, so the old tags are void.
 func (c *clientConn) recoverAsync(ch *channelState, f frames.Frame) error {
 	ch.forgetDeliveries()
-	return c.onOpenLinks(ch, f, false)
+	return c.onOpenLinks(ch, f, false, nil)
 }
 
 // settleMethod decodes basic.ack, basic.nack or basic.reject and settles

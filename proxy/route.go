@@ -113,15 +113,29 @@ func (c *clientConn) sendTo(ch *channelState, f frames.Frame, after func([]byte)
 }
 
 // onOpenLinks sends a channel-wide method to every link the channel is open
-// on; the home link answers.
-func (c *clientConn) onOpenLinks(ch *channelState, f frames.Frame, wantReply bool) error {
+// on; the first answers. settingOk is the reply to a setting the proxy
+// repeats on every link it opens later (basic.qos, confirm.select,
+// tx.select: ensureChannel), nil for other methods: when no link can take
+// the setting now, or every link asked is lost before it answers, the
+// setting still holds, and the proxy answers it.
+func (c *clientConn) onOpenLinks(ch *channelState, f frames.Frame, wantReply bool, settingOk frames.Method) error {
 	targets := c.openLinks(ch)
 	if len(targets) > 1 && f.Type == frames.FrameMethod && isMethod(f.Payload, frames.ConfirmSelectKey) {
 		for _, l := range targets {
 			l.selectConfirm(ch.id)
 		}
 	}
-	c.sendTo(ch, f, nil, targets, wantReply)
+	if len(targets) == 0 {
+		if home := c.home.Load(); home != nil {
+			targets = c.reach(ch, home.name)
+		}
+	}
+	switch {
+	case len(targets) > 0:
+		c.sendGroup(ch, f, targets, newGroup(targets, wantReply, nil, settingOk))
+	case wantReply && settingOk != nil:
+		c.toClientMethodOnChannel(ch, settingOk)
+	}
 	return nil
 }
 

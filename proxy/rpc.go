@@ -34,6 +34,9 @@ type rpcGroup struct {
 	after func(reply []byte) []byte
 	// get carries what a basic.get needs when its get-ok arrives.
 	get *pendingGet
+	// settingOk answers a channel setting the proxy repeats on every link
+	// it opens (onOpenLinks) when every link asked is lost unanswered.
+	settingOk frames.Method
 }
 
 // anyReply is a group's primary once its primary link was lost: the
@@ -64,10 +67,22 @@ func isReply(key uint32) bool {
 // gives the client's reply, through a group; after, when set, runs first.
 // It returns false when a write failed (the link is being torn down).
 func (c *clientConn) send(ch *channelState, f frames.Frame, targets []*link, wantReply bool, after func([]byte) []byte) *rpcGroup {
-	var g *rpcGroup
-	if wantReply {
-		g = &rpcGroup{pending: len(targets), primary: targets[0].idx, after: after}
+	g := newGroup(targets, wantReply, after, nil)
+	c.sendGroup(ch, f, targets, g)
+	return g
+}
+
+// newGroup is the group for a request to targets, nil without wantReply.
+func newGroup(targets []*link, wantReply bool, after func([]byte) []byte, settingOk frames.Method) *rpcGroup {
+	if !wantReply {
+		return nil
 	}
+	return &rpcGroup{pending: len(targets), primary: targets[0].idx, after: after, settingOk: settingOk}
+}
+
+// sendGroup writes a client request to targets, each expecting g's reply
+// (none when g is nil).
+func (c *clientConn) sendGroup(ch *channelState, f frames.Frame, targets []*link, g *rpcGroup) {
 	for _, l := range targets {
 		if g != nil {
 			l.expect(ch.id, g)
@@ -76,7 +91,6 @@ func (c *clientConn) send(ch *channelState, f frames.Frame, targets []*link, wan
 			c.writeFailed(l, err)
 		}
 	}
-	return g
 }
 
 // writeFailed handles a failed write to a link: the home link's loss ends
@@ -139,7 +153,12 @@ func (c *clientConn) abandonReply(ch *channelState, g *rpcGroup) {
 func (c *clientConn) primaryLost(ch *channelState, g *rpcGroup) bool {
 	done, answered, ok := ch.groupPrimaryLost(g)
 	if !ok {
-		return false
+		if g.settingOk == nil {
+			return false
+		}
+		ch.groupAbandoned(g)
+		c.toClientMethodOnChannel(ch, g.settingOk)
+		return true
 	}
 	if done && answered {
 		c.finishGroup(ch, g)
