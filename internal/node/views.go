@@ -20,6 +20,9 @@ import (
 type views struct {
 	node     string // this proxy's name: config node, "proxy" in drop-in mode
 	home     string // the backend clients are served by first
+	// amqp and admin are this proxy's listeners, shown for a proxy alone
+	// (the cluster's members publish theirs).
+	amqp, admin string
 	backends []string
 	srv      *proxy.Server
 	m        *mirroring
@@ -38,7 +41,7 @@ func newViews(cfg *config.Config, home string, srv *proxy.Server, m *mirroring, 
 	if name == "" {
 		name = "proxy" // the metadata log's name of a proxy without one (startMirroring)
 	}
-	return views{node: name, home: home, backends: cfg.BackendNames(), srv: srv, m: m, watcher: w}
+	return views{node: name, home: home, amqp: cfg.Listen.AMQP, admin: cfg.Listen.Admin, backends: cfg.BackendNames(), srv: srv, m: m, watcher: w}
 }
 
 // ClusterStatus implements admin.Views.
@@ -66,7 +69,7 @@ func (v views) ClusterStatus(ctx context.Context) (admin.ClusterStatus, error) {
 		}
 	} else {
 		st.Nodes = []admin.NodeStatus{{
-			Name: v.node, State: "alive", Backend: v.home,
+			Name: v.node, State: "alive", Backend: v.home, AMQP: v.amqp, Admin: v.admin,
 			Voter: slices.Contains(st.Voters, v.node), Leader: st.Leader != "" && st.Leader == v.node, Self: true,
 		}}
 	}
@@ -114,6 +117,11 @@ func (v views) Failovers(ctx context.Context) ([]mirror.Failover, error) {
 		return nil, nil
 	}
 	own := v.m.engine.Failovers()
+	for i := range own {
+		if own[i].Node == "" {
+			own[i].Node = v.node // drop-in mode: the engine has no node name
+		}
+	}
 	if v.m.cluster == nil {
 		return own, nil
 	}
