@@ -43,15 +43,20 @@ func TestCtlViewsOfAProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// cluster_status: the proxy alone, in the table and as one JSON object.
-	r := p.ctl(t, "cluster_status")
+	// cluster_status: the proxy alone, in the table and as one JSON object. A backend is
+	// up once the proxy's own probe of it answered, which a loaded host may delay.
+	var r cliResult
+	awaitCondition(t, 20*time.Second, func() error {
+		r = p.ctl(t, "cluster_status")
+		for _, b := range mirrorBackends() {
+			if !strings.Contains(r.stdout, "\n"+b+"\tup\tfalse\t") {
+				return fmt.Errorf("cluster_status does not show backend %s up:\n%s%s", b, r.stdout, r.stderr)
+			}
+		}
+		return nil
+	})
 	r.check(t, 0, []string{"Cluster status of proxy proxy ...\n", "Sidecar cluster: no\n", "Mirroring: yes\n",
 		"Metadata leader: proxy\n", "Voters: [proxy]\n", "Paused: no\n", "\nproxy\talive\ttrue\ttrue\t"}, nil, nil)
-	for _, b := range mirrorBackends() {
-		if !strings.Contains(r.stdout, "\n"+b+"\tup\tfalse\t") {
-			t.Errorf("cluster_status does not show backend %s up:\n%s", b, r.stdout)
-		}
-	}
 	r = p.ctl(t, "cluster_status", "--formatter", "json")
 	r.check(t, 0, nil, nil, nil)
 	var status struct {
@@ -108,9 +113,16 @@ func TestCtlViewsOfAProxy(t *testing.T) {
 
 	// One backend: no mirroring, the proxy still shows itself and its backend.
 	single := newCLI(t).serveConfig(t, newCLIConfig(t, cluster.Nodes()[0]))
-	r = single.ctl(t, "cluster_status", "--formatter", "json")
-	r.check(t, 0, []string{`"node":"proxy"`, `"mirroring":false`, `"leader":""`, `"nodes":[{"name":"proxy","state":"alive"`,
-		`"backends":[{"name":"` + cluster.Nodes()[0].Name + `","state":"up","drained":false,"home":true}]`}, nil, nil)
+	awaitCondition(t, 20*time.Second, func() error {
+		r = single.ctl(t, "cluster_status", "--formatter", "json")
+		for _, want := range []string{`"node":"proxy"`, `"mirroring":false`, `"leader":""`, `"nodes":[{"name":"proxy","state":"alive"`,
+			`"backends":[{"name":"` + cluster.Nodes()[0].Name + `","state":"up","drained":false,"home":true}]`} {
+			if !strings.Contains(r.stdout, want) {
+				return fmt.Errorf("cluster_status --formatter json of a proxy with one backend lacks %s:\n%s%s", want, r.stdout, r.stderr)
+			}
+		}
+		return nil
+	})
 	single.ctl(t, "list_connections", "-q").check(t, 0, []string{"user\tpeer_host\tpeer_port\tstate\tbackend\n"}, nil, nil)
 }
 
