@@ -239,7 +239,8 @@ func TestCLIHelp(t *testing.T) {
 	// help ctl lists every command, one line each: the name, then what it does.
 	for _, args := range [][]string{{"help", "ctl"}, {"ctl", "help"}, {"ctl", "--help"}} {
 		r := cli.run(t, nil, args...)
-		for _, command := range []string{"set_policy", "clear_policy", "list_policies", "set_operator_policy", "clear_operator_policy", "list_operator_policies", "help"} {
+		for _, command := range []string{"set_policy", "clear_policy", "list_policies", "set_operator_policy", "clear_operator_policy", "list_operator_policies",
+			"cluster_status", "list_connections", "list_consumers", "help"} {
 			if !regexp.MustCompile(`(?m)^  ` + command + `\s{2,}\w.*$`).MatchString(r.stdout) {
 				t.Errorf("%s: no line for %s with what it does; got:\n%s", strings.Join(args, " "), command, r.stdout)
 			}

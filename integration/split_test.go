@@ -41,7 +41,7 @@ var integrationParts = [][]string{
 		"TestCLICtlManagesPolicies", "TestCLICtlOptionsAfterTheCommand",
 		"TestCLIReloadAppliesPolicyChanges", "TestCLIReloadRefusesWhatItCannotApply",
 		"TestCLIServeLogsConnectionsWithoutPasswords", "TestCLIShutdownSignals", "TestCLIHelp", "TestCLIBackendDown", "TestCLIServesAMQPS", "TestCLIMetrics",
-		"TestCtlDrain",
+		"TestCtlDrain", "TestCtlViewsOfAProxy",
 		"TestCtlQueuesWithoutMirroring", "TestCtlQueuesMirrored", "TestCtlQueuesListsUnmirroredQueues",
 		"TestComposeTopologyOnNetworkNamespaces",
 		"TestComposeBrokersAreSingleOfficialNodes", "TestComposeProxiesAreBuiltFromTheDockerfile", "TestComposeMountsExist",
@@ -65,6 +65,8 @@ var integrationParts = [][]string{
 		"TestChaosMasterKilledRepeatedly", "TestChaosSlaveKilled",
 		"TestChaosMasterFrozen", "TestChaosCancelOnFailover", "TestChaosWhenSyncedNoPromotion", "TestChaosGetWhileMasterFrozen", "TestChaosQosWhileHomeFrozen",
 		"TestFailoverMasterKilled", "TestFailoverMasterStoppedCleanly", "TestHomeIsABackendThatIsUp",
+		// views_test.go
+		"TestStatusPageInABrowser",
 		// mirror_sync_test.go, mirror_adopt_autodelete_test.go, proxy_own_confirms_test.go
 		"TestMirrorSlaveSynchronisation", "TestMirrorSyncUnderLoad", "TestMirrorAdoption",
 		"TestSyncKeepsAnAdoptedAutoDeleteQueue",

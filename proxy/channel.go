@@ -52,10 +52,10 @@ type channelState struct {
 	confirms ledger.PublisherConfirms
 	tags     ledger.DeliveryTags
 	// consumers are the channel's consumers by tag; orphaned are those
-	// whose link was lost, until they move (failover.go) or the client
-	// cancels them.
+	// whose link was lost, as they were, until they move (failover.go) or
+	// the client cancels them.
 	consumers map[string]consumer
-	orphaned  map[string]bool
+	orphaned  map[string]consumer
 	// replyTag is the tag of the consumer of amq.rabbitmq.reply-to, which
 	// consumes on every link the channel is open on (replyto.go).
 	replyTag string
@@ -111,6 +111,14 @@ type consumer struct {
 	// master; cancelOnFailover is its x-cancel-on-ha-failover.
 	args             []byte
 	cancelOnFailover bool
+	// What list_consumers shows (views.go): the queue as the client named
+	// it, basic.consume's exclusive flag and arguments (a decoded table is
+	// never changed, so holding it is safe), and the channel's per-consumer
+	// prefetch at the consume.
+	queueName string
+	exclusive bool
+	arguments frames.Table
+	prefetch  uint16
 }
 
 func newChannelState(id uint16) *channelState {
@@ -176,7 +184,7 @@ func (ch *channelState) addConsumer(tag string, cons consumer) {
 func (ch *channelState) addReplyConsumer(tag string, link int) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.consumers[tag] = consumer{noAck: true, link: link}
+	ch.consumers[tag] = consumer{noAck: true, link: link, queueName: mirror.ReplyToQueue}
 	ch.replyTag = tag
 }
 
@@ -198,9 +206,7 @@ func (ch *channelState) clientCancels(tag string) (consumer, bool) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	cons, known := ch.consumers[tag]
-	if ch.orphaned[tag] {
-		delete(ch.orphaned, tag)
-	}
+	delete(ch.orphaned, tag)
 	return cons, known
 }
 
@@ -218,7 +224,7 @@ func (ch *channelState) brokerCancels(tag string, link int) bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	cons, known := ch.consumers[tag]
-	if known && cons.link != link || !known && ch.orphaned[tag] {
+	if known && cons.link != link || !known && ch.isOrphan(tag) {
 		return false
 	}
 	delete(ch.consumers, tag)
@@ -232,7 +238,7 @@ func (ch *channelState) deliveryConsumer(tag string, link int) (cons consumer, s
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	cons, known := ch.consumers[tag]
-	stale = known && cons.link != link && !ch.isReplyConsumer(tag) || !known && ch.orphaned[tag]
+	stale = known && cons.link != link && !ch.isReplyConsumer(tag) || !known && ch.isOrphan(tag)
 	if !known {
 		cons = ch.consumers[""]
 	}
@@ -244,10 +250,17 @@ func (ch *channelState) deliveryConsumer(tag string, link int) (cons consumer, s
 func (ch *channelState) orphanLocked(tag string, cons consumer, orphans []orphan) []orphan {
 	delete(ch.consumers, tag)
 	if ch.orphaned == nil {
-		ch.orphaned = make(map[string]bool)
+		ch.orphaned = make(map[string]consumer)
 	}
-	ch.orphaned[tag] = true
+	ch.orphaned[tag] = cons
 	return append(orphans, orphan{ch: ch, tag: tag, cons: cons})
+}
+
+// isOrphan reports whether the consumer with tag is an orphan. The caller
+// holds mu.
+func (ch *channelState) isOrphan(tag string) bool {
+	_, orphan := ch.orphaned[tag]
+	return orphan
 }
 
 // orphanMoved makes the consumers of mirrored queues for which moved
@@ -269,7 +282,7 @@ func (ch *channelState) orphanMoved(moved func(consumer) bool, orphans []orphan)
 func (ch *channelState) adoptOrphan(tag string, moved consumer) bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if !ch.orphaned[tag] {
+	if !ch.isOrphan(tag) {
 		return false
 	}
 	delete(ch.orphaned, tag)
@@ -283,7 +296,7 @@ func (ch *channelState) dropOrphan(tag string) bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	delete(ch.consumers, tag)
-	wasOrphan := ch.orphaned[tag]
+	wasOrphan := ch.isOrphan(tag)
 	delete(ch.orphaned, tag)
 	return wasOrphan
 }

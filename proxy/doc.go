@@ -93,7 +93,8 @@
 // requests; channel.go is a client channel (channelState) and
 // channel_table.go the lock-free table of them; chanclose.go closes
 // channels; failover.go and lostcopies.go handle lost links and moved
-// masters.
+// masters; views.go copies what ctl list_connections and list_consumers
+// show, through the types' own locks.
 //
 // # Who owns what
 //

@@ -512,7 +512,10 @@ func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) erro
 		return nil
 	}
 	targets := []*link{target}
-	cons := consumer{noAck: d.NoAck, link: targets[0].idx, queue: ref}
+	cons := consumer{noAck: d.NoAck, link: targets[0].idx, queue: ref, queueName: d.Queue, exclusive: d.Exclusive, arguments: d.Arguments}
+	if ch.qos != nil && !ch.qos.Global {
+		cons.prefetch = ch.qos.PrefetchCount
+	}
 	if ref != nil {
 		cons.args = append([]byte(nil), args...)
 		if v, ok := d.Arguments.Get("x-cancel-on-ha-failover"); ok {

@@ -7,13 +7,14 @@
 #   python3-pika     the second client of the transparency tests
 #   amqp-tools       amqp-publish/amqp-consume, a third client
 #   make             .ci/run calls make test
+#   chromium         the headless browser that renders the admin status page in its test
 #
 # The package's postinst starts its own broker (as user rabbitmq, on port 5672); the tests
 # start their own nodes, so that one is kept from starting, or stopped. Test nodes run as
 # the invoking user and are never touched. epmd is shared by all Erlang nodes and left alone.
 set -euo pipefail
 
-packages=(rabbitmq-server amqp-specs python3-pika amqp-tools make)
+packages=(rabbitmq-server amqp-specs python3-pika amqp-tools make chromium)
 
 say() { echo "install-deps: $*"; }
 

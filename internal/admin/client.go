@@ -98,6 +98,33 @@ func (c *Client) ListQueues(ctx context.Context, vhost string, unacked bool) ([]
 	return out, err
 }
 
+// ClusterStatus is rabbitmqctl cluster_status.
+func (c *Client) ClusterStatus(ctx context.Context) (ClusterStatus, error) {
+	var st ClusterStatus
+	err := c.do(ctx, http.MethodGet, "/api/cluster", nil, &st)
+	return st, err
+}
+
+// ListConnections is rabbitmqctl list_connections: every proxy's client
+// connections.
+func (c *Client) ListConnections(ctx context.Context) ([]mirror.Connection, error) {
+	var out []mirror.Connection
+	err := c.do(ctx, http.MethodGet, "/api/connections", nil, &out)
+	return out, err
+}
+
+// ListConsumers is rabbitmqctl list_consumers: the consumers of vhost (""
+// for every vhost) of every proxy's clients.
+func (c *Client) ListConsumers(ctx context.Context, vhost string) ([]mirror.Consumer, error) {
+	path := "/api/consumers"
+	if vhost != "" {
+		path += "?" + url.Values{"vhost": {vhost}}.Encode()
+	}
+	var out []mirror.Consumer
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
+	return out, err
+}
+
 // SyncQueue is rabbitmqctl sync_queue: it starts synchronising the queue's
 // unsynchronised slaves.
 func (c *Client) SyncQueue(ctx context.Context, id mirror.QueueID) error {

@@ -140,6 +140,9 @@ var commands = map[string]command{
 		},
 	},
 	"list_queues":       listQueuesCommand,
+	"cluster_status":    clusterStatusCommand,
+	"list_connections":  listConnectionsCommand,
+	"list_consumers":    listConsumersCommand,
 	"sync_queue":        syncQueueCommand,
 	"cancel_sync_queue": cancelSyncQueueCommand,
 	"drain":             drainCommand,
@@ -232,7 +235,8 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 // against client, printing rabbitmqctl-style output, and returns the exit
 // code. Commands: set_policy, clear_policy, list_policies,
 // set_operator_policy, clear_operator_policy, list_operator_policies,
-// list_queues, sync_queue, cancel_sync_queue, drain, undrain, help.
+// list_queues, sync_queue, cancel_sync_queue, drain, undrain, keys,
+// cluster_status, list_connections, list_consumers, help.
 // The connection flags (--config, --admin, --admin-ca, --token, --token-file) are accepted and
 // ignored: client is used.
 func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr io.Writer) int {

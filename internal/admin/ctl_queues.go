@@ -265,6 +265,17 @@ func tableCell(v any) string {
 			return ""
 		}
 		return strconv.Itoa(*v)
+	case map[string]any:
+		// rabbitmqctl prints empty arguments as []; others as JSON here.
+		if len(v) == 0 {
+			return "[]"
+		}
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if enc.Encode(v) == nil {
+			return strings.TrimSuffix(b.String(), "\n")
+		}
 	}
 	return fmt.Sprint(v)
 }

@@ -1,7 +1,9 @@
 // Package admin is amqp-mirror's HTTP admin API, used by `amqp-mirror ctl`:
 // runtime policies (the rabbitmqctl set_policy family), policy explanations,
 // the mirrored queues and their synchronisation (list_queues, sync_queue),
-// and a Prometheus /metrics endpoint; plus the Go client and the ctl command
+// the read-only views of the cluster and its clients (cluster_status,
+// list_connections, list_consumers), a status page for browsers, and a
+// Prometheus /metrics endpoint; plus the Go client and the ctl command
 // line built on it.
 //
 // Endpoints (JSON; vhost and name are path-escaped, "/" is %2F):
@@ -14,17 +16,23 @@
 //	DELETE /api/operator-policies/{vhost}/{name}   clear_operator_policy
 //	GET    /api/explain?vhost=V&name=Q[&kind=queue|exchange][&exclusive=true]
 //	GET    /api/queues[?vhost=V][&unacked=false]    list_queues (vhost "/" by default)
+//	GET    /api/cluster                            cluster_status: proxies, metadata leader and voters, pause, backends
+//	GET    /api/connections                        list_connections: every proxy's client connections
+//	GET    /api/consumers[?vhost=V]                list_consumers: their consumers (every vhost by default)
 //	POST   /api/queues/{vhost}/{name}/actions      {"action":"sync"} or {"action":"cancel_sync"}
 //	POST   /api/backends/{name}/actions            {"action":"drain"} (answers the report) or {"action":"undrain"}
 //	GET    /metrics                                Prometheus text format (client_golang)
 //	GET    /healthz                                200 "ok" while the process serves
 //	GET    /readyz                                 200 "ok", or 503 "not ready: <reason>" (WithReadiness)
+//	GET    / and /status                           the status page (HTML): nodes, backends, queues, recent failovers
 //
 // Every /api/ request needs "Authorization: Bearer <token>", compared in
-// constant time; there is no anonymous access. /metrics, /healthz and
-// /readyz are unauthenticated, like RabbitMQ's rabbitmq_prometheus plugin
-// and its health checks, and hold nothing secret: bind listen.admin to a
-// trusted interface. Serve takes the listener it is given, a TLS one for
+// constant time; there is no anonymous access. /metrics, /healthz,
+// /readyz and the status page are unauthenticated and read-only, like
+// RabbitMQ's rabbitmq_prometheus plugin and its health checks, and hold
+// nothing secret (no URL, password or token): bind listen.admin to a
+// trusted interface. A list of a sidecar cluster that lacks a proxy's rows
+// (it did not answer) comes with the Amqp-Mirror-Warning header naming it. Serve takes the listener it is given, a TLS one for
 // HTTPS (listen.admin_tls). Errors are {"error": "..."} with 400 for bad input
 // (the same validation and messages as the config file), 401 for a missing
 // or wrong token, 404 for an unknown policy or queue, 409 for clearing a
@@ -73,6 +81,7 @@ type Server struct {
 	queues   Queues       // nil: mirroring is off
 	drainer  Drainer      // nil: mirroring is off (drain.go)
 	keyring  Keyring      // nil: no sidecar cluster (keys.go)
+	views    Views        // nil: no views (views.go)
 	ready    func() error // nil: always ready (health.go)
 	backends []string
 	mux      *http.ServeMux
@@ -120,6 +129,8 @@ func NewServer(store *config.PolicyStore, token string, logger *slog.Logger, opt
 	s.mux.Handle("GET /metrics", s.registry.Handler())
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.HandleFunc("GET /{$}", s.statusPage)
+	s.mux.HandleFunc("GET /status", s.statusPage)
 	return s
 }
 
@@ -175,7 +186,9 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 }
 
 // route dispatches /api/{policies|operator-policies}[/{vhost}/{name}],
-// /api/explain and /api/queues[/{vhost}/{name}/actions].
+// /api/explain, /api/queues[/{vhost}/{name}/actions], /api/keys,
+// /api/backends/{name}/actions and the views (/api/cluster,
+// /api/connections, /api/consumers).
 func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/api/"), "/")
 	for i, p := range parts {
@@ -194,6 +207,12 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) {
 		s.keys(w, r)
 	case len(parts) == 1 && parts[0] == "queues" && r.Method == http.MethodGet:
 		s.listQueues(w, r)
+	case len(parts) == 1 && parts[0] == "cluster" && r.Method == http.MethodGet:
+		s.clusterStatus(w, r)
+	case len(parts) == 1 && parts[0] == "connections" && r.Method == http.MethodGet:
+		s.listConnections(w, r)
+	case len(parts) == 1 && parts[0] == "consumers" && r.Method == http.MethodGet:
+		s.listConsumers(w, r)
 	case len(parts) == 4 && parts[0] == "queues" && parts[3] == "actions" && r.Method == http.MethodPost:
 		s.queueAction(w, r, mirror.QueueID{VHost: parts[1], Name: parts[2]})
 	case len(parts) == 3 && parts[0] == "backends" && parts[2] == "actions" && r.Method == http.MethodPost:

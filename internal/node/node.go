@@ -89,6 +89,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	}
 	mirroring.countUnacked(srv.Unacked)
 	mirroring.listUnrecorded(srv.UnrecordedQueues)
+	mirroring.serveViews(srv)
 
 	listeners, err := listen(cfg.Listen)
 	if err != nil {
@@ -234,8 +235,8 @@ func drain(ctx context.Context, events <-chan controllink.Event) {
 	}
 }
 
-// startAdmin serves the admin API (ctl's commands, /metrics and the
-// health endpoints) on listen.admin until ctx ends, with the token from
+// startAdmin serves the admin API (ctl's commands, /metrics, the health
+// endpoints and the status page) on listen.admin until ctx ends, with the token from
 // the config or state_dir; over HTTPS when tlsConfig is not nil.
 func startAdmin(ctx context.Context, cfg *config.Config, tlsConfig *tls.Config, store *config.PolicyStore, srv *proxy.Server, m *mirroring, w *controllink.Watcher, ready readiness, servers *servers, logger *slog.Logger) error {
 	token, err := config.EnsureAdminToken(cfg)
@@ -251,7 +252,8 @@ func startAdmin(ctx context.Context, cfg *config.Config, tlsConfig *tls.Config, 
 		adminLn = tls.NewListener(adminLn, tlsConfig)
 		scheme = "https"
 	}
-	adminOpts := []admin.Option{admin.WithReadiness(ready.check), admin.WithBackends(cfg.BackendNames())}
+	adminOpts := []admin.Option{admin.WithReadiness(ready.check), admin.WithBackends(cfg.BackendNames()),
+		admin.WithViews(newViews(cfg, ready.home, srv, m, w))}
 	if m.engine != nil {
 		adminOpts = append(adminOpts, admin.WithQueues(m.engine))
 	}

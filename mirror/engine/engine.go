@@ -32,6 +32,7 @@
 //	               against the records, expired masters, backlogs, copies
 //	               reported short of a publish (the one state it owns)
 //	failover       backend events: promotions, lost slaves, rejoins
+//	history        the last promotions failover wrote, for the status page
 //	drainer        ctl drain's promotions and removals; no state
 //	listing        ctl list_queues, with the functions that ask this
 //	               proxy's clients
@@ -56,7 +57,7 @@
 // Lock order: trimmers.mu before a Trimmer's own lock (settles are handed
 // to the trimmers under a read lock of it) and before the Store's;
 // snapshots.mu before the Store's. Every other lock is taken alone:
-// syncs.mu, failover.mu (the events queue), liveness's (failed members,
+// syncs.mu, failover.mu (the events queue), history.mu, liveness's (failed members,
 // drained backends), missedCopies.mu, negativeCache.mu and replyNodes.mu.
 // No part calls another while holding its own lock, and nothing does
 // network I/O while holding any of them.
@@ -134,6 +135,7 @@ type Engine struct {
 	syncs      *syncs         // sync.go
 	reconciler *reconciler    // reconcile.go
 	failover   *failover      // failover.go
+	history    *history       // history.go
 	drainer    *drainer       // drain.go
 	listing    *listing       // status.go, unrecorded.go
 	negative   *negativeCache // resolve.go
@@ -206,9 +208,10 @@ func New(opts Options) *Engine {
 	// A trimmer that finds its copy missing hands it to the reconciler,
 	// which holds the trimmers: set once both exist.
 	e.trimmers.gone = e.reconciler.copyGone
+	e.history = &history{node: opts.Node}
 	e.failover = &failover{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
-		operator: e.operator, policies: opts.Policies, roles: e.roles, log: log, life: e.life, poke: e.poke,
+		history: e.history, operator: e.operator, policies: opts.Policies, roles: e.roles, log: log, life: e.life, poke: e.poke,
 		lost: make(map[string]map[mirror.QueueID]bool),
 	}
 	e.drainer = &drainer{

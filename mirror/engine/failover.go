@@ -33,6 +33,7 @@ type failover struct {
 	trimmers *trimmers
 	syncs    *syncs
 	liveness *liveness
+	history  *history // the promotions written here, for the status page
 	operator *operator
 	policies *config.PolicyStore
 	roles    roles
@@ -163,6 +164,7 @@ func (f *failover) promote(id mirror.QueueID, ev controllink.Event, cause mirror
 			log.Warn("master lost; nobody promoted", "master", ev.Backend, "cause", cause.String(), "reason", p.Reason)
 		}
 	default:
+		f.history.promoted(id, p, cause, written.Epoch, ev.At, time.Now())
 		f.unpromoted.Delete(id)
 		// What the new master's trimmer held is ready again there once it
 		// stops: the messages clients may not have acked, requeued.

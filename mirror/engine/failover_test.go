@@ -51,6 +51,14 @@ func TestMasterLostAndBack(t *testing.T) {
 	if !slices.Equal(promoted.SynchronisedSlaves(), []string{"rabbit2"}) {
 		t.Errorf("after the promotion the synchronised slaves are %v, want [rabbit2]", promoted.SynchronisedSlaves())
 	}
+	// The promotion is in the history the status page shows, with how long it took.
+	i := slices.IndexFunc(h.engine.Failovers(), func(f mirror.Failover) bool { return f.Queue == id })
+	if i < 0 {
+		t.Errorf("Failovers() lacks the promotion of %v: %+v", id, h.engine.Failovers())
+	} else if f := h.engine.Failovers()[i]; f.From != "rabbit3" || f.To != "rabbit1" || f.Cause != "shutdown" || f.Epoch != 1 || !f.Synchronised ||
+		f.Duration <= 0 || f.Duration > time.Minute || !f.PromotedAt.Equal(f.DetectedAt.Add(f.Duration)) {
+		t.Errorf("the promotion recorded: %+v; want from rabbit3 to rabbit1, cause shutdown, epoch 1, synchronised, a duration under a minute", f)
+	}
 	testutil.Eventually(t, time.Minute, func() error {
 		if n := readyOn(t, "rabbit1", id.Name); n != 50 {
 			return fmt.Errorf("the new master has %d ready messages, want 50 (its trimmer gave them back)", n)

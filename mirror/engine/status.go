@@ -32,6 +32,12 @@ func (e *Engine) ListQueues(ctx context.Context, vhost string, unacked bool) ([]
 	return e.listing.list(ctx, vhost, unacked)
 }
 
+// Overview returns every recorded queue of every vhost with its policy and
+// the slaves a sync copies to now, asking no broker and no other proxy:
+// the admin status page's view, cheap enough for every refresh of a large
+// install. Its counts are -1 (unknown).
+func (e *Engine) Overview() []mirror.QueueStatus { return e.listing.overview() }
+
 // listing answers `ctl list_queues`: the log's queues with what their
 // masters' brokers say, the unacknowledged counts of every proxy's
 // clients and the queues the log does not record. The functions that ask
@@ -93,6 +99,18 @@ func (l *listing) list(ctx context.Context, vhost string, unacked bool) ([]mirro
 		return nil, err
 	}
 	return append(out, unrecorded...), nil
+}
+
+// overview is Engine.Overview.
+func (l *listing) overview() []mirror.QueueStatus {
+	metas := l.store.List()
+	out := make([]mirror.QueueStatus, 0, len(metas))
+	for _, m := range metas {
+		_, policy := definition(l.policies, m.ID)
+		out = append(out, mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1,
+			Policy: policy, Syncing: l.syncs.targets(m.ID)})
+	}
+	return out
 }
 
 // unackedAskTimeout bounds how long list_queues waits for the other
