@@ -18,15 +18,15 @@ import (
 // queues and failovers, the cluster for the other proxies and the log,
 // the watcher for the backends. It keeps no state of its own.
 type views struct {
-	node     string // this proxy's name: config node, "proxy" in drop-in mode
-	home     string // the backend clients are served by first
+	node string // this proxy's name: config node, "proxy" in drop-in mode
+	home string // the backend clients are served by first
 	// amqp and admin are this proxy's listeners, shown for a proxy alone
 	// (the cluster's members publish theirs).
 	amqp, admin string
-	backends []string
-	srv      *proxy.Server
-	m        *mirroring
-	watcher  *controllink.Watcher
+	backends    []string
+	srv         *proxy.Server
+	m           *mirroring
+	watcher     *controllink.Watcher
 }
 
 var _ admin.Views = views{}
