@@ -42,5 +42,10 @@ USER 65532:65532
 # /metrics; between sidecar proxies 7946 serf gossip (TCP and UDP) and 7947
 # the metadata log's raft (cluster.bind's port + 1).
 EXPOSE 5672 5671 15680 7946 7946/udp 7947
+# Healthy while the proxy can serve clients (/readyz: not paused, metadata
+# caught up, its home backend up), asked by ctl at listen.admin of the
+# mounted config; no shell or curl is needed, nor the admin token.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=45s --retries=3 \
+    CMD ["amqp-mirror", "ctl", "--config", "/etc/amqp-mirror/amqp-mirror.yaml", "--timeout", "3s", "-q", "check_ready"]
 ENTRYPOINT ["amqp-mirror"]
 CMD ["serve", "--config", "/etc/amqp-mirror/amqp-mirror.yaml"]

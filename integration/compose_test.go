@@ -342,6 +342,21 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("EXPOSE lacks %s", port)
 		}
 	}
+	// The image's health check is the compose proxies' one, which
+	// TestComposeTopologyOnNetworkNamespaces runs against real proxies.
+	checks := d.all("HEALTHCHECK")
+	if len(checks) != 1 {
+		t.Fatalf("HEALTHCHECK: got %d, want one", len(checks))
+	}
+	_, argv, found := strings.Cut(checks[0], "CMD ")
+	var got []string
+	if err := json.Unmarshal([]byte(argv), &got); !found || err != nil {
+		t.Fatalf("HEALTHCHECK %s: want CMD in exec form (%v)", checks[0], err)
+	}
+	want := loadCompose(t).Services["amqp-mirror1"].Healthcheck.Test[1:]
+	if !slices.Equal(got, want) {
+		t.Errorf("HEALTHCHECK runs %q, the compose proxies %q", got, want)
+	}
 }
 
 // TestDockerignoreKeepsTheBuildInputs: the build stage sees the repository

@@ -40,7 +40,10 @@ type command struct {
 	// check refuses bad positional arguments as a usage error, before the
 	// proxy is asked anything.
 	check func(args []string) error
-	run   func(ctx context.Context, c *Client, o *ctlOptions, args []string) error
+	// tokenless: the command asks only endpoints served without a token,
+	// so none is looked for, and a missing one is no error.
+	tokenless bool
+	run       func(ctx context.Context, c *Client, o *ctlOptions, args []string) error
 }
 
 type ctlOptions struct {
@@ -141,6 +144,8 @@ var commands = map[string]command{
 	},
 	"list_queues":       listQueuesCommand,
 	"cluster_status":    clusterStatusCommand,
+	"check_ready":       checkReadyCommand,
+	"check_alive":       checkAliveCommand,
 	"list_connections":  listConnectionsCommand,
 	"list_consumers":    listConsumersCommand,
 	"sync_queue":        syncQueueCommand,
@@ -236,7 +241,8 @@ func Main(args []string, getenv func(string) string, stdout, stderr io.Writer) i
 // code. Commands: set_policy, clear_policy, list_policies,
 // set_operator_policy, clear_operator_policy, list_operator_policies,
 // list_queues, sync_queue, cancel_sync_queue, drain, undrain, keys,
-// cluster_status, list_connections, list_consumers, help.
+// cluster_status, list_connections, list_consumers, check_ready,
+// check_alive, help.
 // The connection flags (--config, --admin, --admin-ca, --token, --token-file) are accepted and
 // ignored: client is used.
 func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr io.Writer) int {
@@ -329,7 +335,7 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 	if client == nil {
 		var code int
 		var err error
-		if client, code, err = conn.client(getenv); err != nil {
+		if client, code, err = conn.client(getenv, !cmd.tokenless); err != nil {
 			fmt.Fprintf(stderr, "Error: %v\n", err)
 			return code
 		}
@@ -362,10 +368,13 @@ func addConnectionFlags(fs *pflag.FlagSet, c *connection) {
 // HTTPS when the URL says so, when the config serves it so
 // (listen.admin_tls) or when --admin-ca is given; the authority trusted
 // then is --admin-ca, else listen.admin_tls.ca, else the system's roots.
-func (c connection) client(getenv func(string) string) (*Client, int, error) {
-	token, err := c.explicitToken(getenv)
-	if err != nil {
-		return nil, ExitNoPerm, err
+func (c connection) client(getenv func(string) string, needToken bool) (*Client, int, error) {
+	var token string
+	var err error
+	if needToken {
+		if token, err = c.explicitToken(getenv); err != nil {
+			return nil, ExitNoPerm, err
+		}
 	}
 	client := &Client{BaseURL: c.admin, Token: token}
 	https := c.adminCA != ""
@@ -382,7 +391,7 @@ func (c connection) client(getenv func(string) string) (*Client, int, error) {
 		if ca.file == "" && cfg.Listen.AdminTLS.CA != "" {
 			ca = trustedCA{file: cfg.Listen.AdminTLS.CA, source: "listen.admin_tls.ca of " + c.configPath}
 		}
-		if client.Token == "" {
+		if needToken && client.Token == "" {
 			if client.Token, err = config.LoadAdminToken(cfg); err != nil {
 				return nil, ExitNoPerm, err
 			}
@@ -471,9 +480,12 @@ func exitCode(err error) int {
 	var netErr net.Error
 	var opErr *net.OpError
 	var transport *transportError
+	var notReady *NotReadyError
 	switch {
 	case errors.As(err, &wait):
 		return ExitTempFail
+	case errors.As(err, &notReady):
+		return ExitUnavailable
 	case errors.As(err, &transport):
 		return ExitUnavailable
 	case errors.As(err, &api) && api.Status == 401:

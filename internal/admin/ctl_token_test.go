@@ -65,7 +65,7 @@ func TestTokenResolutionOrder(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, code, err := tc.conn.client(env(tc.env))
+			c, code, err := tc.conn.client(env(tc.env), true)
 			if err != nil {
 				t.Fatalf("client: %v (exit %d)", err, code)
 			}
