@@ -273,7 +273,7 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		}
 		return c.declareNew(ch, f, q, wantReply)
 	}
-	master := c.reach(ch, meta.Master)
+	meta, master := c.reachMaster(ch, meta)
 	if len(master) == 0 {
 		c.masterDown(ch, meta, f)
 		return nil
@@ -386,6 +386,60 @@ func (c *clientConn) deleteQueue(ch *channelState, f frames.Frame, meta mirror.Q
 	c.sendTo(ch, f, deleteCopies, []*link{master}, true)
 }
 
+// promotionWait bounds how long a request for a queue whose master was
+// just lost waits for the promotion of a slave.
+const promotionWait = 10 * time.Second
+
+// reachMaster returns the link to meta's master with the channel open on
+// it. When the master cannot be reached, is counted down, and a
+// synchronised slave is live, a promotion is on its way: it waits for the
+// metadata to name another master, at most promotionWait, as RabbitMQ's
+// channel waits for a mirrored queue's new master instead of failing the
+// request. It returns the metadata it ends with, and no link when the
+// master stays unreachable.
+func (c *clientConn) reachMaster(ch *channelState, meta mirror.QueueMeta) (mirror.QueueMeta, []*link) {
+	master := c.reach(ch, meta.Master)
+	if len(master) > 0 || !c.promotionPending(meta) {
+		return meta, master
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(promotionWait)
+	for {
+		select {
+		case <-c.ctx.Done():
+			return meta, nil
+		case <-deadline:
+			return meta, nil
+		case <-tick.C:
+		}
+		now, ok := c.srv.opts.Mirror.Lookup(meta.ID)
+		if !ok {
+			return meta, nil
+		}
+		// A new master, or the old one not (or no longer) counted down:
+		// one more try. A backend counted down is not dialled again.
+		if now.Master != meta.Master || !c.srv.opts.Mirror.BackendDown(now.Master) {
+			return now, c.reach(ch, now.Master)
+		}
+	}
+}
+
+// promotionPending reports whether a synchronised slave of meta is live,
+// which the engine promotes when it counts the master down.
+func (c *clientConn) promotionPending(meta mirror.QueueMeta) bool {
+	m := c.srv.opts.Mirror
+	if m == nil {
+		return false
+	}
+	for _, s := range meta.Slaves {
+		if s.Synchronised && !m.BackendDown(s.Backend) {
+			return true
+		}
+	}
+	return false
+}
+
 // masterDown answers a request for a queue whose master cannot be reached
 // (its broker is down and no slave was promoted) as RabbitMQ answers for a
 // queue whose node is down.
@@ -483,7 +537,7 @@ func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod,
 func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (target *link, ref *ledger.QueueRef, ok bool) {
 	if c.srv.opts.Mirror != nil && queue != "" {
 		if meta, found := c.locate(queue); found {
-			master := c.reach(ch, meta.Master)
+			meta, master := c.reachMaster(ch, meta)
 			if len(master) == 0 {
 				c.masterDown(ch, meta, f)
 				return nil, nil, false
