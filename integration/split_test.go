@@ -63,6 +63,8 @@ var integrationParts = [][]string{
 		"TestChaosMasterKilledRepeatedly", "TestChaosSlaveKilled",
 		"TestChaosMasterFrozen", "TestChaosCancelOnFailover", "TestChaosWhenSyncedNoPromotion",
 		"TestFailoverMasterKilled", "TestFailoverMasterStoppedCleanly", "TestHomeIsABackendThatIsUp",
+		// metrics_test.go
+		"TestMetricsOfMirroredTraffic", "TestMetricsOfAFailover",
 		// mirror_sync_test.go, mirror_adopt_autodelete_test.go, proxy_own_confirms_test.go
 		"TestMirrorSlaveSynchronisation", "TestMirrorSyncUnderLoad", "TestMirrorAdoption",
 		"TestSyncKeepsAnAdoptedAutoDeleteQueue",
