@@ -386,8 +386,10 @@ func (p *PublisherConfirms) collect(answered int, out []ClientConfirm) []ClientC
 		}
 		p.observe((elapsed - w.arrived).Seconds())
 	}
-	for i := range prefix {
-		acked(&p.waiting[i])
+	if p.observe != nil {
+		for i := range prefix {
+			acked(&p.waiting[i])
+		}
 	}
 	switch {
 	case prefix == 0 || p.waiting[prefix-1].seq <= p.clientBase:
