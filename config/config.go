@@ -31,6 +31,7 @@ type Config struct {
 	Policies           []Policy
 	OperatorPolicies   []Policy
 	Log                Log
+	Metrics            Metrics
 	HandshakeTimeout   time.Duration
 	ShutdownTimeout    time.Duration
 	Heartbeat          time.Duration
@@ -166,6 +167,13 @@ type Log struct {
 	Format string // text | json
 }
 
+// Metrics configures what /metrics exposes beyond the fixed set.
+type Metrics struct {
+	// PerQueue adds series labelled by vhost and queue: one set per
+	// queue, so many queues make many series.
+	PerQueue bool
+}
+
 // Default returns the configuration used for keys the file does not set. It
 // has no backends: a default backend at 127.0.0.1:5672 would collide with
 // the proxy's own default listener, so Load requires at least one backend.
@@ -257,7 +265,7 @@ func resolvePath(dir, path string) string {
 
 var topKeys = []string{
 	"node", "listen", "backends", "cluster", "queue_master_locator", "failover_grace",
-	"state_dir", "admin_token", "policies", "operator_policies", "log",
+	"state_dir", "admin_token", "policies", "operator_policies", "log", "metrics",
 	"handshake_timeout", "shutdown_timeout", "heartbeat", "frame_max", "channel_max",
 }
 
@@ -385,6 +393,7 @@ var scalarFields = []field{
 	secretField("admin_token", true, func(c *Config) *string { return &c.AdminToken }),
 	enumField("log.level", []string{"debug", "info", "warn", "error"}, func(c *Config) *string { return &c.Log.Level }),
 	enumField("log.format", []string{"text", "json"}, func(c *Config) *string { return &c.Log.Format }),
+	boolField("metrics.per_queue", func(c *Config) *bool { return &c.Metrics.PerQueue }),
 	durationField("handshake_timeout", time.Millisecond, func(c *Config) *time.Duration { return &c.HandshakeTimeout }),
 	durationField("shutdown_timeout", 0, func(c *Config) *time.Duration { return &c.ShutdownTimeout }),
 	{"heartbeat", func(c *Config, v any, text bool) string {
@@ -632,6 +641,7 @@ func RegisterFlags(fs *pflag.FlagSet) {
 	fs.String("admin_token", "", "admin API token; empty generates one into state_dir/admin.token")
 	fs.String("log.level", d.Log.Level, "debug|info|warn|error (reloads live)")
 	fs.String("log.format", d.Log.Format, "text|json")
+	textFlag(fs, "metrics.per_queue", "bool", "false", "true adds /metrics series per queue (labels vhost and queue): as many as there are queues")
 	textFlag(fs, "handshake_timeout", "duration", d.HandshakeTimeout.String(), "limit for a client's AMQP handshake")
 	textFlag(fs, "shutdown_timeout", "duration", d.ShutdownTimeout.String(), "limit for a graceful shutdown")
 	textFlag(fs, "heartbeat", "duration", d.Heartbeat.String(), "heartbeat kept on the backend connection when a client turns heartbeats off (clients are offered the broker's own), whole seconds")

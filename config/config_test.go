@@ -106,6 +106,8 @@ func TestLoadValidation(t *testing.T) {
 		{"heartbeat fraction", validBackends + "heartbeat: 1500ms\n", "heartbeat", "whole seconds"},
 		{"log level", validBackends + "log: {level: verbose}\n", "log.level", "one of debug, info, warn, error"},
 		{"log format", validBackends + "log: {format: xml}\n", "log.format", "one of text, json"},
+		{"metrics per_queue type", validBackends + "metrics: {per_queue: yes please}\n", "metrics.per_queue", "expected true or false"},
+		{"metrics unknown key", validBackends + "metrics: {per_vhost: true}\n", "metrics.per_vhost", "unknown key"},
 		{"locator", validBackends + "queue_master_locator: nearest\n", "queue_master_locator", "one of min-masters, client-local, random"},
 		{"listen address", validBackends + "listen: {amqp: localhost}\n", "listen.amqp", "host:port"},
 		{"cluster join type", validBackends + "cluster: {join: 7946}\n", "cluster.join", "a list of host:port"},

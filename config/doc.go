@@ -36,6 +36,7 @@
 //	state_dir: ./state            # metadata log (raft/, runtime policies), admin.token; relative to this file
 //	admin_token: ""               # "" = generated into state_dir/admin.token (0600)
 //	log: {level: info, format: text}    # debug|info|warn|error ; text|json
+//	metrics: {per_queue: false}   # true: /metrics series per queue
 //	handshake_timeout: 10s        # limit for a client's AMQP handshake
 //	shutdown_timeout: 30s         # limit for a graceful shutdown
 //	heartbeat: 60s                # backend-leg heartbeat when a client turns its own off; whole seconds

@@ -62,6 +62,7 @@ func Diff(old, next *Config) []string {
 	add("operator_policies", policyJSON(old.OperatorPolicies), policyJSON(next.OperatorPolicies))
 	add("log.level", old.Log.Level, next.Log.Level)
 	add("log.format", old.Log.Format, next.Log.Format)
+	add("metrics.per_queue", old.Metrics.PerQueue, next.Metrics.PerQueue)
 	add("handshake_timeout", old.HandshakeTimeout, next.HandshakeTimeout)
 	add("shutdown_timeout", old.ShutdownTimeout, next.ShutdownTimeout)
 	add("heartbeat", old.Heartbeat, next.Heartbeat)

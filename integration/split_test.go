@@ -67,6 +67,8 @@ var integrationParts = [][]string{
 		"TestFailoverMasterKilled", "TestFailoverMasterStoppedCleanly", "TestHomeIsABackendThatIsUp",
 		// views_test.go
 		"TestStatusPageInABrowser",
+		// metrics_test.go
+		"TestMetricsOfMirroredTraffic", "TestMetricsOfAFailover",
 		// mirror_sync_test.go, mirror_adopt_autodelete_test.go, proxy_own_confirms_test.go
 		"TestMirrorSlaveSynchronisation", "TestMirrorSyncUnderLoad", "TestMirrorAdoption",
 		"TestSyncKeepsAnAdoptedAutoDeleteQueue",

@@ -166,6 +166,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 				return
 			}
 		}
+		c.srv.stats.Returns.Add(1)
 		ch.outMu.Lock()
 		c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
 		c.writeContent(ch.id, m, header)
@@ -188,6 +189,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			// delivers again, which its trimmer no longer takes.
 			return
 		}
+		c.srv.stats.Deliveries.Add(1)
 		queue := c.trimmable(cons.queue, m, hasID, &id)
 		// Recorded even when the broker flags it: a later copy the broker
 		// delivers as new must find it.
@@ -213,6 +215,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			c.linkFailed(l, err)
 			return
 		}
+		c.srv.stats.Deliveries.Add(1)
 		queue := c.trimmable(m.get.queue, m, hasID, &id)
 		meta, inLog := c.queueMeta(m.get.queue)
 		// Recorded even when the broker flags it, as a delivery is.

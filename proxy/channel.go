@@ -39,6 +39,9 @@ type channelState struct {
 	// is kept for the next one).
 	heldPublish []byte
 	route       publishRoute
+	// timed is set when the client's publishes are timed to their acks
+	// (selectConfirms with an observer).
+	timed bool
 	// qos is the client's last basic.qos, repeated on every link the
 	// channel opens on later.
 	qos *frames.BasicQos
@@ -127,14 +130,29 @@ func newChannelState(id uint16) *channelState {
 
 // selectConfirms puts the channel in confirm mode for the client; on a
 // channel the proxy already numbers publishes on, the client's first
-// publish is 1.
-func (ch *channelState) selectConfirms() {
+// publish is 1. With observe set, each publish's wait for its ack is
+// observed, in seconds.
+func (ch *channelState) selectConfirms(observe func(seconds float64)) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	if !ch.confirming.Load() {
 		ch.confirms.ClientSelected()
+		if observe != nil {
+			ch.confirms.ObserveLatency(observe)
+			ch.timed = true
+		}
 	}
 	ch.confirming.Store(true)
+}
+
+// arrival is when the client's publish arrived, for its ack's latency: now
+// on a timed channel in confirm mode, zero (not timed) otherwise. The
+// client read loop calls it once per publish, before numbering it.
+func (ch *channelState) arrival() time.Time {
+	if ch.timed && ch.confirming.Load() {
+		return time.Now()
+	}
+	return time.Time{}
 }
 
 // selectTransactions records the client's tx.select: from now on the
@@ -356,17 +374,19 @@ func (ch *channelState) countUnacked(vhost string, live func(backend int, gen ui
 
 // settleDeliveries applies the client's ack, nack or reject of tag: it
 // returns the acknowledgements to send to backends (the channel's scratch,
-// valid until the next call) and false for an unknown tag. In a
+// valid until the next call), how many deliveries it settled, and false
+// for an unknown tag. In a
 // transaction the settled deliveries are kept, to restore on rollback and
 // trim as kind says on commit, and trims comes back nil; otherwise the
 // mirrored messages to trim are appended to *trims.
-func (ch *channelState) settleDeliveries(tag uint64, multiple bool, kind trimKind, trims *[]ledger.Trimmed) ([]ledger.BackendAck, *[]ledger.Trimmed, bool) {
+func (ch *channelState) settleDeliveries(tag uint64, multiple bool, kind trimKind, trims *[]ledger.Trimmed) ([]ledger.BackendAck, *[]ledger.Trimmed, int, bool) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	transactional := ch.transactional
 	if transactional {
 		trims = nil // trimmed at tx.commit, from txSettled
 	}
+	outstanding := ch.tags.Outstanding()
 	acks, settled, ok := ch.tags.Settle(tag, multiple, ch.acks[:0], transactional, ch.txSettled, trims)
 	if transactional {
 		for range settled[len(ch.txSettled):] {
@@ -374,16 +394,20 @@ func (ch *channelState) settleDeliveries(tag uint64, multiple bool, kind trimKin
 		}
 	}
 	ch.acks, ch.txSettled = acks, settled
-	return acks, trims, ok
+	return acks, trims, outstanding - ch.tags.Outstanding(), ok
 }
 
 // Publisher confirms.
 
-// numberPublish numbers a publish to the home backend alone.
-func (ch *channelState) numberPublish() {
+// numberPublish numbers a publish to the home backend alone, which
+// arrived at arrived (zero: not timed).
+func (ch *channelState) numberPublish(arrived time.Time) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	ch.confirms.Publish(0)
+	if !arrived.IsZero() {
+		ch.confirms.Arrived(arrived)
+	}
 }
 
 // numberCopies numbers a publish to the copies of cs, after prune took out
@@ -392,12 +416,16 @@ func (ch *channelState) numberPublish() {
 // and numbering the publish on it would wait for a confirm nobody sends.
 // prune returns the time of the loss of unreached copies (zero for none).
 // A publish left with no copy to wait for is confirmed at once: its
-// confirms are returned.
-func (ch *channelState) numberCopies(cs ledger.CopySet, prune func(*ledger.CopySet) time.Time) (uint64, []ledger.ClientConfirm) {
+// confirms are returned. arrived is when the publish arrived (zero: not
+// timed).
+func (ch *channelState) numberCopies(cs ledger.CopySet, arrived time.Time, prune func(*ledger.CopySet) time.Time) (uint64, []ledger.ClientConfirm) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	now := prune(&cs)
 	seq := ch.confirms.PublishTo(cs, now)
+	if !arrived.IsZero() {
+		ch.confirms.Arrived(arrived)
+	}
 	var out []ledger.ClientConfirm
 	if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 {
 		out = ch.confirms.ConfirmWithoutCopies(nil)
@@ -448,6 +476,13 @@ func (ch *channelState) unconfirmed() (int, map[int]int) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	return ch.confirms.Unconfirmed(), ch.confirms.Owed()
+}
+
+// unconfirmedCount is the number of publishes still unconfirmed.
+func (ch *channelState) unconfirmedCount() int {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.confirms.Unconfirmed()
 }
 
 // holdsLostCopies reports whether lost copies keep publishes waiting.

@@ -148,7 +148,11 @@ func (c *clientConn) confirmSelect(ch *channelState, f frames.Frame, args []byte
 	if err := sel.Decode(args); err != nil {
 		return err
 	}
-	ch.selectConfirms()
+	var observe func(float64)
+	if o := c.srv.confirmLatency.Load(); o != nil {
+		observe = *o
+	}
+	ch.selectConfirms(observe)
 	return c.onOpenLinks(ch, f, !sel.NoWait, &frames.ConfirmSelectOk{})
 }
 
@@ -236,7 +240,10 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 		ch.trims = ch.trims[:0]
 		trims = &ch.trims
 	}
-	acks, trims, ok := ch.settleDeliveries(tag, multiple, kind, trims)
+	acks, trims, settled, ok := ch.settleDeliveries(tag, multiple, kind, trims)
+	if kind == trimAck && settled > 0 {
+		c.srv.stats.Acks.Add(uint64(settled))
+	}
 	if !ok {
 		classID, methodID := uint16(key>>16), uint16(key)
 		c.closeChannelByProxy(ch, frames.PreconditionFailed,

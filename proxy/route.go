@@ -646,10 +646,11 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 // where it goes may depend on the message's headers (a headers exchange,
 // the CC and BCC headers).
 func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) error {
+	c.srv.stats.Publishes.Add(1)
 	if c.srv.opts.Mirror == nil {
 		ch.pub = publishing{targets: c.homeOnly()}
 		if ch.confirming.Load() {
-			ch.numberPublish()
+			ch.numberPublish(ch.arrival())
 		}
 		c.toBackend(f)
 		return nil
@@ -701,7 +702,7 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 		c.selectOwnConfirms(ch)
 	}
 	if confirming || ch.ownConfirms.Load() {
-		seq, out := ch.numberCopies(r.CopySet, func(cs *ledger.CopySet) time.Time {
+		seq, out := ch.numberCopies(r.CopySet, ch.arrival(), func(cs *ledger.CopySet) time.Time {
 			return c.withoutLostCopies(targets, cs)
 		})
 		if r.Queue != nil && r.Queue != ledger.AnyQueue {

@@ -124,6 +124,10 @@ type Server struct {
 	// delivered remembers recent deliveries of mirrored queues, to flag
 	// their redelivery by a promoted slave (internal/ledger/redelivered.go).
 	delivered *ledger.DeliveredIDs
+	// confirmLatency observes, in seconds, how long each publish on a
+	// channel in confirm mode waited for its ack (RegisterMetrics); nil
+	// until the metrics are registered.
+	confirmLatency atomic.Pointer[func(seconds float64)]
 }
 
 // Stats are the server's counters, safe to read at any time.
@@ -132,6 +136,24 @@ type Stats struct {
 	ConnectionsOpen   atomic.Int64
 	// ClosedByReason counts ended connections by CloseReason.
 	ClosedByReason [len(reasonNames)]atomic.Uint64
+
+	// The message counters, bumped by the goroutines of every connection.
+	// Each has a cache line of its own, so that a core counting deliveries
+	// does not take the line from one counting publishes.
+	_ [64]byte
+	// Publishes counts the clients' basic.publish methods.
+	Publishes atomic.Uint64
+	_         [56]byte
+	// Deliveries counts the messages delivered to clients: basic.deliver
+	// and basic.get-ok.
+	Deliveries atomic.Uint64
+	_          [56]byte
+	// Acks counts the deliveries the clients' basic.ack settled.
+	Acks atomic.Uint64
+	_    [56]byte
+	// Returns counts the basic.return the clients were sent.
+	Returns atomic.Uint64
+	_       [56]byte
 }
 
 // New returns a Server that serves clients with opts.

@@ -261,8 +261,7 @@ func startAdmin(ctx context.Context, cfg *config.Config, tlsConfig *tls.Config, 
 		adminOpts = append(adminOpts, admin.WithKeyring(m.cluster))
 	}
 	adminSrv := admin.NewServer(store, token, logger, adminOpts...)
-	srv.RegisterMetrics(adminSrv.Registry())
-	registerBackendMetrics(adminSrv.Registry(), cfg, w)
+	registerMetrics(adminSrv.Registry(), cfg, version.Read(), srv, m, w)
 	servers.start(func() error { return adminSrv.Serve(ctx, adminLn) })
 	logger.Info("admin API listening", "addr", adminLn.Addr().String(), "scheme", scheme)
 	return nil

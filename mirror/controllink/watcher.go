@@ -159,8 +159,12 @@ func NewWatcher(backends []Backend, opts WatcherOptions) *Watcher {
 		done:   make(chan struct{}),
 		links:  make(map[string]*watchedLink, len(backends)),
 	}
+	// Every link is in the map before the first watch goroutine reads it
+	// (under mu, which this loop does not take).
 	for _, b := range backends {
 		w.links[b.Name] = &watchedLink{backend: b, vhost: vhostOf(b.URL), vhosts: make(map[string]*vhostConn)}
+	}
+	for _, b := range backends {
 		w.wg.Add(1)
 		go w.watch(b)
 	}

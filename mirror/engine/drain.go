@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/mirror/store"
@@ -151,6 +152,7 @@ type drainer struct {
 	operator *operator
 	policies *config.PolicyStore
 	log      *slog.Logger
+	metrics  *counters
 }
 
 // drain is Drain on a configured backend, but for waking the loop.
@@ -216,6 +218,7 @@ func (d *drainer) master(id mirror.QueueID, backend string) DrainedQueue {
 		// held, so clients find every message there. A sync running from
 		// the old master or into the new one stops; the loop starts the
 		// next one from the new master.
+		d.metrics.promoted(causeDrain, p.Synchronised, time.Time{})
 		d.trimmers.stop(id, p.To)
 		d.syncs.stop(id)
 		log.Warn("drain: slave promoted", "from", backend, "to", p.To, "epoch", written.Epoch,

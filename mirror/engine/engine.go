@@ -39,6 +39,7 @@
 //	negativeCache  Resolve's memory of queues no backend had
 //	replyNodes     each backend's Erlang node, for direct reply-to
 //	roles          which work falls to this proxy in a cluster; a value
+//	counters       what the parts count for the metrics; atomics only
 //
 // # Goroutines and locks
 //
@@ -140,6 +141,7 @@ type Engine struct {
 	listing    *listing       // status.go, unrecorded.go
 	negative   *negativeCache // resolve.go
 	replies    *replyNodes    // replyto.go
+	metrics    *counters      // metrics.go
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -185,6 +187,7 @@ func New(opts Options) *Engine {
 	for _, b := range opts.Backends {
 		e.backends = append(e.backends, b.Name)
 	}
+	e.metrics = &counters{}
 	e.view = newSnapshots(opts.Store)
 	e.negative = newNegativeCache(opts.NegativeCache)
 	e.replies = &replyNodes{watcher: opts.Watcher, timeout: opts.OperationTimeout}
@@ -197,7 +200,7 @@ func New(opts Options) *Engine {
 	}
 	e.syncs = &syncs{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, liveness: e.liveness, operator: e.operator,
-		policies: opts.Policies, peers: opts.Peers, roles: e.roles, log: log, life: e.life,
+		policies: opts.Policies, peers: opts.Peers, roles: e.roles, log: log, life: e.life, metrics: e.metrics,
 		byQueue: make(map[mirror.QueueID]*queueSyncs),
 	}
 	e.reconciler = &reconciler{
@@ -212,11 +215,11 @@ func New(opts Options) *Engine {
 	e.failover = &failover{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
 		history: e.history, operator: e.operator, policies: opts.Policies, roles: e.roles, log: log, life: e.life, poke: e.poke,
-		lost: make(map[string]map[mirror.QueueID]bool),
+		metrics: e.metrics, lost: make(map[string]map[mirror.QueueID]bool),
 	}
 	e.drainer = &drainer{
 		store: opts.Store, records: e.records, liveness: e.liveness, trimmers: e.trimmers, syncs: e.syncs,
-		operator: e.operator, policies: opts.Policies, log: log,
+		operator: e.operator, policies: opts.Policies, log: log, metrics: e.metrics,
 	}
 	e.listing = &listing{
 		store: opts.Store, policies: opts.Policies, watcher: opts.Watcher, operator: e.operator, syncs: e.syncs,

@@ -40,6 +40,7 @@ type failover struct {
 	log      *slog.Logger
 	life     lifetime
 	poke     func() // wakes the loop (Engine.poke)
+	metrics  *counters
 
 	mu     sync.Mutex
 	events []controllink.Event // taken by the loop
@@ -165,6 +166,7 @@ func (f *failover) promote(id mirror.QueueID, ev controllink.Event, cause mirror
 		}
 	default:
 		f.history.promoted(id, p, cause, written.Epoch, ev.At, time.Now())
+		f.metrics.promoted(int(cause), p.Synchronised, ev.At)
 		f.unpromoted.Delete(id)
 		// What the new master's trimmer held is ready again there once it
 		// stops: the messages clients may not have acked, requeued.

@@ -69,6 +69,7 @@ type syncs struct {
 	roles    roles
 	log      *slog.Logger
 	life     lifetime
+	metrics  *counters
 	wg       sync.WaitGroup // the sync goroutines
 
 	mu      sync.RWMutex
@@ -384,6 +385,7 @@ func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, de
 		target := pending[0]
 		started := time.Now()
 		copied, err := s.copyFromSlave(ctx, m, source, target, batch)
+		s.metrics.synced(copied)
 		if err != nil {
 			log.Warn("sync failed", "slave", target, "source", source, "copied", copied, "err", err)
 			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, target, err)
@@ -509,7 +511,14 @@ func (s *syncs) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets 
 		id, ok := mirror.ParseMessageID(value)
 		return ok && trimmers[target] != nil && trimmers[target].Holds(id)
 	}
+	// The metrics count the copy as it goes: a long sync shows its pace.
+	counted := 0
+	count := func(c copyCount) {
+		s.metrics.synced(c.copied - counted)
+		counted = c.copied
+	}
 	progress := func(c copyCount, started time.Time, waits copyWaits) {
+		count(c)
 		s.log.Info("sync in progress", "queue", m.ID.Name, "vhost", m.ID.VHost, "slaves", targets,
 			"copied", c.copied, "read", c.read, "elapsed", time.Since(started).Round(time.Millisecond),
 			"waited_for_deliveries", waits.deliveries.Round(time.Millisecond), "waited_for_confirms", waits.confirms.Round(time.Millisecond))
@@ -518,7 +527,9 @@ func (s *syncs) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets 
 	// consumer, and an adopted queue may be one: those are read with
 	// basic.get, which is no consumer (and slower: a round trip each).
 	byGet := m.AutoDelete || m.Adopted
-	return copyFromMaster(ctx, src, dsts, m.ID.Name, batch, byGet, holds, progress)
+	c, err := copyFromMaster(ctx, src, dsts, m.ID.Name, batch, byGet, holds, progress)
+	count(c)
+	return c, err
 }
 
 // copyFromMaster is the copy itself, on the master's connection src to the

@@ -49,6 +49,11 @@ type PublisherConfirms struct {
 	// of those are to go.
 	refused []RefusedPublish
 	one     [1]int // publish's quorum
+	// observe, when set (ObserveLatency), is given the seconds from a
+	// timed publish's arrival (Arrived) to its ack; epoch is the first
+	// timed arrival, from which pendingPublish.arrived counts.
+	observe func(seconds float64)
+	epoch   time.Time
 }
 
 // RefusedPublish is a publish to the default exchange that the master of
@@ -90,7 +95,11 @@ type pendingPublish struct {
 	// identified: id is the identity the proxy gave the message (set
 	// when its content header went out, see identify).
 	identified bool
-	id         mirror.MessageID
+	// timed: arrived is when the client's publish reached the proxy,
+	// after PublisherConfirms.epoch (Arrived).
+	timed   bool
+	arrived time.Duration
+	id      mirror.MessageID
 }
 
 type backendSequence struct {
@@ -163,6 +172,24 @@ func (p *PublisherConfirms) number(b int, bp backendPublish) {
 	bs.last++
 	bp.backendSeq, bp.clientSeq = bs.last, p.lastClient
 	bs.pending = append(bs.pending, bp)
+}
+
+// ObserveLatency makes every publish timed by Arrived report, when the
+// client's ack for it is collected, the seconds since it arrived.
+func (p *PublisherConfirms) ObserveLatency(observe func(seconds float64)) { p.observe = observe }
+
+// Arrived records when the publish just recorded (Publish, PublishTo)
+// reached the proxy, so that its ack is timed; nothing without
+// ObserveLatency. Call it before anything answers the publish.
+func (p *PublisherConfirms) Arrived(at time.Time) {
+	if p.observe == nil || len(p.waiting) == 0 {
+		return
+	}
+	if p.epoch.IsZero() {
+		p.epoch = at
+	}
+	w := &p.waiting[len(p.waiting)-1]
+	w.timed, w.arrived = true, at.Sub(p.epoch)
 }
 
 // Identify records the identity of the message of publish seq, given
@@ -349,6 +376,21 @@ func (p *PublisherConfirms) collect(answered int, out []ClientConfirm) []ClientC
 	for prefix < len(p.waiting) && p.waiting[prefix].copies == 0 && !p.waiting[prefix].nacked {
 		prefix++
 	}
+	var elapsed time.Duration // since epoch, read once for every ack timed here
+	acked := func(w *pendingPublish) {
+		if !w.timed || p.observe == nil {
+			return
+		}
+		if elapsed == 0 {
+			elapsed = time.Since(p.epoch)
+		}
+		p.observe((elapsed - w.arrived).Seconds())
+	}
+	if p.observe != nil {
+		for i := range prefix {
+			acked(&p.waiting[i])
+		}
+	}
 	switch {
 	case prefix == 0 || p.waiting[prefix-1].seq <= p.clientBase:
 	case prefix == 1:
@@ -371,6 +413,9 @@ func (p *PublisherConfirms) collect(answered int, out []ClientConfirm) []ClientC
 		case w.copies == 0:
 			if w.seq > p.clientBase {
 				out = append(out, ClientConfirm{Seq: w.seq - p.clientBase, Nack: w.nacked})
+				if !w.nacked {
+					acked(&w)
+				}
 			}
 		default:
 			kept = append(kept, w)
