@@ -24,6 +24,9 @@ type QueueStatus struct {
 	Policy string `json:"policy"`
 	// Syncing names the slaves a synchronisation is copying to now.
 	Syncing []string `json:"syncing,omitempty"`
+	// SyncCopied is how many messages that synchronisation copied so far,
+	// as of its last progress report (every few seconds).
+	SyncCopied int `json:"sync_copied,omitempty"`
 	// Refused names the backends that refuse the proxy's own account in the
 	// queue's vhost (the vhost is missing there, or the account lacks
 	// permissions in it): the policy places no copy there until they accept.

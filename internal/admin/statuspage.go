@@ -69,6 +69,8 @@ type queueLine struct {
 	VHost, Name, Master, Policy string
 	Slaves, Synchronised        []string
 	Syncing                     []string
+	// SyncCopied is how many messages the sync copied so far.
+	SyncCopied int
 	// Unsynchronised are the slaves not synchronised and not syncing.
 	Unsynchronised []string
 }
@@ -135,6 +137,7 @@ func queueLines(queues []mirror.QueueStatus, limit int) ([]queueLine, int) {
 		line := queueLine{
 			VHost: q.Meta.ID.VHost, Name: q.Meta.ID.Name, Master: q.Meta.Master, Policy: q.Policy,
 			Slaves: slaveNames(q.Meta.Slaves), Synchronised: q.Meta.SynchronisedSlaves(), Syncing: q.Syncing,
+			SyncCopied: q.SyncCopied,
 		}
 		for _, sl := range q.Meta.Slaves {
 			if !sl.Synchronised && !slices.Contains(q.Syncing, sl.Backend) {

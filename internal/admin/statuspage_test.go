@@ -41,6 +41,7 @@ func TestStatusPageShows(t *testing.T) {
 		mirroredQueue("/", "<script>alert(1)</script>", "rabbit1"),
 	}
 	views.queues[0].Syncing = []string{"rabbit1"}
+	views.queues[0].SyncCopied = 1500
 	views.failovers = []mirror.Failover{
 		{Queue: mirror.QueueID{VHost: "/", Name: "older"}, From: "rabbit3", To: "rabbit1", Cause: "shutdown", Epoch: 1, Synchronised: true,
 			PromotedAt: connectedAt, Duration: 40 * time.Millisecond, Node: "rabbit2"},
@@ -61,7 +62,7 @@ func TestStatusPageShows(t *testing.T) {
 		{"not ready", `Not ready: backend rabbit1 is down`},
 		{"a queue with its copies", `<td class="name">orders</td><td class="master">rabbit2</td>` + "\n" +
 			`<td class="slaves">rabbit3, rabbit1</td><td class="synchronised good">rabbit3</td>` + "\n" +
-			`<td class="syncing warn">rabbit1</td><td class="unsynchronised bad"></td>`},
+			`<td class="syncing warn">rabbit1 <span class="sync-progress">(1500 copied)</span></td><td class="unsynchronised bad"></td>`},
 		{"a queue name escaped", `<td class="name">&lt;script&gt;alert(1)&lt;/script&gt;</td>`},
 		{"a failover with its duration", `<td class="from">rabbit1</td><td class="to">rabbit2</td><td class="cause">failure</td>` + "\n" +
 			`<td class="duration" data-ns="1234567000">1.235s</td>`},

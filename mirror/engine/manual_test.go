@@ -78,7 +78,7 @@ func TestCancelSyncQueue(t *testing.T) {
 	if err := h.engine.CancelSyncQueue(ctx, m.ID); err != nil {
 		t.Fatalf("CancelSyncQueue: %v", err)
 	}
-	if got := h.engine.syncs.targets(m.ID); len(got) != 0 {
+	if got, _ := h.engine.syncs.targets(m.ID); len(got) != 0 {
 		t.Errorf("after CancelSyncQueue the queue still syncs to %v", got)
 	}
 	if got, _ := h.store.Get(m.ID); len(got.SynchronisedSlaves()) != 0 {

@@ -77,7 +77,8 @@ func (l *listing) list(ctx context.Context, vhost string, unacked bool) ([]mirro
 			return nil, err
 		}
 		_, policy := definition(l.policies, m.ID)
-		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: l.syncs.targets(m.ID)}
+		syncing, copied := l.syncs.targets(m.ID)
+		st := mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1, Policy: policy, Syncing: syncing, SyncCopied: copied}
 		for _, b := range l.backends {
 			if l.watcher.Refuses(b, m.ID.VHost) {
 				st.Refused = append(st.Refused, b)
@@ -107,8 +108,9 @@ func (l *listing) overview() []mirror.QueueStatus {
 	out := make([]mirror.QueueStatus, 0, len(metas))
 	for _, m := range metas {
 		_, policy := definition(l.policies, m.ID)
+		syncing, copied := l.syncs.targets(m.ID)
 		out = append(out, mirror.QueueStatus{Meta: m, Messages: -1, MessagesReady: -1, MessagesUnacked: -1, Consumers: -1,
-			Policy: policy, Syncing: l.syncs.targets(m.ID)})
+			Policy: policy, Syncing: syncing, SyncCopied: copied})
 	}
 	return out
 }

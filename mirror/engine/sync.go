@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -39,9 +40,12 @@ const syncRetry = 5 * time.Second
 // syncRun is one sync of a queue.
 type syncRun struct {
 	targets []string // the slaves it copies to
-	cancel  context.CancelFunc
-	done    chan struct{}
-	err     error // set before done closes
+	// copied is how many messages it copied so far, as its progress
+	// reports are made (every progressEvery) and when a copy ends.
+	copied atomic.Int64
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error // set before done closes
 }
 
 // SyncQueue starts synchronising the queue's unsynchronised live slaves
@@ -170,12 +174,21 @@ func (s *syncs) running(id mirror.QueueID) *syncRun {
 	return nil
 }
 
-// targets returns the slaves a sync of the queue copies to now.
-func (s *syncs) targets(id mirror.QueueID) []string {
+// targets returns the slaves a sync of the queue copies to now, and how
+// many messages it copied so far.
+func (s *syncs) targets(id mirror.QueueID) ([]string, int) {
 	if run := s.running(id); run != nil {
-		return slices.Clone(run.targets)
+		return slices.Clone(run.targets), int(run.copied.Load())
 	}
-	return nil
+	return nil, 0
+}
+
+// copiedSoFar records a running sync's progress: copied messages since
+// the sync started, base from copies before this one.
+func (s *syncs) copiedSoFar(id mirror.QueueID, base, copied int) {
+	if run := s.running(id); run != nil {
+		run.copied.Store(int64(base + copied))
+	}
 }
 
 // forget forgets the queue and returns its running sync, nil when none,
@@ -347,6 +360,7 @@ func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, de
 		batch = config.DefaultSyncBatchSize
 	}
 	log := s.log.With("queue", id.Name, "vhost", id.VHost)
+	copiedBefore := 0 // by the copies from a slave before this one
 	for {
 		m, ok := s.store.Get(id)
 		if !ok {
@@ -386,6 +400,8 @@ func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, de
 		started := time.Now()
 		copied, err := s.copyFromSlave(ctx, m, source, target, batch)
 		s.metrics.synced(copied)
+		copiedBefore += copied
+		s.copiedSoFar(id, copiedBefore, 0)
 		if err != nil {
 			log.Warn("sync failed", "slave", target, "source", source, "copied", copied, "err", err)
 			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, target, err)
@@ -519,6 +535,7 @@ func (s *syncs) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets 
 	}
 	progress := func(c copyCount, started time.Time, waits copyWaits) {
 		count(c)
+		s.copiedSoFar(m.ID, 0, c.copied)
 		s.log.Info("sync in progress", "queue", m.ID.Name, "vhost", m.ID.VHost, "slaves", targets,
 			"copied", c.copied, "read", c.read, "elapsed", time.Since(started).Round(time.Millisecond),
 			"waited_for_deliveries", waits.deliveries.Round(time.Millisecond), "waited_for_confirms", waits.confirms.Round(time.Millisecond))
