@@ -2,6 +2,7 @@ package controllink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -155,6 +156,53 @@ func TestCopyEndsWithItsContext(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestCopyEndsWhenItsSourceIsGone: a copy whose source queue disappears
+// while it reads (deleted, or its broker lost) ends with an error, so that
+// its sync can be tried again, instead of waiting for a marker that will
+// never come.
+func TestCopyEndsWhenItsSourceIsGone(t *testing.T) {
+	conn := dial(t)
+	source := declareWithMessages(t, conn, 20000)
+	tr, err := StartTrimmer(dial(t), source, TrimmerOptions{Logger: quietLogger(), Retry: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	target := declare(t, conn)
+	copied := make(chan error, 1)
+	go func() {
+		_, err := tr.CopyTo(context.Background(), dial(t), target, 10)
+		copied <- err
+	}()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	testutil.Eventually(t, 30*time.Second, func() error {
+		q, err := ch.QueueDeclarePassive(target, false, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Messages == 0 {
+			return errors.New("the copy has not begun")
+		}
+		return nil
+	})
+	if _, err := ch.QueueDelete(source, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-copied:
+		if err == nil {
+			t.Fatal("the copy succeeded although its source was deleted half way")
+		}
+		t.Logf("the copy ended: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the copy still waits 30s after its source was deleted")
+	}
 }
 
 func difference(a, b map[int]bool) []int {

@@ -503,6 +503,9 @@ func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 				t.queueMissing.Store(false)
 				break
 			}
+			// A copy in progress reads through this channel: it cannot go
+			// on without one, and its sync tries again later.
+			t.endCopy(fmt.Errorf("the slave copy cannot be consumed: %w", err))
 			var ae *amqp.Error
 			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
 				if !t.queueMissing.Swap(true) {
