@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	harness "github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 )
 
@@ -140,7 +142,7 @@ func (m *mirroredBench) runKills(ctx context.Context, t failoverTarget, nodes []
 	// The queue is declared through the clients' first URL: on the native cluster its
 	// master is then on that node (client-local), and the clients are moved off it before
 	// the first kill like before any other.
-	if err := declareFailoverQueue(urls[0], queue); err != nil {
+	if err := declareFailoverQueue(urls[0], queue, nil); err != nil {
 		return result, err
 	}
 	if err := awaitCondition(ctx, failoverSyncTimeout, "the queue's three copies synchronised", func() (bool, error) { return t.synchronised(ctx) }); err != nil {
@@ -151,7 +153,7 @@ func (m *mirroredBench) runKills(ctx context.Context, t failoverTarget, nodes []
 	if err := flushAll(ctx, nodes); err != nil {
 		return result, err
 	}
-	c := newFailoverClient(urls, queue, reconnect, m.cfg.size)
+	c := newFailoverClient(urls, queue, reconnect, m.cfg.size, 0)
 	defer c.close()
 	if err := c.start(ctx); err != nil {
 		return result, err
@@ -219,9 +221,9 @@ func (m *mirroredBench) runKills(ctx context.Context, t failoverTarget, nodes []
 	return result, ctx.Err()
 }
 
-// declareFailoverQueue declares the durable queue at url, emptied of an earlier run's
-// messages.
-func declareFailoverQueue(url, queue string) error {
+// declareFailoverQueue declares the durable queue at url with args, emptied of an earlier
+// run's messages.
+func declareFailoverQueue(url, queue string, args amqp.Table) error {
 	conn, err := dial(url, "bench failover declare", nil)
 	if err != nil {
 		return err
@@ -231,7 +233,7 @@ func declareFailoverQueue(url, queue string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
 		return fmt.Errorf("declare %s: %w", queue, err)
 	}
 	if _, err := ch.QueuePurge(queue, false); err != nil {

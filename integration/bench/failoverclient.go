@@ -24,6 +24,9 @@ type failoverClient struct {
 	queue     string
 	reconnect bool
 	size      int
+	// rate paces the publisher, in messages per second at most; with 0 it pauses a
+	// millisecond after each answer.
+	rate float64
 
 	ctx     context.Context // ends both loops
 	cancel  context.CancelFunc
@@ -41,6 +44,7 @@ type failoverClient struct {
 	confirmed   map[int]bool
 	received    map[int]int
 	deliveries  []failoverDelivery
+	confirms    []failoverConfirm
 	unanswered  int
 	nacked      int
 	reconnects  int
@@ -53,11 +57,18 @@ type failoverDelivery struct {
 	at  time.Time
 }
 
-func newFailoverClient(urls []string, queue string, reconnect bool, size int) *failoverClient {
+// failoverConfirm is a confirm's arrival and its latency from the message's first publish
+// attempt: what a client that must send a message sees, resends included.
+type failoverConfirm struct {
+	at      time.Time
+	latency time.Duration
+}
+
+func newFailoverClient(urls []string, queue string, reconnect bool, size int, rate float64) *failoverClient {
 	ctx, cancel := context.WithCancel(context.Background())
 	pubCtx, pubStop := context.WithCancel(ctx)
 	return &failoverClient{
-		urls: urls, queue: queue, reconnect: reconnect, size: max(size, 16),
+		urls: urls, queue: queue, reconnect: reconnect, size: max(size, 16), rate: rate,
 		ctx: ctx, cancel: cancel, pubCtx: pubCtx, pubStop: pubStop,
 		conns: map[*amqp.Connection]bool{}, confirmed: map[int]bool{}, received: map[int]int{},
 	}
@@ -181,6 +192,8 @@ func (c *failoverClient) publish(conn *amqp.Connection, ch *amqp.Channel) {
 	body := make([]byte, c.size)
 	seq := -1
 	resend := false
+	pace := newPacer(c.rate)
+	defer pace.stop()
 	for c.pubCtx.Err() == nil {
 		c.publishing.Lock()
 		if ch.IsClosed() && c.reconnect {
@@ -212,6 +225,8 @@ func (c *failoverClient) publish(conn *amqp.Connection, ch *amqp.Channel) {
 		switch outcome {
 		case "confirmed":
 			c.confirmed[seq] = true
+			now := time.Now()
+			c.confirms = append(c.confirms, failoverConfirm{at: now, latency: now.Sub(c.publishedAt[seq])})
 		case "nacked":
 			c.nacked++
 		default:
@@ -221,7 +236,11 @@ func (c *failoverClient) publish(conn *amqp.Connection, ch *amqp.Channel) {
 		resend = outcome != "confirmed"
 		if err == nil {
 			// Pacing, so that the client leaves the machine's two cores to the brokers.
-			time.Sleep(time.Millisecond)
+			if c.rate > 0 {
+				pace.wait(c.pubCtx.Done())
+			} else {
+				time.Sleep(time.Millisecond)
+			}
 			continue
 		}
 		if !c.reconnect {
@@ -355,6 +374,17 @@ func (c *failoverClient) firstDeliveryPublishedAfter(t time.Time) (time.Time, bo
 		}
 	}
 	return time.Time{}, false
+}
+
+// samples returns the delivery times and the confirms so far, each in time order.
+func (c *failoverClient) samples() ([]time.Time, []failoverConfirm) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	deliveries := make([]time.Time, len(c.deliveries))
+	for i, d := range c.deliveries {
+		deliveries[i] = d.at
+	}
+	return deliveries, slices.Clone(c.confirms)
 }
 
 func (c *failoverClient) stopPublishing() {
