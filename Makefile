@@ -3,7 +3,7 @@
 GO ?= go
 FUZZTIME ?= 60s
 
-.PHONY: build test test-long chaos demo bench fuzz generate vet
+.PHONY: build test test-long chaos demo bench bench-report fuzz generate vet
 
 build:
 	$(GO) build -o amqp-mirror .
@@ -34,6 +34,13 @@ BENCHFLAGS ?=
 bench:
 	$(GO) run ./integration/bench $(BENCHFLAGS)
 	$(GO) test -run '^$$' -bench . -benchmem ./frames/ ./proxy/
+
+# The benchmark report (under ten minutes on two cores): the proxy in front of one broker,
+# amqp-mirror against RabbitMQ's classic mirroring and quorum queues, and a master kill on
+# each, written to REPORTDIR/report.md and REPORTDIR/failover.svg beside the tables.
+REPORTDIR ?= bench-results/report
+bench-report:
+	$(GO) run ./integration/bench -scenario=report -report-dir=$(REPORTDIR) $(BENCHFLAGS)
 
 # Every fuzz target for FUZZTIME each (go test -fuzz takes one target at a time).
 fuzz:

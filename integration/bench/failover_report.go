@@ -48,3 +48,27 @@ func printFailover(out io.Writer, cfg config, results []failoverResult) error {
 	}
 	return nil
 }
+
+// printTimelines prints the report scenario's master kills: one row per target.
+func printTimelines(out io.Writer, timelines []timelineResult) error {
+	if len(timelines) == 0 {
+		return nil
+	}
+	fmt.Fprintf(out, "\nmaster kill (report): kill -9 of the node holding the queue's master, once per target, under the failover scenario's load;\n")
+	fmt.Fprintf(out, "lost: confirmed, never delivered; resume: from the kill to the first delivery of a message first published after it\n\n")
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "target\tkilled\tpublished\tconfirmed\tlost\tduplicates\tunanswered\treconnects\tresume\t")
+	for _, tl := range timelines {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.3f s\t\n", tl.Target, tl.KilledNode,
+			tl.Published, tl.Confirmed, tl.Lost, tl.Duplicates, tl.Unanswered, tl.Reconnects, tl.ResumeSeconds)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, tl := range timelines {
+		for _, e := range tl.ClientErrors {
+			fmt.Fprintf(out, "  %s client: %s\n", tl.Target, e)
+		}
+	}
+	return nil
+}

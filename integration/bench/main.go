@@ -10,6 +10,7 @@
 //	go run ./integration/bench -scenario=mirrored -rounds=3
 //	go run ./integration/bench -scenario=mirrored -rounds=3 -mirrored-targets=direct,amqp-mirror,amqp-mirror-baseline -amqp-mirror-baseline-bin=/tmp/old-amqp-mirror -amqp-mirror-perf=/tmp/m.data
 //	go run ./integration/bench -scenario=failover -failover-kills=5
+//	go run ./integration/bench -scenario=report -report-dir=bench-results/report
 //
 // The last form compares two builds of the proxy in one run: build the bench of the older
 // commit to /tmp/old-bench and let it be the baseline target.
@@ -84,6 +85,17 @@
 //     messages confirmed and never delivered, duplicates, publishes neither confirmed nor
 //     nacked, and the time from each kill to the first delivery of a message published
 //     after it. About four minutes with the default five kills.
+//   - report (reportrun.go; not in the default list): the benchmark report, in under ten
+//     minutes on two cores. On the mirrored scenario's nodes: full's load on the first plain
+//     node directly and through the proxy, alternately (direct, proxy, direct, proxy,
+//     direct); the mirrored loads in rounds likewise; then one timeline each on
+//     amqp-mirror, classic mirroring and a quorum queue (timeline.go): the failover
+//     scenario's clients while the node holding the master (the leader) is killed once,
+//     counted in buckets of 100 ms. -rounds, -warmup and -duration default to 3, 2 s and
+//     8 s here.
+//     Beside the usual tables it writes into -report-dir report.md (the machine, the date,
+//     the headline ratios, the command) and failover.svg (chart.go: delivered msg/s and
+//     confirm latency p99 through the kill, one line per target).
 //
 // Runs alternate, each round running every target of -targets once and a last direct run
 // ending the scenario (direct, socat, proxy, direct for -rounds=1), and the summary takes each target's median, so that drift of the broker
@@ -170,6 +182,9 @@ type config struct {
 	failoverTargets []string
 	failoverKills   int
 
+	// reportDir is where the report scenario writes report.md and failover.svg.
+	reportDir string
+
 	proxyCPUProfile string
 	proxyLogLevel   string
 	proxyGOMAXPROCS int
@@ -189,7 +204,7 @@ func parseFlags(args []string) (config, error) {
 	var cfg config
 	var scenarios, targets, idleCounts, mirrored, failover string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go)")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
@@ -227,6 +242,7 @@ func parseFlags(args []string) (config, error) {
 
 	fs.StringVar(&failover, "failover-targets", targetMirror+","+targetNativeHA, "failover: comma-separated `list` of rows: amqp-mirror (serve in front of three plain nodes, clients without reconnect logic), native-ha (RabbitMQ's classic mirroring on a three-node cluster, clients that reconnect)")
 	fs.IntVar(&cfg.failoverKills, "failover-kills", 5, "failover: kill -9 of the queue master's node per target")
+	fs.StringVar(&cfg.reportDir, "report-dir", "bench-results/report", "report: the `directory` to write report.md and failover.svg into, created if missing")
 
 	fs.StringVar(&cfg.proxyCPUProfile, "proxy-cpuprofile", "", "write a CPU profile of the proxy process of each full and light run, named after `file` with the scenario and run inserted: /tmp/p.pprof gives /tmp/p.full.1.pprof...")
 	fs.StringVar(&cfg.proxyLogLevel, "proxy-log-level", "warn", "proxy process log level: debug, info, warn or error")
@@ -246,6 +262,22 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	cfg.scenarios = splitList(scenarios)
+	if cfg.has("report") {
+		// The report's loads are shorter than full's, to fit its three parts in ten
+		// minutes on two cores, and run three times, for medians; flags given on the
+		// command line still apply.
+		given := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		if !given["rounds"] {
+			cfg.rounds = reportRounds
+		}
+		if !given["warmup"] {
+			cfg.warmup = reportWarmup
+		}
+		if !given["duration"] {
+			cfg.duration = reportDuration
+		}
+	}
 	cfg.targets = splitList(targets)
 	cfg.mirroredTargets = splitList(mirrored)
 	cfg.failoverTargets = splitList(failover)
@@ -284,8 +316,8 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover"}, s) {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored or failover", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "report"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover or report", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
@@ -450,8 +482,9 @@ func run(ctx context.Context, cfg config) error {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	b := broker{url: cfg.amqpURL}
-	// The mirrored scenario starts its own nodes: a run of it alone needs no other broker.
-	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool { return s != "mirrored" && s != "failover" })
+	// The mirrored, failover and report scenarios start their own nodes: a run of them
+	// alone needs no other broker.
+	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool { return s != "mirrored" && s != "failover" && s != "report" })
 	if b.url == "" && !onlyMirrored {
 		progress("starting a RabbitMQ node")
 		cluster, err := harness.Start(ctx, harness.Options{Nodes: 1, Logger: logger})
@@ -550,6 +583,19 @@ func run(ctx context.Context, cfg config) error {
 		if err != nil {
 			return errors.Join(err, report.print(os.Stdout, cfg))
 		}
+	}
+	if cfg.has("report") {
+		r, err := runReport(ctx, cfg, logger)
+		report.Runs = append(report.Runs, r.PassThrough...)
+		report.Mirrored = append(report.Mirrored, r.Mirrored...)
+		report.Timelines = r.Timelines
+		if err != nil {
+			return errors.Join(fmt.Errorf("report: %w", err), report.print(os.Stdout, cfg))
+		}
+		if err := writeReportFiles(cfg.reportDir, r); err != nil {
+			return errors.Join(fmt.Errorf("report: %w", err), report.print(os.Stdout, cfg))
+		}
+		progress("wrote %s and %s", filepath.Join(cfg.reportDir, "report.md"), filepath.Join(cfg.reportDir, "failover.svg"))
 	}
 	report.Elapsed = time.Since(began).Round(time.Second).String()
 	if err := report.print(os.Stdout, cfg); err != nil {

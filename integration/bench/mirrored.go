@@ -102,10 +102,20 @@ func runMirrored(ctx context.Context, cfg config, logger *slog.Logger) (runs []r
 		return nil, nil, err
 	}
 	progress("mirrored: nodes, cluster and amqp-mirror ready in %s", time.Since(began).Round(100*time.Millisecond))
+	if runs, err = m.runLoads(ctx); err != nil {
+		return runs, nil, err
+	}
+	declares, err = m.runDeclares(ctx)
+	return runs, declares, err
+}
 
-	plan := make([]string, 0, cfg.rounds*len(cfg.mirroredTargets)+1)
-	for range cfg.rounds {
-		plan = append(plan, cfg.mirroredTargets...)
+// runLoads runs the full load on each of -mirrored-targets, round after round, and a last
+// direct run.
+func (m *mirroredBench) runLoads(ctx context.Context) ([]runResult, error) {
+	var runs []runResult
+	plan := make([]string, 0, m.cfg.rounds*len(m.cfg.mirroredTargets)+1)
+	for range m.cfg.rounds {
+		plan = append(plan, m.cfg.mirroredTargets...)
 	}
 	plan = append(plan, targetDirect)
 	runsOf := map[string]int{}
@@ -115,14 +125,12 @@ func runMirrored(ctx context.Context, cfg config, logger *slog.Logger) (runs []r
 		result, err := m.runTarget(ctx, target)
 		result.Scenario, result.Target, result.Run = "mirrored", target, runsOf[target]
 		if err != nil {
-			return runs, declares, fmt.Errorf("mirrored load, %s run %d: %w", target, runsOf[target], err)
+			return runs, fmt.Errorf("mirrored load, %s run %d: %w", target, runsOf[target], err)
 		}
 		runs = append(runs, result)
 		progress("  %s; %d copies", result.oneLine(), result.Copies)
 	}
-
-	declares, err = m.runDeclares(ctx)
-	return runs, declares, err
+	return runs, nil
 }
 
 // start builds amqp-mirror and starts the nodes and the cluster, all at once: the build
@@ -359,32 +367,13 @@ func holdsQueues(url string, queues []string) (bool, error) {
 }
 
 // awaitNativeCopies waits until each queue on the native cluster has all its copies by
-// rabbitmqctl list_queues' item (synchronised_slave_pids, or online for quorum members),
-// or copiesTimeout passed, and returns the fewest copies of any queue: the item's count
-// plus extra (the master, which synchronised_slave_pids leaves out).
+// nativeCopies, or copiesTimeout passed, and returns the fewest copies of any queue.
 func awaitNativeCopies(ctx context.Context, node *harness.Node, queues []string, item string, extra int) (int, error) {
 	deadline := time.Now().Add(copiesTimeout)
 	for {
-		out, err := node.Ctl(ctx, "list_queues", "name", item, "--formatter", "json")
+		fewest, err := nativeCopies(ctx, node, queues, item, extra)
 		if err != nil {
 			return 0, err
-		}
-		var rows []map[string]any
-		if err := json.Unmarshal(out, &rows); err != nil {
-			return 0, fmt.Errorf("rabbitmqctl list_queues %s: %w: %s", item, err, out)
-		}
-		fewest := -1
-		for _, q := range queues {
-			n := 0
-			for _, row := range rows {
-				if row["name"] == q {
-					list, _ := row[item].([]any)
-					n = len(list) + extra
-				}
-			}
-			if fewest < 0 || n < fewest {
-				fewest = n
-			}
 		}
 		if fewest >= mirroredNodes || time.Now().After(deadline) {
 			return fewest, nil
@@ -393,6 +382,34 @@ func awaitNativeCopies(ctx context.Context, node *harness.Node, queues []string,
 			return 0, ctx.Err()
 		}
 	}
+}
+
+// nativeCopies returns the fewest copies of any of the queues on the native cluster by
+// rabbitmqctl list_queues' item (synchronised_slave_pids, or online for quorum members):
+// the item's count plus extra (the master, which synchronised_slave_pids leaves out).
+func nativeCopies(ctx context.Context, node *harness.Node, queues []string, item string, extra int) (int, error) {
+	out, err := node.Ctl(ctx, "list_queues", "name", item, "--formatter", "json")
+	if err != nil {
+		return 0, err
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out, &rows); err != nil {
+		return 0, fmt.Errorf("rabbitmqctl list_queues %s: %w: %s", item, err, out)
+	}
+	fewest := -1
+	for _, q := range queues {
+		n := 0
+		for _, row := range rows {
+			if row["name"] == q {
+				list, _ := row[item].([]any)
+				n = len(list) + extra
+			}
+		}
+		if fewest < 0 || n < fewest {
+			fewest = n
+		}
+	}
+	return fewest, nil
 }
 
 // serverWrapper runs `amqp-mirror serve` ($@) and ties its life to the bench, as

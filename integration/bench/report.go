@@ -204,7 +204,9 @@ type report struct {
 	Declares []declareResult `json:"declares,omitempty"`
 	// Failover is the failover scenario's rows.
 	Failover []failoverResult `json:"failover,omitempty"`
-	Elapsed  string           `json:"elapsed"`
+	// Timelines are the report scenario's master kills.
+	Timelines []timelineResult `json:"timelines,omitempty"`
+	Elapsed   string           `json:"elapsed"`
 }
 
 func describeConfig(cfg config) map[string]string {
@@ -241,7 +243,7 @@ func (r *report) print(out io.Writer, cfg config) error {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(r.Runs) > 0 {
 		fmt.Fprintln(out)
-		if cfg.has("full") || cfg.has("full-raw") {
+		if cfg.has("full") || cfg.has("full-raw") || cfg.has("report") {
 			fmt.Fprintf(out, "full: amqp091-go, %d publishers (confirm window %d), %d consumers (prefetch %d, %s), %d B persistent, %v after %v warm-up\n",
 				cfg.publishers, cfg.confirmWindow, cfg.consumers, cfg.prefetch, ackMode(cfg.multiAck), cfg.size, cfg.duration, cfg.warmup)
 		}
@@ -302,6 +304,9 @@ func (r *report) print(out io.Writer, cfg config) error {
 		return err
 	}
 	if err := printMirrored(out, cfg, r.Mirrored, r.Declares); err != nil {
+		return err
+	}
+	if err := printTimelines(out, r.Timelines); err != nil {
 		return err
 	}
 	if r.Elapsed != "" {
