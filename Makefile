@@ -3,7 +3,7 @@
 GO ?= go
 FUZZTIME ?= 60s
 
-.PHONY: build test test-long chaos demo bench bench-report fuzz generate vet
+.PHONY: build test test-long chaos demo bench bench-proxy fuzz generate vet
 
 build:
 	$(GO) build -o amqp-mirror .
@@ -27,20 +27,20 @@ chaos:
 demo:
 	./scripts/demo.sh
 
-# The end-to-end benchmark (direct vs a plain TCP forwarder vs the proxy, same
-# broker, one run; BENCHFLAGS adds flags such as -rounds=3), then the codec,
-# socket and bookkeeping micro-benchmarks.
-BENCHFLAGS ?=
-bench:
-	$(GO) run ./integration/bench $(BENCHFLAGS)
-	$(GO) test -run '^$$' -bench . -benchmem ./frames/ ./proxy/
-
 # The benchmark report (under ten minutes on two cores): the proxy in front of one broker,
 # amqp-mirror against RabbitMQ's classic mirroring and quorum queues, and a master kill on
-# each, written to REPORTDIR/report.md and REPORTDIR/failover.svg beside the tables.
+# each, printed as tables and written to REPORTDIR/report.md and REPORTDIR/failover.svg;
+# then the codec, socket and bookkeeping micro-benchmarks. BENCHFLAGS adds flags.
 REPORTDIR ?= bench-results/report
-bench-report:
+BENCHFLAGS ?=
+bench:
 	$(GO) run ./integration/bench -scenario=report -report-dir=$(REPORTDIR) $(BENCHFLAGS)
+	$(GO) test -run '^$$' -bench . -benchmem ./frames/ ./proxy/
+
+# The proxy in front of one broker in detail: directly, through a plain TCP forwarder and
+# through the proxy, alternately on the same broker; idle memory; backpressure.
+bench-proxy:
+	$(GO) run ./integration/bench $(BENCHFLAGS)
 
 # Every fuzz target for FUZZTIME each (go test -fuzz takes one target at a time).
 fuzz:
