@@ -388,17 +388,7 @@ func TestChaosGetWhileMasterFrozen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	dc, err := ch.PublishWithDeferredConfirmWithContext(testContext(t, 10*time.Second), "", queue, false, false,
-		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("waiting")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := dc.WaitContext(testContext(t, 10*time.Second)); err != nil || !ok {
-		t.Fatalf("confirm: %v, %v", ok, err)
-	}
+	publishOneConfirmed(t, ch, queue, "waiting")
 
 	m := p.waitSynchronised(t, queue, 3)
 	frozen := node(t, m.Master)
@@ -449,17 +439,7 @@ func TestChaosQosWhileHomeFrozen(t *testing.T) {
 	}
 	// A publish to a queue mirrored on all three opens the channel on
 	// every backend.
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	dc, err := ch.PublishWithDeferredConfirmWithContext(testContext(t, 10*time.Second), "", queue, false, false,
-		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte("before")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := dc.WaitContext(testContext(t, 10*time.Second)); err != nil || !ok {
-		t.Fatalf("confirm: %v, %v", ok, err)
-	}
+	publishOneConfirmed(t, ch, queue, "before")
 
 	// A channel that only opened is open on the home backend alone.
 	homeOnly, err := dialURL(t, p.url).Channel()
@@ -496,4 +476,15 @@ func TestChaosQosWhileHomeFrozen(t *testing.T) {
 	}
 	signalNode(t, home, syscall.SIGCONT)
 	p.waitSynchronised(t, queue, 3)
+}
+
+// publishOneConfirmed puts ch in confirm mode and publishes one persistent
+// message to queue, failing the test unless it is confirmed.
+func publishOneConfirmed(t *testing.T, ch *amqp.Channel, queue, body string) {
+	t.Helper()
+	err := publishWindow(testContext(t, 10*time.Second), ch, "", queue, 1, 1,
+		func(int) amqp.Publishing { return amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(body)} }, nil)
+	if err != nil {
+		t.Fatalf("publishing %q to %s: %v", body, queue, err)
+	}
 }

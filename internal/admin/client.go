@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
@@ -179,24 +180,11 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.BaseURL, "/")+path, rd)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.Token)
+	header := http.Header{"Authorization": {"Bearer " + c.Token}}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		header.Set("Content-Type", "application/json")
 	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	resp, data, err := c.roundTrip(ctx, method, path, header, rd, 16<<20)
 	if err != nil {
 		return err
 	}
@@ -225,6 +213,27 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("admin API %s %s: decoding the answer: %w", method, path, err)
 	}
 	return nil
+}
+
+// roundTrip sends one request to the admin API and reads at most limit
+// bytes of the answer.
+func (c *Client) roundTrip(ctx context.Context, method, path string, header http.Header, body io.Reader, limit int64) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.BaseURL, "/")+path, body)
+	if err != nil {
+		return nil, nil, err
+	}
+	maps.Copy(req.Header, header)
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	return resp, data, err
 }
 
 // isJSON reports whether resp says its body is JSON.

@@ -3,7 +3,6 @@ package admin
 import (
 	"context"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"strings"
@@ -53,20 +52,7 @@ func (e *NotReadyError) Error() string { return e.Reason }
 // Probe asks a health endpoint (/healthz or /readyz), which needs no
 // token and is sent none: nil on 200, a *NotReadyError on 503.
 func (c *Client) Probe(ctx context.Context, path string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(c.BaseURL, "/")+path, nil)
-	if err != nil {
-		return err
-	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	resp, data, err := c.roundTrip(ctx, http.MethodGet, path, nil, nil, 4<<10)
 	if err != nil {
 		return err
 	}
