@@ -52,29 +52,7 @@ func TestSidecarNodeKilledRepeatedly(t *testing.T) {
 	names := mirrorBackends()
 
 	// nodekill_N through proxy N, client-local: mastered on node N, mirrored everywhere.
-	for i, q := range queues {
-		awaitCondition(t, 60*time.Second, func() error {
-			if err := declareThrough(nodes.proxy(i), q); err != nil {
-				return err
-			}
-			row, err := queueStatus(t, nodes.proxy(i), q)
-			if err != nil {
-				return err
-			}
-			if row.Master != names[i] {
-				return fmt.Errorf("proxy %d lists %v, want it mastered on %s", i+1, row, names[i])
-			}
-			return nil
-		})
-	}
-	nodes.awaitSynchronised(t, 0, queues)
-	// A kill -9 within a moment of a declare can lose the queue on the killed broker
-	// (see declareChaosQueue); that is RabbitMQ's, not what this test looks at.
-	for _, b := range nodes.brokers {
-		if err := b.FlushMetadata(testContext(t, 30*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	declareSidecarQueues(t, nodes, queues)
 	load := newKillLoad(t, nodes, queues)
 	for i := range nodes.brokers {
 		load.addClient(fmt.Sprintf("publisher%d", i+1), i, true)

@@ -104,6 +104,8 @@ var integrationParts = [][]string{
 		"TestProxyPause",
 		"TestProxyServesAMQPS",
 		"FuzzProxyClientBytes",
+		// campaign_sidecar_test.go
+		"TestCampaignSidecar",
 		// mirror_test.go, mirror_clients_test.go, client_test.go, harness_test.go, split_test.go
 		"TestMirrorAllPublishConsumeTrim", "TestMirrorPolicyPlacement", "TestMirrorRestartKeepsQueues",
 		"TestMirrorMultipleAckAcrossMasters", "TestMirrorPropertiesUnchanged", "TestMirrorPriorityQueue", "TestMirrorDeadLettering",
