@@ -132,7 +132,7 @@ func (c *clientConn) fromLinkOnClosingChannel(ch *channelState, l *link, f frame
 			if !ok {
 				return nil
 			}
-			if g != nil && g.primary == -1 {
+			if g != nil && g.own {
 				g.after(nil)
 				return nil
 			}

@@ -40,7 +40,7 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 		if l == skip {
 			continue
 		}
-		g := &rpcGroup{pending: 1, primary: -1, after: func([]byte) []byte {
+		g := &rpcGroup{pending: 1, primary: -1, own: true, after: func([]byte) []byte {
 			c.linkCloseOk(ch, l)
 			return nil
 		}}
@@ -106,26 +106,6 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 	})
 }
 
-// spareLost counts the reply l will never give to a group whose primary
-// link was lost earlier: the group completes with another copy's reply, or
-// the proxy's for a setting, or, when l was the last that could answer,
-// closes the channel with 541.
-func (c *clientConn) spareLost(ch *channelState, g *rpcGroup, l *link) {
-	if !ch.groupAbandoned(g) {
-		return
-	}
-	if g.reply != nil {
-		c.finishGroup(ch, g)
-		return
-	}
-	if g.settingOk != nil {
-		c.toClientMethodOnChannel(ch, g.settingOk)
-		return
-	}
-	c.closeChannelByProxy(ch, frames.InternalError,
-		"INTERNAL_ERROR - backend "+l.name+" connection lost", 0, 0)
-}
-
 // linkClosesChannel handles a link's channel.close (a channel error there).
 func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame) error {
 	var cl frames.ChannelClose
@@ -142,7 +122,7 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	}
 	// The link answers nothing more on the channel but the close handshake.
 	for _, g := range abandoned {
-		if g != nil && g.primary == -1 {
+		if g != nil && g.own {
 			g.after(nil) // a close of the proxy's: this close answers it
 			continue
 		}
@@ -243,24 +223,10 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 	for _, g := range lc.replies {
 		switch {
 		case g == nil:
-		case g.primary == -1:
+		case g.own:
 			g.after(nil)
-		case g.primary == l.idx && g.get != nil && g.get.queue != nil:
-			// The lost master never answers; the queue is promoted to a
-			// slave that still holds whatever message was on its way.
-			// RabbitMQ's channel retries a get on a mirrored queue
-			// against the new master rather than failing; get-empty is
-			// the answer that leaves the client to ask again.
-			ch.groupAbandoned(g)
-			c.toClientMethodOnChannel(ch, &frames.BasicGetEmpty{})
-		case g.primary == l.idx && c.primaryLost(ch, g):
-		case g.primary == l.idx:
-			c.closeChannelByProxy(ch, frames.InternalError,
-				"INTERNAL_ERROR - backend "+l.name+" connection lost", 0, 0)
-		case g.primary == anyReply:
-			c.spareLost(ch, g, l)
 		default:
-			c.abandonReply(ch, g)
+			c.settleLostReply(ch, g, l)
 		}
 	}
 	ch.outMu.Lock()

@@ -504,14 +504,16 @@ func (ch *channelState) releaseLostCopies(held func(backend int, queue *mirror.Q
 
 // Replies (rpc.go).
 
-// groupReplied counts one reply of g, keeping the primary's (primary) when
-// g must wait for others or run its after; it reports whether g is
-// complete.
-func (ch *channelState) groupReplied(g *rpcGroup, primary bool, payload []byte) bool {
+// groupReplied counts one reply of g from link from, keeping the primary's
+// when g must wait for others or run its after, and another link's as a
+// spare (or as the reply once the primary's link was lost); it reports
+// whether g is complete and whether this was the primary's reply.
+func (ch *channelState) groupReplied(g *rpcGroup, from int, payload []byte) (done, primary bool) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	g.pending--
-	done := g.pending == 0
+	done = g.pending == 0
+	primary = from == g.primary
 	switch {
 	case primary && (!done || g.after != nil):
 		g.reply = append([]byte(nil), payload...)
@@ -520,24 +522,48 @@ func (ch *channelState) groupReplied(g *rpcGroup, primary bool, payload []byte) 
 	case !primary && g.spare == nil && g.primary != anyReply:
 		g.spare = append([]byte(nil), payload...)
 	}
-	return done
+	return done, primary
 }
 
-// groupPrimaryLost counts the lost primary's reply of g as one that will
-// never come and makes another target's reply the client's: the spare one
-// already kept, or the next to arrive. ok is false when no other target
-// was asked; otherwise done reports whether g is complete, and answered
-// whether it holds a reply.
-func (ch *channelState) groupPrimaryLost(g *rpcGroup) (done, answered, ok bool) {
+// lostAnswer is what a client gets when a link that owed a reply to one
+// of its requests is lost (groupLinkLost).
+type lostAnswer int
+
+const (
+	lostWait       lostAnswer = iota // other links still owe replies, or the client has its answer
+	lostReply                        // g.reply, kept from the primary or another copy
+	lostSetting                      // g.settingOk, from the proxy
+	lostGet                          // get-empty: a basic.get its lost master will never answer
+	lostUnanswered                   // no copy can answer: the channel closes with 541
+)
+
+// groupLinkLost counts the reply the lost link idx owed to g, and says
+// what the client gets now. When idx was the primary, another target's
+// reply becomes the client's: the spare kept, or the next to arrive.
+func (ch *channelState) groupLinkLost(g *rpcGroup, idx int) lostAnswer {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if g.pending == 1 && g.spare == nil {
-		return false, false, false
-	}
 	g.pending--
-	g.primary = anyReply
-	g.reply, g.spare = g.spare, nil
-	return g.pending == 0, g.reply != nil, true
+	if g.primary == idx {
+		if g.get != nil && g.get.queue != nil {
+			return lostGet
+		}
+		g.primary = anyReply
+		g.reply, g.spare = g.spare, nil
+	}
+	switch {
+	case g.pending > 0:
+		return lostWait
+	case g.reply != nil:
+		return lostReply
+	case g.primary != anyReply:
+		// The primary's reply went out already: the client has its
+		// answer.
+		return lostWait
+	case g.settingOk != nil:
+		return lostSetting
+	}
+	return lostUnanswered
 }
 
 // groupAbandoned counts a reply of g that will never come, and reports

@@ -20,7 +20,11 @@ type rpcGroup struct {
 	pending int // replies still owed; guarded by the channel's mu
 	// primary is the index of the link whose reply the client gets;
 	// anyReply once that link was lost and another copy answers instead.
+	// Guarded by the channel's mu: a link's loss changes it.
 	primary int
+	// own marks the proxy's own close of a channel on a link (its
+	// close-ok is swallowed, and after runs at the end).
+	own bool
 	// reply is the primary's reply, kept when it arrives before the others.
 	reply []byte
 	// spare is the first reply of another link, the answer should the
@@ -64,8 +68,8 @@ func isReply(key uint32) bool {
 
 // send writes a client request to the links at targets, which must be open
 // with the channel open on them (c.reach). With wantReply, the first target
-// gives the client's reply, through a group; after, when set, runs first.
-// It returns false when a write failed (the link is being torn down).
+// gives the client's reply, through a group, which it returns; after, when
+// set, runs first.
 func (c *clientConn) send(ch *channelState, f frames.Frame, targets []*link, wantReply bool, after func([]byte) []byte) *rpcGroup {
 	g := newGroup(targets, wantReply, after, nil)
 	c.sendGroup(ch, f, targets, g)
@@ -111,10 +115,11 @@ func (c *clientConn) replyArrived(ch *channelState, l *link, f frames.Frame) {
 	if g == nil {
 		return // the reply to the proxy's own request
 	}
-	if !ch.groupReplied(g, l.idx == g.primary, f.Payload) {
+	done, primary := ch.groupReplied(g, l.idx, f.Payload)
+	if !done {
 		return
 	}
-	if g.after == nil && l.idx == g.primary {
+	if g.after == nil && primary {
 		c.toClientOnChannel(ch, f)
 		return
 	}
@@ -145,23 +150,25 @@ func (c *clientConn) abandonReply(ch *channelState, g *rpcGroup) {
 	}
 }
 
-// primaryLost settles a group whose primary link was lost before its
-// reply came. When another target answered or still owes an answer, that
-// answer is the client's, as for a request to a broker that has several
-// copies; it reports false when no other target was asked, and the
-// caller closes the channel.
-func (c *clientConn) primaryLost(ch *channelState, g *rpcGroup) bool {
-	done, answered, ok := ch.groupPrimaryLost(g)
-	if !ok {
-		if g.settingOk == nil {
-			return false
-		}
-		ch.groupAbandoned(g)
-		c.toClientMethodOnChannel(ch, g.settingOk)
-		return true
-	}
-	if done && answered {
+// settleLostReply settles what the lost link l owed to g: the client gets the
+// answer of another copy, the proxy's answer to a setting, get-empty for a
+// basic.get on a mirrored queue, or a 541 close when no copy can answer;
+// or nothing yet, while other links still owe their replies.
+func (c *clientConn) settleLostReply(ch *channelState, g *rpcGroup, l *link) {
+	switch ch.groupLinkLost(g, l.idx) {
+	case lostReply:
 		c.finishGroup(ch, g)
+	case lostSetting:
+		c.toClientMethodOnChannel(ch, g.settingOk)
+	case lostGet:
+		// The lost master never answers; the queue is promoted to a
+		// slave that still holds whatever message was on its way.
+		// RabbitMQ's channel retries a get on a mirrored queue against
+		// the new master rather than failing; get-empty is the answer
+		// that leaves the client to ask again.
+		c.toClientMethodOnChannel(ch, &frames.BasicGetEmpty{})
+	case lostUnanswered:
+		c.closeChannelByProxy(ch, frames.InternalError,
+			"INTERNAL_ERROR - backend "+l.name+" connection lost", 0, 0)
 	}
-	return true
 }
