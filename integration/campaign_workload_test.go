@@ -83,7 +83,8 @@ type campaignWorkload struct {
 	stop    context.CancelFunc
 	readers context.Context // ends the readers, after the drain
 	halt    context.CancelFunc
-	wg      sync.WaitGroup
+	// publishing counts the publishers, wg the readers.
+	publishing, wg sync.WaitGroup
 
 	mu         sync.Mutex
 	messages   map[string]*campaignMessage
@@ -106,6 +107,7 @@ func newCampaignWorkload(t *testing.T, url string, queues []campaignQueue) *camp
 	t.Cleanup(func() {
 		stop()
 		halt()
+		w.publishing.Wait()
 		w.wg.Wait()
 	})
 	return w
@@ -153,7 +155,7 @@ func (w *campaignWorkload) addPublisher(name string, q campaignQueue) {
 	if err := ch.Confirm(false); err != nil {
 		w.t.Fatal(err)
 	}
-	w.wg.Go(func() {
+	w.publishing.Go(func() {
 		for seq := 1; w.ctx.Err() == nil; seq++ {
 			id := name + "/" + strconv.Itoa(seq)
 			msg := amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: id, Body: []byte(id)}
@@ -422,11 +424,14 @@ func (v campaignVerdict) clean() bool {
 	return len(v.lost)+len(v.unflagged)+len(v.ackedThenRedelivered)+len(v.outOfOrder)+len(v.unexpected)+len(v.problems) == 0
 }
 
-// finish stops the publishers, waits until every confirmed message has
-// been delivered where it is owed (or drain runs out), stops the readers
-// and returns the checker's verdict.
+// finish stops the publishers and waits for their last confirms, waits
+// until every confirmed message has been delivered where it is owed (or
+// drain runs out), stops the readers and returns the checker's verdict.
 func (w *campaignWorkload) finish(drain time.Duration) campaignVerdict {
 	w.stop()
+	// A publish still waiting for its confirm is confirmed after this, and
+	// must have its chance to be delivered too.
+	w.publishing.Wait()
 	deadline := time.Now().Add(drain)
 	for time.Now().Before(deadline) && len(w.check().lost) > 0 {
 		time.Sleep(100 * time.Millisecond)
