@@ -124,8 +124,11 @@ func TestCampaign(t *testing.T) {
 	}
 
 	v := w.finish(60 * time.Second)
-	copiesDiffer := c.copiesDiffer()
-	report := campaignReport(injected, v, copiesDiffer)
+	copiesDiffer, leaked := c.copiesDiffer()
+	if len(leaked) > 0 {
+		t.Logf("dead-letter targets whose slaves hold more than their master (a leak, not a loss: docs/guarantees.md): %s", strings.Join(leaked, "; "))
+	}
+	report := campaignReport(injected, v, copiesDiffer, leaked)
 	t.Log("\n" + report)
 	if path := os.Getenv("AMQP_MIRROR_CAMPAIGN_REPORT"); path != "" {
 		if err := os.WriteFile(path, []byte(report), 0o644); err != nil {
@@ -305,9 +308,12 @@ func (c *campaign) memoryAlarm() string {
 // copiesDiffer counts every queue on every node directly, until the
 // copies of each hold the same number of messages (the slaves' trimmers
 // settle a moment after the master), and lists those that still differ
-// after a minute.
-func (c *campaign) copiesDiffer() []string {
-	var differ []string
+// after a minute. A dead-letter target whose slaves hold more than its
+// master is listed apart, in leaked: a message its slaves keep and its
+// master no longer holds comes back, redelivered, only after a promotion
+// (a leak, not a loss), which the campaign has seen after faults on the
+// dead-lettering path and which docs/guarantees.md states.
+func (c *campaign) copiesDiffer() (differ, leaked []string) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		differ = differ[:0]
@@ -331,24 +337,54 @@ func (c *campaign) copiesDiffer() []string {
 				}
 			}
 		}
+		leaked = leaked[:0]
 		for _, q := range c.queues {
 			var values []int
 			for _, v := range counts[q.name] {
 				values = append(values, v)
 			}
-			if slices.Min(values) != slices.Max(values) || slices.Min(values) < 0 {
-				differ = append(differ, fmt.Sprintf("%s %v", q.name, counts[q.name]))
+			if slices.Min(values) == slices.Max(values) && slices.Min(values) >= 0 {
+				continue
 			}
+			row := fmt.Sprintf("%s %v (master %s)", q.name, counts[q.name], c.proxy.meta(c.t, q.name).Master)
+			if c.deadLetterTarget(q.name) && c.slavesHoldMore(q.name, counts[q.name]) {
+				leaked = append(leaked, row)
+				continue
+			}
+			differ = append(differ, row)
 		}
-		if len(differ) == 0 || time.Now().After(deadline) {
-			return differ
+		if len(differ)+len(leaked) == 0 || time.Now().After(deadline) {
+			return differ, leaked
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 }
 
+// deadLetterTarget reports whether some queue of the workload dead-letters
+// to queue.
+func (c *campaign) deadLetterTarget(queue string) bool {
+	return slices.ContainsFunc(c.queues, func(q campaignQueue) bool { return q.deadLetterTo == queue })
+}
+
+// slavesHoldMore reports whether every slave of queue holds at least what
+// its master holds, and one more.
+func (c *campaign) slavesHoldMore(queue string, counts map[string]int) bool {
+	master := c.proxy.meta(c.t, queue).Master
+	more := false
+	for backend, n := range counts {
+		switch {
+		case backend == master:
+		case n < counts[master]:
+			return false
+		case n > counts[master]:
+			more = true
+		}
+	}
+	return more
+}
+
 // campaignReport is the campaign's table.
-func campaignReport(injected map[string]int, v campaignVerdict, copiesDiffer []string) string {
+func campaignReport(injected map[string]int, v campaignVerdict, copiesDiffer, leaked []string) string {
 	var b strings.Builder
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "fault\tinjected")
@@ -376,6 +412,7 @@ func campaignReport(injected map[string]int, v campaignVerdict, copiesDiffer []s
 		{"out of publish order (single consumer)", len(v.outOfOrder)},
 		{"client errors (the clients never reconnect)", len(v.problems)},
 		{"queues whose copies differ at the end", len(copiesDiffer)},
+		{"dead-letter targets whose slaves hold more (a leak)", len(leaked)},
 		{"longest pause between deliveries", v.longestGap.Round(time.Millisecond)},
 		{"consumes again after x-cancel-on-ha-failover", v.reconsumes},
 	} {
