@@ -13,80 +13,40 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
-// queueColumn is one column of ctl list_queues.
-type queueColumn struct {
-	name        string
-	description string
-	value       func(q mirror.QueueStatus) any // string, []string, *int or bool
-}
-
 // queueColumns are the columns list_queues can show, in the order its help
-// lists them. Backends are named as in the config's backends list.
-var queueColumns = []queueColumn{
-	{"name", "the queue's name", func(q mirror.QueueStatus) any { return q.Meta.ID.Name }},
-	{"messages", "messages_ready and messages_unacknowledged together, as rabbitmqctl counts them", func(q mirror.QueueStatus) any { return count(q.Messages) }},
-	{"messages_ready", "messages ready in the master (its queue.declare-ok count)", func(q mirror.QueueStatus) any { return count(q.MessagesReady) }},
-	{"messages_unacknowledged", "messages the proxies' clients hold unacknowledged (asked of every live proxy)", func(q mirror.QueueStatus) any { return count(q.MessagesUnacked) }},
-	{"master", "the backend whose copy clients consume from", func(q mirror.QueueStatus) any { return q.Meta.Master }},
-	{"slaves", "the backends holding a mirror, in join order (oldest first)", func(q mirror.QueueStatus) any { return nonNil(slaveNames(q.Meta.Slaves)) }},
-	{"synchronised_slaves", "the slaves holding every message the master holds, in join order", func(q mirror.QueueStatus) any { return nonNil(q.Meta.SynchronisedSlaves()) }},
-	{"syncing_slaves", "the slaves a synchronisation is copying to now", func(q mirror.QueueStatus) any { return nonNil(q.Syncing) }},
-	{"refused", "the backends that refuse the proxy's own account in the queue's vhost (the vhost is missing there, or the account lacks permissions): no copy is placed there until they accept", func(q mirror.QueueStatus) any { return nonNil(q.Refused) }},
-	{"consumers", "consumers on the master", func(q mirror.QueueStatus) any { return count(q.Consumers) }},
-	{"policy", "the effective policy's name, empty for none", func(q mirror.QueueStatus) any { return q.Policy }},
-	{"exclusive", "true for an exclusive queue: never mirrored; messages and consumers empty (its broker tells its owner only)", func(q mirror.QueueStatus) any { return q.Exclusive }},
-}
-
-// defaultQueueColumns starts with rabbitmqctl's own default (name,
-// messages), so that a script reading the first two columns of rabbitmqctl
-// list_queues reads the same here, then says where the copies are.
-var defaultQueueColumns = []string{"name", "messages", "master", "slaves", "synchronised_slaves"}
-
-// queueColumnAliases are rabbitmqctl's names of the mirroring columns,
-// accepted so that scripts written for RabbitMQ's mirroring keep working.
-// The output keeps the name asked for.
-var queueColumnAliases = map[string]string{
-	"pid":                     "master",
-	"slave_pids":              "slaves",
-	"synchronised_slave_pids": "synchronised_slaves",
+// lists them. Backends are named as in the config's backends list. The
+// default starts with rabbitmqctl's own (name, messages), so that a script
+// reading the first two columns of rabbitmqctl list_queues reads the same
+// here, then says where the copies are. rabbitmqctl's names of the
+// mirroring columns are accepted, so that scripts written for RabbitMQ's
+// mirroring keep working.
+var queueColumns = columnSet[mirror.QueueStatus]{
+	columns: []column[mirror.QueueStatus]{
+		{"name", "the queue's name", func(q mirror.QueueStatus) any { return q.Meta.ID.Name }},
+		{"messages", "messages_ready and messages_unacknowledged together, as rabbitmqctl counts them", func(q mirror.QueueStatus) any { return count(q.Messages) }},
+		{"messages_ready", "messages ready in the master (its queue.declare-ok count)", func(q mirror.QueueStatus) any { return count(q.MessagesReady) }},
+		{"messages_unacknowledged", "messages the proxies' clients hold unacknowledged (asked of every live proxy)", func(q mirror.QueueStatus) any { return count(q.MessagesUnacked) }},
+		{"master", "the backend whose copy clients consume from", func(q mirror.QueueStatus) any { return q.Meta.Master }},
+		{"slaves", "the backends holding a mirror, in join order (oldest first)", func(q mirror.QueueStatus) any { return nonNil(slaveNames(q.Meta.Slaves)) }},
+		{"synchronised_slaves", "the slaves holding every message the master holds, in join order", func(q mirror.QueueStatus) any { return nonNil(q.Meta.SynchronisedSlaves()) }},
+		{"syncing_slaves", "the slaves a synchronisation is copying to now", func(q mirror.QueueStatus) any { return nonNil(q.Syncing) }},
+		{"refused", "the backends that refuse the proxy's own account in the queue's vhost (the vhost is missing there, or the account lacks permissions): no copy is placed there until they accept", func(q mirror.QueueStatus) any { return nonNil(q.Refused) }},
+		{"consumers", "consumers on the master", func(q mirror.QueueStatus) any { return count(q.Consumers) }},
+		{"policy", "the effective policy's name, empty for none", func(q mirror.QueueStatus) any { return q.Policy }},
+		{"exclusive", "true for an exclusive queue: never mirrored; messages and consumers empty (its broker tells its owner only)", func(q mirror.QueueStatus) any { return q.Exclusive }},
+	},
+	defaults: []string{"name", "messages", "master", "slaves", "synchronised_slaves"},
+	aliases: map[string]string{
+		"pid":                     "master",
+		"slave_pids":              "slaves",
+		"synchronised_slave_pids": "synchronised_slaves",
+	},
 }
 
 // needsUnacked reports whether a column shows the unacknowledged messages,
 // which the other proxies of a cluster are asked for.
 func needsUnacked(column string) bool {
 	return column == "messages" || column == "messages_unacknowledged"
-}
-
-func findQueueColumn(name string) (queueColumn, bool) {
-	if real, ok := queueColumnAliases[name]; ok {
-		name = real
-	}
-	for _, c := range queueColumns {
-		if c.name == name {
-			return c, true
-		}
-	}
-	return queueColumn{}, false
-}
-
-// checkQueueColumns refuses unknown column names before anything is asked
-// of the proxy, naming the valid ones.
-func checkQueueColumns(args []string) error {
-	var unknown []string
-	for _, a := range args {
-		if _, ok := findQueueColumn(a); !ok {
-			unknown = append(unknown, fmt.Sprintf("%q", a))
-		}
-	}
-	if len(unknown) == 0 {
-		return nil
-	}
-	valid := make([]string, 0, len(queueColumns))
-	for _, c := range queueColumns {
-		valid = append(valid, c.name)
-	}
-	return fmt.Errorf("unknown column(s) %s: valid columns are %s (also rabbitmqctl's pid, slave_pids, synchronised_slave_pids)",
-		strings.Join(unknown, ", "), strings.Join(valid, ", "))
 }
 
 func slaveNames(slaves []mirror.Slave) []string {
@@ -120,20 +80,20 @@ var (
 		usage: "list_queues [-p VHOST] [--formatter table|json] [COLUMN ...]",
 		brief: "lists queues with their master, slaves and synchronised slaves",
 		summary: "Lists the queues of a vhost that the proxies know: those declared or used through them,\nexclusive queues too (never mirrored). One line each, tab-separated with a\nheader line (--formatter json: an array of objects keyed by column). Lists of backends\nare shown as [rabbit2, rabbit3]. COLUMN is one or more of:\n" +
-			columnHelp() + "Default: " + strings.Join(defaultQueueColumns, " ") + ".",
+			queueColumns.help(),
 		moreArgs: true,
-		check:    checkQueueColumns,
+		check:    queueColumns.check,
 		run: func(ctx context.Context, c *Client, o *ctlOptions, a []string) error {
 			columns := a
 			if len(columns) == 0 {
-				columns = defaultQueueColumns
+				columns = queueColumns.defaults
 			}
 			o.say("Listing queues for vhost %s ...", o.vhost)
 			list, err := c.ListQueues(ctx, o.vhost, slices.ContainsFunc(columns, needsUnacked))
 			if err != nil {
 				return err
 			}
-			return o.queues(list, columns)
+			return queueColumns.print(o, list, columns)
 		},
 	}
 	syncQueueCommand = command{
@@ -210,46 +170,6 @@ func waitSynchronised(ctx context.Context, c *Client, id mirror.QueueID, every t
 		case <-ticker.C:
 		}
 	}
-}
-
-func columnHelp() string {
-	width := 0
-	for _, c := range queueColumns {
-		width = max(width, len(c.name))
-	}
-	var b strings.Builder
-	for _, c := range queueColumns {
-		fmt.Fprintf(&b, "  %-*s  %s\n", width, c.name, c.description)
-	}
-	return b.String()
-}
-
-// queues prints list_queues' rows with the given (checked) columns.
-func (o *ctlOptions) queues(list []mirror.QueueStatus, names []string) error {
-	columns := make([]queueColumn, len(names))
-	for i, n := range names {
-		columns[i], _ = findQueueColumn(n)
-	}
-	if o.formatter == formatJSON {
-		rows := make([]orderedObject, 0, len(list))
-		for _, q := range list {
-			row := make(orderedObject, len(columns))
-			for i, c := range columns {
-				row[i] = field{names[i], c.value(q)}
-			}
-			rows = append(rows, row)
-		}
-		return o.json(rows)
-	}
-	fmt.Fprintln(o.stdout, strings.Join(names, "\t"))
-	cells := make([]string, len(columns))
-	for _, q := range list {
-		for i, c := range columns {
-			cells[i] = tableCell(c.value(q))
-		}
-		fmt.Fprintln(o.stdout, strings.Join(cells, "\t"))
-	}
-	return nil
 }
 
 // tableCell formats a value as rabbitmqctl's table does: lists in

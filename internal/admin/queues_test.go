@@ -407,7 +407,7 @@ func TestCtlQueueHelp(t *testing.T) {
 		}
 	}
 	_, out, _ = ctl(t, f.client, "list_queues", "--help")
-	for _, c := range queueColumns {
+	for _, c := range queueColumns.columns {
 		if !strings.Contains(out, "\n  "+c.name+" ") {
 			t.Errorf("list_queues --help does not describe column %s:\n%s", c.name, out)
 		}
