@@ -2,10 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"os"
-	"slices"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -41,31 +37,14 @@ func TestCampaignSidecar(t *testing.T) {
 	queues := []string{"sidecarcampaign_1", "sidecarcampaign_2", "sidecarcampaign_3"}
 	restoreClusterOnCleanup(t)
 	t.Cleanup(func() { removeLeftovers(t, queues...) })
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv(campaignSeedVariable); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("%s=%q: %v", campaignSeedVariable, s, err)
-		}
-	}
+	seed, rnd := campaignRandom(t)
 	faults := bySize(len(sidecarNemeses), 2*len(sidecarNemeses)*3)
 	t.Logf("sidecar campaign: %d faults, seed %d (%s=%d replays the order)", faults, seed, campaignSeedVariable, seed)
-	rnd := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 
 	nodes := startKillSidecars(t, "^sidecarcampaign_")
 	declareSidecarQueues(t, nodes, queues)
-	load := newKillLoad(t, nodes, queues)
-	for i := range nodes.brokers {
-		load.addClient(fmt.Sprintf("publisher%d", i+1), i, true)
-		load.addClient(fmt.Sprintf("consumer%d", i+1), i, false)
-	}
-	load.waitProgress(t, 300)
-
-	order := slices.Clone(sidecarNemeses)
-	rnd.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-	for len(order) < faults {
-		order = append(order, sidecarNemeses[rnd.IntN(len(sidecarNemeses))])
-	}
+	load := startKillLoad(t, nodes, queues)
+	order := mixed(rnd, sidecarNemeses, faults)
 	injected := map[string]int{}
 	for i, n := range order {
 		began := time.Now()

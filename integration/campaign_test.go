@@ -72,13 +72,7 @@ var nemeses = []nemesis{
 // error; and afterwards every copy of every queue holds the same.
 func TestCampaign(t *testing.T) {
 	restoreClusterOnCleanup(t)
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv(campaignSeedVariable); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("%s=%q: %v", campaignSeedVariable, s, err)
-		}
-	}
+	seed, rnd := campaignRandom(t)
 	faults := bySize(len(nemeses), campaignLongFaults)
 	if s := os.Getenv(campaignFaultsVariable); s != "" {
 		n, err := strconv.Atoi(s)
@@ -102,7 +96,7 @@ func TestCampaign(t *testing.T) {
 		{name: dead, consumers: []string{"consume"}},
 	}
 	declareCampaignQueues(t, p, queues)
-	c := &campaign{t: t, proxy: p, queues: queues, rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+	c := &campaign{t: t, proxy: p, queues: queues, rnd: rnd}
 
 	w := newCampaignWorkload(t, p.url, queues)
 	w.start()
@@ -111,7 +105,7 @@ func TestCampaign(t *testing.T) {
 	}
 
 	injected := map[string]int{}
-	for i, n := range c.schedule(faults) {
+	for i, n := range mixed(rnd, nemeses, faults) {
 		from := time.Now()
 		what := n.inject(c)
 		c.awaitWhole()
@@ -181,13 +175,28 @@ func declareCampaignQueues(t *testing.T, p *chaosProxy, queues []campaignQueue) 
 	}
 }
 
-// schedule is every kind of fault once, in random order, then random
-// kinds up to count.
-func (c *campaign) schedule(count int) []nemesis {
-	order := slices.Clone(nemeses)
-	c.rnd.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+// campaignRandom is a campaign's source of random choices, seeded from
+// campaignSeedVariable when it is set, else from the clock; the seed is
+// returned for the log, so that a run's order of faults can be replayed.
+func campaignRandom(t *testing.T) (uint64, *rand.Rand) {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv(campaignSeedVariable); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("%s=%q: %v", campaignSeedVariable, s, err)
+		}
+	}
+	return seed, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// mixed is every kind once, in random order, then random kinds up to
+// count.
+func mixed[T any](rnd *rand.Rand, kinds []T, count int) []T {
+	order := slices.Clone(kinds)
+	rnd.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 	for len(order) < count {
-		order = append(order, nemeses[c.rnd.IntN(len(nemeses))])
+		order = append(order, kinds[rnd.IntN(len(kinds))])
 	}
 	return order
 }

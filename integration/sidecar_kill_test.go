@@ -53,12 +53,7 @@ func TestSidecarNodeKilledRepeatedly(t *testing.T) {
 
 	// nodekill_N through proxy N, client-local: mastered on node N, mirrored everywhere.
 	declareSidecarQueues(t, nodes, queues)
-	load := newKillLoad(t, nodes, queues)
-	for i := range nodes.brokers {
-		load.addClient(fmt.Sprintf("publisher%d", i+1), i, true)
-		load.addClient(fmt.Sprintf("consumer%d", i+1), i, false)
-	}
-	load.waitProgress(t, 300)
+	load := startKillLoad(t, nodes, queues)
 
 	kills := bySize(3, 10) // each node once; the long tier goes round three more times
 	var resumes []time.Duration
@@ -354,6 +349,19 @@ func newKillLoad(t *testing.T, nodes *killSidecars, queues []string) *killLoad {
 		l.clients.Wait()
 	})
 	return l
+}
+
+// startKillLoad starts a publisher and a consumer whose home is each node,
+// and waits until they move messages.
+func startKillLoad(t *testing.T, nodes *killSidecars, queues []string) *killLoad {
+	t.Helper()
+	load := newKillLoad(t, nodes, queues)
+	for i := range nodes.brokers {
+		load.addClient(fmt.Sprintf("publisher%d", i+1), i, true)
+		load.addClient(fmt.Sprintf("consumer%d", i+1), i, false)
+	}
+	load.waitProgress(t, 300)
+	return load
 }
 
 func (l *killLoad) problem(format string, args ...any) {
