@@ -195,6 +195,30 @@ func signalNode(t *testing.T, n *localbroker.Node, sig syscall.Signal) {
 	if err := syscall.Kill(pid, sig); err != nil {
 		t.Fatalf("%v to %s (pid %d): %v", sig, n.Name, pid, err)
 	}
+	if sig == syscall.SIGSTOP {
+		waitStopped(t, n.Name, pid)
+	}
+}
+
+// freezeProcess stops a process with SIGSTOP and returns once all its
+// threads have stopped.
+func freezeProcess(t *testing.T, name string, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP to %s (pid %d): %v", name, pid, err)
+	}
+	waitStopped(t, name, pid)
+}
+
+// waitStopped returns once every thread of a process sent SIGSTOP has
+// stopped, so that nothing sent to it afterwards is answered.
+func waitStopped(t *testing.T, name string, pid int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := localbroker.WaitStopped(ctx, pid); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
 }
 
 // chaosDelivery is one message as a consumer saw it.

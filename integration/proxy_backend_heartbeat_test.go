@@ -24,9 +24,7 @@ func TestProxyNoticesAFrozenBackend(t *testing.T) {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 
 	pid := n.PID()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatalf("SIGSTOP rabbit3 (pid %d): %v", pid, err)
-	}
+	freezeProcess(t, "rabbit3", pid)
 	thawed := false
 	thaw := func() {
 		if !thawed {

@@ -741,9 +741,7 @@ func TestSidecarFrozenNodeJudgedBySerf(t *testing.T) {
 	t.Cleanup(thaw)
 	frozen := time.Now()
 	signalNode(t, node2, syscall.SIGSTOP)
-	if err := syscall.Kill(proxy2, syscall.SIGSTOP); err != nil {
-		t.Fatalf("SIGSTOP to the proxy beside rabbit2: %v", err)
-	}
+	freezeProcess(t, "the proxy beside rabbit2", proxy2)
 	var promoted time.Duration
 	awaitCondition(t, 30*time.Second, func() error {
 		row, err := queueStatus(t, proxies[0], queue)

@@ -2,9 +2,12 @@ package localbroker
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ProcessesOf lists the pids of live processes belonging to the node with the given Erlang
@@ -47,7 +50,11 @@ type processStatus struct {
 }
 
 func readStat(pid int) (processStatus, bool) {
-	content, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	return readStatFile("/proc/" + strconv.Itoa(pid) + "/stat")
+}
+
+func readStatFile(path string) (processStatus, bool) {
+	content, err := os.ReadFile(path)
 	if err != nil {
 		return processStatus{}, false
 	}
@@ -83,4 +90,34 @@ func findBeam(processGroup int) int {
 		}
 	}
 	return 0
+}
+
+// WaitStopped waits until every thread of the process is stopped. kill(2)
+// returns once SIGSTOP is queued, and one thread starts the group stop when
+// it next runs: on a busy machine the process's other threads can go on
+// working (reading a socket, answering a request) for milliseconds after
+// the signal was sent.
+func WaitStopped(ctx context.Context, pid int) error {
+	taskDir := "/proc/" + strconv.Itoa(pid) + "/task"
+	for {
+		tasks, err := os.ReadDir(taskDir)
+		if err != nil {
+			return fmt.Errorf("wait for pid %d to stop: %w", pid, err)
+		}
+		running := 0
+		for _, task := range tasks {
+			status, ok := readStatFile(taskDir + "/" + task.Name() + "/stat")
+			if ok && status.state != 'T' && status.state != 't' && status.state != 'Z' && status.state != 'X' {
+				running++
+			}
+		}
+		if running == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pid %d: %d of %d threads still running: %w", pid, running, len(tasks), ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
