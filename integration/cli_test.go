@@ -165,8 +165,9 @@ func TestCLIShutdownSignals(t *testing.T) {
 			if code != 0 {
 				t.Errorf("exit code after %v: got %d, want 0\n%s", tc.signal, code, p.stderr)
 			}
-			if elapsed > tc.shutdownTimeout+time.Second || elapsed < tc.wantMinimum {
-				t.Errorf("the process exited %v after %v; want between %v and shutdown_timeout %v (+1s)", elapsed, tc.signal, tc.wantMinimum, tc.shutdownTimeout)
+			// The slack is the process's own exit on a loaded machine.
+			if elapsed > tc.shutdownTimeout+3*time.Second || elapsed < tc.wantMinimum {
+				t.Errorf("the process exited %v after %v; want between %v and shutdown_timeout %v (+3s)", elapsed, tc.signal, tc.wantMinimum, tc.shutdownTimeout)
 			}
 			// A stalled client reads the close the proxy sent once it reads again.
 			stalling.release()

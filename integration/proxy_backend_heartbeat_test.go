@@ -42,7 +42,8 @@ func TestProxyNoticesAFrozenBackend(t *testing.T) {
 		if err == nil || err.Code != amqp.ConnectionForced {
 			t.Fatalf("NotifyClose: got %v, want 320 CONNECTION_FORCED", err)
 		}
-		if elapsed > 2*config.Heartbeat+500*time.Millisecond {
+		// The slack is the timer's and a loaded machine's.
+		if elapsed > 2*config.Heartbeat+2*time.Second {
 			t.Errorf("noticed after %v, want within two heartbeat intervals (%v)", elapsed, 2*config.Heartbeat)
 		}
 		t.Logf("client closed %v after the backend froze: %v", elapsed.Round(time.Millisecond), err)

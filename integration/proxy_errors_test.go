@@ -90,10 +90,10 @@ func TestProxyErrorsHandshakeTimeout(t *testing.T) {
 			if err := c.stall(client); err != nil {
 				t.Fatalf("handshake up to the stall: %v", err)
 			}
-			if _, _, err := client.readToEOF(timeout + 3*time.Second); err != nil {
+			if _, _, err := client.readToEOF(timeout + 10*time.Second); err != nil {
 				t.Fatalf("disconnected: %v", err)
 			}
-			if took := time.Since(start); took < timeout-100*time.Millisecond || took > timeout+time.Second {
+			if took := time.Since(start); took < timeout-100*time.Millisecond || took > timeout+3*time.Second {
 				t.Errorf("disconnected after %v, want about the handshake timeout %v", took, timeout)
 			}
 		})
