@@ -46,6 +46,10 @@ type loadSpec struct {
 	// prepare, when set, runs after the queues are declared and before the load
 	// starts, e.g. to wait until every mirror of them is synchronised.
 	prepare func(ctx context.Context, queues []string) error
+	// settle, when set, runs once the clients are gone and before the queues are
+	// deleted, and waits until the work the load left behind is done (amqp-mirror's
+	// trimming of the slaves): the whole run's CPU includes it.
+	settle func(ctx context.Context, queues []string) error
 }
 
 // queueNames are the run's queue names, one per publisher/consumer pair.
@@ -121,6 +125,7 @@ type consumer struct {
 	channel    *amqp.Channel
 	deliveries <-chan amqp.Delivery
 	delivered  recorder
+	all        int64 // every delivery of the run, warm-up and drain included
 }
 
 // runLoad runs spec against url and measures it. Queues are created for the run and
@@ -214,6 +219,7 @@ func runLoad(ctx context.Context, spec loadSpec, url string, procs watched) (run
 		}
 	}()
 
+	wholeFrom := procs.snapshot()
 	timeline := clock{base: time.Now()}
 	measured := span{from: int64(spec.warmup), to: int64(spec.warmup + spec.duration)}
 	window := measureCPU(runCtx, timeline, spec, procs)
@@ -244,6 +250,17 @@ func runLoad(ctx context.Context, spec loadSpec, url string, procs watched) (run
 	if err := context.Cause(runCtx); err != nil {
 		return result, err
 	}
+	if spec.settle != nil {
+		began := time.Now()
+		if err := spec.settle(ctx, queues); err != nil {
+			return result, err
+		}
+		result.Whole.SettleSeconds = time.Since(began).Seconds()
+	}
+	for _, c := range consumers {
+		result.Whole.Consumed += c.all
+	}
+	result.Whole.measure(procs, wholeFrom, procs.snapshot())
 	result.Seconds = spec.duration.Seconds()
 	cpuFrom, cpuTo := window.from, window.to
 	result.CPU = procs.between(cpuFrom, cpuTo)
@@ -393,6 +410,7 @@ func (c *consumer) open(spec loadSpec) error {
 func (c *consumer) consume(timeline clock, measured span, multiAck int) {
 	var unacked int
 	for d := range c.deliveries {
+		c.all++
 		now := timeline.now()
 		if len(d.Body) >= timestampSize {
 			sent := int64(binary.BigEndian.Uint64(d.Body))

@@ -177,6 +177,10 @@ type config struct {
 	// together); 0 publishes as fast as confirms allow.
 	mirroredRate    float64
 	declareDuration time.Duration
+	// classicQueueVersion, when not 0, is every mirrored node's
+	// classic_queue.default_version: 2 stores classic queues (and their copies) in
+	// RabbitMQ's second storage format.
+	classicQueueVersion int
 
 	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
 	failoverTargets []string
@@ -236,6 +240,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&mirrored, "mirrored-targets", strings.Join(mirroredTargets, ","), "mirrored: comma-separated `list` of rows, in the order of each round: direct (one plain node), amqp-mirror (amqp-mirror serve in front of three plain nodes, ha-mode all), native-ha (RabbitMQ's classic mirroring, ha-mode all, on a three-node cluster), quorum (quorum queues on that cluster), amqp-mirror-baseline (not in the default: -amqp-mirror-baseline-bin's build, like amqp-mirror)")
 	fs.StringVar(&cfg.mirrorBin, "amqp-mirror-bin", "", "mirrored: the amqp-mirror `binary` to run; default: go build of this module into a temporary directory")
 	fs.StringVar(&cfg.mirrorBaselineBin, "amqp-mirror-baseline-bin", "", "mirrored: the amqp-mirror `binary` of row amqp-mirror-baseline (add it to -mirrored-targets), e.g. an older commit's build, measured on the same nodes in the same rounds")
+	fs.IntVar(&cfg.classicQueueVersion, "classic-queue-version", 0, "mirrored: set classic_queue.default_version to `n` (1 or 2) in every node's rabbitmq.conf, plain and clustered; 0 leaves the broker's default (1 on 3.10)")
 	fs.StringVar(&cfg.mirrorPerf, "amqp-mirror-perf", "", "mirrored: record each amqp-mirror run's server with `perf record -g` into `file` with the row and server number inserted (/tmp/m.data gives /tmp/m.amqp-mirror.2.data); read with perf report")
 	fs.Float64Var(&cfg.mirroredRate, "mirrored-rate", 0, "mirrored: publish at most `N` messages per second, all publishers together (0: as fast as confirms allow). At a rate every row sustains, the CPU per message compares rows doing the same work, which a shared machine's throughput does not")
 	fs.DurationVar(&cfg.declareDuration, "declare-duration", 5*time.Second, "mirrored: how long each queue.declare rate is measured")
@@ -370,6 +375,9 @@ func (cfg config) validate() error {
 	}
 	if cfg.prefetch < 0 || cfg.prefetch > 65535 {
 		errs = append(errs, fmt.Errorf("-prefetch must be within 0..65535, got %d", cfg.prefetch))
+	}
+	if cfg.classicQueueVersion < 0 || cfg.classicQueueVersion > 2 {
+		errs = append(errs, fmt.Errorf("-classic-queue-version must be 0, 1 or 2, got %d", cfg.classicQueueVersion))
 	}
 	if cfg.multiAck < 0 {
 		errs = append(errs, fmt.Errorf("-multi-ack must not be negative, got %d", cfg.multiAck))

@@ -138,14 +138,18 @@ func (m *mirroredBench) runLoads(ctx context.Context) ([]runResult, error) {
 func (m *mirroredBench) start(ctx context.Context, logger *slog.Logger) error {
 	var group sync.WaitGroup
 	var buildErr, plainErr, nativeErr error
+	var extraConfig string
+	if v := m.cfg.classicQueueVersion; v != 0 {
+		extraConfig = fmt.Sprintf("classic_queue.default_version = %d\n", v)
+	}
 	group.Go(func() { buildErr = m.build(ctx) })
 	group.Go(func() {
 		progress("mirrored: starting %d plain RabbitMQ nodes", mirroredNodes)
-		m.plain, plainErr = harness.Start(ctx, harness.Options{Names: nodeNames("plain"), Logger: logger})
+		m.plain, plainErr = harness.Start(ctx, harness.Options{Names: nodeNames("plain"), Logger: logger, ExtraConfig: extraConfig})
 	})
 	group.Go(func() {
 		progress("mirrored: starting a %d-node RabbitMQ cluster", mirroredNodes)
-		m.native, nativeErr = harness.Start(ctx, harness.Options{Names: nodeNames("native"), Logger: logger})
+		m.native, nativeErr = harness.Start(ctx, harness.Options{Names: nodeNames("native"), Logger: logger, ExtraConfig: extraConfig})
 		if nativeErr != nil {
 			return
 		}
@@ -256,6 +260,7 @@ func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult
 			copies, err = m.awaitPlainCopies(ctx, queues)
 			return err
 		}
+		spec.settle = m.awaitTrimmed
 		result, err := runSpec(ctx, spec, proxyURL(plain1.URL(), server.addr), watched{brokers: pids(m.plain), proxy: server.pid()})
 		profiler.stop()
 		if stopErr := server.stop(); err == nil {
@@ -289,6 +294,54 @@ func (m *mirroredBench) runTarget(ctx context.Context, target string) (runResult
 		return result, err
 	}
 	return runResult{}, fmt.Errorf("unknown mirrored target %q", target)
+}
+
+// trimTimeout bounds the wait for the slaves' trimmers after a run.
+const trimTimeout = time.Minute
+
+// awaitTrimmed waits until every plain node's copy of each queue holds as many messages
+// as the others: the slaves' trimmers have caught up with the acks of the run's
+// consumers. Past trimTimeout it says how far they are behind and returns: the whole
+// run's CPU then leaves that trimming out, which the settle time shows.
+func (m *mirroredBench) awaitTrimmed(ctx context.Context, queues []string) error {
+	deadline := time.Now().Add(trimTimeout)
+	for {
+		excess, err := m.untrimmed(ctx, queues)
+		if err == nil && excess == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			progress("  the slaves still hold %d messages more than their masters after %v (%v)", excess, trimTimeout, err)
+			return nil
+		}
+		if !sleepUntil(ctx, time.Now().Add(time.Second)) {
+			return ctx.Err()
+		}
+	}
+}
+
+// untrimmed is how many messages the fullest copy of each queue holds beyond the
+// emptiest, summed over the queues.
+func (m *mirroredBench) untrimmed(ctx context.Context, queues []string) (int, error) {
+	fewest, most := map[string]int{}, map[string]int{}
+	for i, node := range m.plain.Nodes() {
+		held, err := node.Queues(ctx, "/")
+		if err != nil {
+			return 0, err
+		}
+		for _, q := range queues {
+			n := held[q].Messages
+			if i == 0 || n < fewest[q] {
+				fewest[q] = n
+			}
+			most[q] = max(most[q], n)
+		}
+	}
+	excess := 0
+	for _, q := range queues {
+		excess += most[q] - fewest[q]
+	}
+	return excess, nil
 }
 
 // awaitPlainCopies waits until every plain node holds each of the queues, or

@@ -25,16 +25,21 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 	}
 	fmt.Fprintf(out, "\nmirrored: amqp091-go, %d publishers (confirm window %d), %d consumers (prefetch %d, %s), %d B persistent, durable queues, %v after %v warm-up\n",
 		cfg.publishers, cfg.confirmWindow, cfg.consumers, cfg.prefetch, ackMode(cfg.multiAck), cfg.size, cfg.duration, cfg.warmup)
+	if cfg.classicQueueVersion != 0 {
+		fmt.Fprintf(out, "classic queues in storage version %d on every node (-classic-queue-version)\n", cfg.classicQueueVersion)
+	}
 	if cfg.mirroredRate > 0 {
 		fmt.Fprintf(out, "publishers paced at %.0f msg/s together (-mirrored-rate)\n", cfg.mirroredRate)
 	}
-	fmt.Fprintf(out, "copies: brokers holding each queue, counted on the brokers; cpu in cores (brokers: every node the row uses; other: the rest of the machine, idle nodes included)\n\n")
+	fmt.Fprintf(out, "copies: brokers holding each queue, counted on the brokers; cpu in cores (brokers: every node the row uses; other: the rest of the machine, idle nodes included)\n")
+	fmt.Fprintf(out, "whole run: from the clients' start to the end of the work they left (drain, and amqp-mirror's trimming of the slaves, settle s); CPU per message consumed in it\n\n")
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "target\trun\tcopies\tconsumed/s\tpublished/s\tconfirm p50\tp99\tdelivery p50\tp99\tcpu brokers\tproxy\tbench\tother\t")
+	fmt.Fprintln(w, "target\trun\tcopies\tconsumed/s\tpublished/s\tconfirm p50\tp99\tdelivery p50\tp99\tcpu brokers\tproxy\tbench\tother\twhole run s\tsettle s\tbrokers µs/msg\tproxy µs/msg\t")
 	for _, r := range runs {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t\n",
+		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%.1f\t%.1f\t%.0f\t%s\t\n",
 			r.Target, r.Run, r.Copies, r.ConsumeRate, r.PublishRate, r.Confirm.P50, r.Confirm.P99,
-			r.Deliver.P50, r.Deliver.P99, r.CPU.Broker, proxyCPU(r), r.CPU.Load, r.CPU.Other)
+			r.Deliver.P50, r.Deliver.P99, r.CPU.Broker, proxyCPU(r), r.CPU.Load, r.CPU.Other,
+			r.Whole.Seconds, r.Whole.SettleSeconds, r.Whole.BrokerCPUPerMessage, wholeProxyCPU(r))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -46,7 +51,7 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 	}
 	fmt.Fprintln(out)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "median of runs\tcopies\tconsumed/s\t(runs)\tratio\tconfirm p50/p99 ms\tdelivery p50/p99 ms\tcpu brokers\tproxy\tproxy CPU/msg\tbrokers+proxy CPU/msg")
+	fmt.Fprintln(w, "median of runs\tcopies\tconsumed/s\t(runs)\tratio\tconfirm p50/p99 ms\tdelivery p50/p99 ms\tcpu brokers\tproxy\tproxy CPU/msg\tbrokers+proxy CPU/msg\twhole run: proxy / brokers CPU/msg")
 	for _, target := range mirroredRows {
 		rs := runsOf(runs, target)
 		if len(rs) == 0 {
@@ -73,9 +78,10 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 		if m.ConsumeRate > 0 {
 			total = fmt.Sprintf("%.0f µs", (m.CPU.Broker+m.CPU.Proxy)/m.ConsumeRate*1e6)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%.0f\t%s\t%.2f\t%.2f / %.2f\t%.2f / %.2f\t%.2f\t%s\t%s\t%s\n",
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%s\t%.2f\t%.2f / %.2f\t%.2f / %.2f\t%.2f\t%s\t%s\t%s\t%s / %.0f µs\n",
 			mirroredLabels[target], copies, m.ConsumeRate, rateRange(rates), ratio(m.ConsumeRate, direct),
-			m.Confirm.P50, m.Confirm.P99, m.Deliver.P50, m.Deliver.P99, m.CPU.Broker, proxy, perMessage, total)
+			m.Confirm.P50, m.Confirm.P99, m.Deliver.P50, m.Deliver.P99, m.CPU.Broker, proxy, perMessage, total,
+			wholeProxyCPU(m), m.Whole.BrokerCPUPerMessage)
 	}
 	if err := w.Flush(); err != nil {
 		return err

@@ -64,6 +64,34 @@ type runResult struct {
 	// published, delivered, acked and confirmed through it).
 	ProxyReadsPerMessage  float64 `json:"proxy_reads_per_message,omitempty"`
 	ProxyWritesPerMessage float64 `json:"proxy_writes_per_message,omitempty"`
+	// Whole is the run from the clients' start to the end of the work they left.
+	Whole wholeRun `json:"whole_run"`
+}
+
+// wholeRun measures a run from its first publish to the end of the work it left
+// behind: warm-up, measured time, the drain of outstanding confirms and deliveries, and
+// the settle (the slaves' trimming). The measured window shows the rate a steady load
+// holds; the whole run shows what each message cost in the end, work deferred past the
+// window included.
+type wholeRun struct {
+	Seconds       float64 `json:"seconds"`
+	SettleSeconds float64 `json:"settle_seconds"`
+	Consumed      int64   `json:"consumed"`
+	// CPU time per consumed message, in microseconds: the proxy's process (its
+	// trimmers included) and the brokers'.
+	ProxyCPUPerMessage  float64 `json:"proxy_cpu_us_per_message"`
+	BrokerCPUPerMessage float64 `json:"broker_cpu_us_per_message"`
+}
+
+// measure fills in the whole run between two snapshots.
+func (w *wholeRun) measure(procs watched, from, to cpuSnapshot) {
+	w.Seconds = to.at.Sub(from.at).Seconds()
+	if w.Consumed == 0 {
+		return
+	}
+	use := procs.between(from, to)
+	w.ProxyCPUPerMessage = use.Proxy * w.Seconds / float64(w.Consumed) * 1e6
+	w.BrokerCPUPerMessage = use.Broker * w.Seconds / float64(w.Consumed) * 1e6
 }
 
 func (r runResult) oneLine() string {
@@ -106,6 +134,12 @@ func median(runs []runResult) runResult {
 			Proxy:  pick(func(r runResult) float64 { return r.CPU.Proxy }),
 			Load:   pick(func(r runResult) float64 { return r.CPU.Load }),
 			Other:  pick(func(r runResult) float64 { return r.CPU.Other }),
+		},
+		Whole: wholeRun{
+			Seconds:             pick(func(r runResult) float64 { return r.Whole.Seconds }),
+			SettleSeconds:       pick(func(r runResult) float64 { return r.Whole.SettleSeconds }),
+			ProxyCPUPerMessage:  pick(func(r runResult) float64 { return r.Whole.ProxyCPUPerMessage }),
+			BrokerCPUPerMessage: pick(func(r runResult) float64 { return r.Whole.BrokerCPUPerMessage }),
 		},
 	}
 }
@@ -329,6 +363,15 @@ func proxyCPU(r runResult) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", r.CPU.Proxy)
+}
+
+// wholeProxyCPU is the proxy's CPU per message over the whole run, "-" for rows without a
+// proxy.
+func wholeProxyCPU(r runResult) string {
+	if proxyCPU(r) == "-" {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f µs", r.Whole.ProxyCPUPerMessage)
 }
 
 func ratio(a, b float64) float64 {
