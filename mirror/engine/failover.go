@@ -88,25 +88,40 @@ func (f *failover) backendLost(ev controllink.Event) {
 	}
 	live := f.liveness.live()
 	delete(live, ev.Backend) // whatever the watcher says now, this event is a loss
-	failed, deferred, waiting := false, false, false
 	settling := f.liveness.settlingAfterPause()
-	for _, m := range f.store.List() {
-		f.syncs.cancelTo(m.ID, ev.Backend)
-		var err error
-		switch {
-		case m.Master == ev.Backend && settling:
-			deferred = true
-		case m.Master == ev.Backend:
-			var noLiveSlave bool
-			noLiveSlave, err = f.promote(m.ID, ev, cause, live)
-			waiting = waiting || noLiveSlave
-		case m.SlaveIndex(ev.Backend) >= 0:
-			_, err = f.records.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
-				return mirror.SlaveLost(m, ev.Backend)
-			})
-		}
-		failed = failed || err != nil
+	var (
+		mu                        sync.Mutex
+		failed, deferred, waiting bool
+	)
+	queues := make(chan mirror.QueueMeta)
+	var workers sync.WaitGroup
+	for range lossWorkers {
+		workers.Go(func() {
+			for m := range queues {
+				f.syncs.cancelTo(m.ID, ev.Backend)
+				var err error
+				noLiveSlave, deferredHere := false, false
+				switch {
+				case m.Master == ev.Backend && settling:
+					deferredHere = true
+				case m.Master == ev.Backend:
+					noLiveSlave, err = f.promote(m.ID, ev, cause, live)
+				case m.SlaveIndex(ev.Backend) >= 0:
+					_, err = f.records.update(m.ID, func(m mirror.QueueMeta) (mirror.QueueMeta, bool) {
+						return mirror.SlaveLost(m, ev.Backend)
+					})
+				}
+				mu.Lock()
+				failed, deferred, waiting = failed || err != nil, deferred || deferredHere, waiting || noLiveSlave
+				mu.Unlock()
+			}
+		})
 	}
+	for _, m := range f.store.List() {
+		queues <- m
+	}
+	close(queues)
+	workers.Wait()
 	if deferred {
 		f.log.Info("a master's backend lost soon after this proxy served again; its promotion is left to the other proxies for now", "backend", ev.Backend)
 	}
@@ -119,6 +134,13 @@ func (f *failover) backendLost(ev controllink.Event) {
 		f.retryLoss(ev)
 	}
 }
+
+// lossWorkers is how many queues a backend's loss changes at once. Each
+// change is a write to the metadata log, and raft appends the writes that
+// wait together in one batch: a broker that masters a thousand queues is
+// failed over in a few log writes instead of a thousand in a row, and the
+// consumers of the last queue wait for that much less.
+const lossWorkers = 32
 
 // retryLoss decides a backend's loss again a second from now if the
 // backend is still down then, and waits on while the proxy is paused.
