@@ -12,10 +12,11 @@ import (
 // consumer tag, same client channel, nothing for the client to do, as the
 // seed asks. Consumers declared with x-cancel-on-ha-failover get
 // basic.cancel instead; so do consumers whose queue has no master again
-// within FailoverWait (RabbitMQ cancels the consumers of a queue whose node
-// is down). The deliveries of the lost link are void: their tags carry the
-// old link's generation, so a late ack of one settles nothing; the new
-// master redelivers what clients had not acked, with redelivered set.
+// within FailoverWait and no live synchronised slave left to promote
+// (RabbitMQ cancels the consumers of a queue whose node is down). The
+// deliveries of the lost link are void: their tags carry the old link's
+// generation, so a late ack of one settles nothing; the new master
+// redelivers what clients had not acked, with redelivered set.
 
 // masterCheckInterval is how often a connection with consumers of mirrored
 // queues compares their links with their queues' masters.
@@ -124,11 +125,10 @@ func (c *clientConn) moveConsumers(lost string, orphans []orphan) {
 			return
 		}
 		if time.Now().After(deadline) {
-			for _, o := range orphans {
-				c.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.ID.Name, "consumer", o.tag, "lost", lost)
-				c.cancelConsumer(o)
+			orphans = c.cancelUnpromoted(lost, orphans)
+			if len(orphans) == 0 {
+				return
 			}
-			return
 		}
 		select {
 		case <-c.done:
@@ -136,6 +136,25 @@ func (c *clientConn) moveConsumers(lost string, orphans []orphan) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// cancelUnpromoted cancels the orphans whose queue has no promotion to come
+// and returns the others: those whose lost master a live synchronised slave
+// is yet to replace. The engine promotes the queues of a lost backend a
+// batch at a time, and a broker that masters thousands of queues can take
+// longer than FailoverWait to hand them all over; RabbitMQ keeps such a
+// queue's consumers, which carry on at the new master.
+func (c *clientConn) cancelUnpromoted(lost string, orphans []orphan) []orphan {
+	waiting := orphans[:0]
+	for _, o := range orphans {
+		if meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.ID); ok && meta.Master == lost && c.promotionPending(meta) {
+			waiting = append(waiting, o)
+			continue
+		}
+		c.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.ID.Name, "consumer", o.tag, "lost", lost)
+		c.cancelConsumer(o)
+	}
+	return waiting
 }
 
 // moveConsumer moves one orphan if its queue has a new master.
