@@ -253,6 +253,11 @@ func flushAll(ctx context.Context, nodes []*harness.Node) error {
 
 // awaitCondition polls cond every 5 ms until it holds, fails, or timeout passes.
 func awaitCondition(ctx context.Context, timeout time.Duration, what string, cond func() (bool, error)) error {
+	return awaitConditionEvery(ctx, timeout, 5*time.Millisecond, what, cond)
+}
+
+// awaitConditionEvery polls cond every interval until it holds, fails, or timeout passes.
+func awaitConditionEvery(ctx context.Context, timeout, interval time.Duration, what string, cond func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		ok, err := cond()
@@ -265,7 +270,7 @@ func awaitCondition(ctx context.Context, timeout time.Duration, what string, con
 		if time.Now().After(deadline) {
 			return fmt.Errorf("waited %v for %s", timeout, what)
 		}
-		if !sleepUntil(ctx, time.Now().Add(5*time.Millisecond)) {
+		if !sleepUntil(ctx, time.Now().Add(interval)) {
 			return ctx.Err()
 		}
 	}

@@ -181,6 +181,10 @@ type config struct {
 	// classic_queue.default_version: 2 stores classic queues (and their copies) in
 	// RabbitMQ's second storage format.
 	classicQueueVersion int
+	// scaleQueues and scaleRate are the scale scenario's queues and publishes per
+	// second over all of them.
+	scaleQueues int
+	scaleRate   float64
 
 	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
 	failoverTargets []string
@@ -208,7 +212,7 @@ func parseFlags(args []string) (config, error) {
 	var cfg config
 	var scenarios, targets, idleCounts, mirrored, failover string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
@@ -240,6 +244,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&mirrored, "mirrored-targets", strings.Join(mirroredTargets, ","), "mirrored: comma-separated `list` of rows, in the order of each round: direct (one plain node), amqp-mirror (amqp-mirror serve in front of three plain nodes, ha-mode all), native-ha (RabbitMQ's classic mirroring, ha-mode all, on a three-node cluster), quorum (quorum queues on that cluster), amqp-mirror-baseline (not in the default: -amqp-mirror-baseline-bin's build, like amqp-mirror)")
 	fs.StringVar(&cfg.mirrorBin, "amqp-mirror-bin", "", "mirrored: the amqp-mirror `binary` to run; default: go build of this module into a temporary directory")
 	fs.StringVar(&cfg.mirrorBaselineBin, "amqp-mirror-baseline-bin", "", "mirrored: the amqp-mirror `binary` of row amqp-mirror-baseline (add it to -mirrored-targets), e.g. an older commit's build, measured on the same nodes in the same rounds")
+	fs.IntVar(&cfg.scaleQueues, "scale-queues", 1000, "scale: how many mirrored `queues` to declare")
+	fs.Float64Var(&cfg.scaleRate, "scale-rate", 1000, "scale: persistent messages per second, published to the queues in turn")
 	fs.IntVar(&cfg.classicQueueVersion, "classic-queue-version", 0, "mirrored: set classic_queue.default_version to `n` (1 or 2) in every node's rabbitmq.conf, plain and clustered; 0 leaves the broker's default (1 on 3.10)")
 	fs.StringVar(&cfg.mirrorPerf, "amqp-mirror-perf", "", "mirrored: record each amqp-mirror run's server with `perf record -g` into `file` with the row and server number inserted (/tmp/m.data gives /tmp/m.amqp-mirror.2.data); read with perf report")
 	fs.Float64Var(&cfg.mirroredRate, "mirrored-rate", 0, "mirrored: publish at most `N` messages per second, all publishers together (0: as fast as confirms allow). At a rate every row sustains, the CPU per message compares rows doing the same work, which a shared machine's throughput does not")
@@ -321,8 +327,8 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "report"}, s) {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover or report", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "report"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale or report", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
@@ -375,6 +381,9 @@ func (cfg config) validate() error {
 	}
 	if cfg.prefetch < 0 || cfg.prefetch > 65535 {
 		errs = append(errs, fmt.Errorf("-prefetch must be within 0..65535, got %d", cfg.prefetch))
+	}
+	if cfg.scaleQueues < 1 || cfg.scaleRate <= 0 {
+		errs = append(errs, fmt.Errorf("-scale-queues and -scale-rate must be positive, got %d and %g", cfg.scaleQueues, cfg.scaleRate))
 	}
 	if cfg.classicQueueVersion < 0 || cfg.classicQueueVersion > 2 {
 		errs = append(errs, fmt.Errorf("-classic-queue-version must be 0, 1 or 2, got %d", cfg.classicQueueVersion))
@@ -492,7 +501,9 @@ func run(ctx context.Context, cfg config) error {
 	b := broker{url: cfg.amqpURL}
 	// The mirrored, failover and report scenarios start their own nodes: a run of them
 	// alone needs no other broker.
-	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool { return s != "mirrored" && s != "failover" && s != "report" })
+	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool {
+		return s != "mirrored" && s != "failover" && s != "scale" && s != "report"
+	})
 	if b.url == "" && !onlyMirrored {
 		progress("starting a RabbitMQ node")
 		cluster, err := harness.Start(ctx, harness.Options{Nodes: 1, Logger: logger})
@@ -590,6 +601,13 @@ func run(ctx context.Context, cfg config) error {
 		report.Failover = results
 		if err != nil {
 			return errors.Join(err, report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("scale") {
+		result, err := runScale(ctx, cfg, logger)
+		report.Scale = &result
+		if err != nil {
+			return errors.Join(fmt.Errorf("scale: %w", err), report.print(os.Stdout, cfg))
 		}
 	}
 	if cfg.has("report") {

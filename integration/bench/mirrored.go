@@ -67,6 +67,8 @@ type mirroredBench struct {
 	// a queue's master is with amqp-mirror ctl); serverConfigPath is the last one's config.
 	withAdmin        bool
 	serverConfigPath string
+	// plainOnly starts the plain nodes alone, without the RabbitMQ cluster.
+	plainOnly bool
 }
 
 // declareResult is the rate of one kind of queue.declare on one target.
@@ -148,6 +150,9 @@ func (m *mirroredBench) start(ctx context.Context, logger *slog.Logger) error {
 		m.plain, plainErr = harness.Start(ctx, harness.Options{Names: nodeNames("plain"), Logger: logger, ExtraConfig: extraConfig})
 	})
 	group.Go(func() {
+		if m.plainOnly {
+			return
+		}
 		progress("mirrored: starting a %d-node RabbitMQ cluster", mirroredNodes)
 		m.native, nativeErr = harness.Start(ctx, harness.Options{Names: nodeNames("native"), Logger: logger, ExtraConfig: extraConfig})
 		if nativeErr != nil {

@@ -240,7 +240,9 @@ type report struct {
 	Failover []failoverResult `json:"failover,omitempty"`
 	// Timelines are the report scenario's master kills.
 	Timelines []timelineResult `json:"timelines,omitempty"`
-	Elapsed   string           `json:"elapsed"`
+	// Scale is the scale scenario's outcome.
+	Scale   *scaleResult `json:"scale,omitempty"`
+	Elapsed string       `json:"elapsed"`
 }
 
 func describeConfig(cfg config) map[string]string {
@@ -342,6 +344,9 @@ func (r *report) print(out io.Writer, cfg config) error {
 	}
 	if err := printTimelines(out, r.Timelines); err != nil {
 		return err
+	}
+	if r.Scale != nil {
+		r.Scale.print(out)
 	}
 	if r.Elapsed != "" {
 		fmt.Fprintf(out, "\nbench took %s\n", r.Elapsed)
