@@ -398,9 +398,15 @@ const promotionWait = 10 * time.Second
 // request. It returns the metadata it ends with, and no link when the
 // master stays unreachable.
 func (c *clientConn) reachMaster(ch *channelState, meta mirror.QueueMeta) (mirror.QueueMeta, []*link) {
-	master := c.reach(ch, meta.Master)
-	if len(master) > 0 || !c.promotionPending(meta) {
-		return meta, master
+	// The link to a master's backend counted down a moment ago may still
+	// be open (checkLinks drops it within masterCheckInterval), and a
+	// request sent there is lost with it: with a promotion on its way, the
+	// request waits for the new master instead.
+	pending := c.promotionPending(meta)
+	if !pending || !c.srv.opts.Mirror.BackendDown(meta.Master) {
+		if master := c.reach(ch, meta.Master); len(master) > 0 || !pending {
+			return meta, master
+		}
 	}
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
