@@ -83,7 +83,9 @@
 //     a storm of closed connections.
 //
 // In proxy, by concern: server.go accepts connections; handshake.go opens
-// them; conn.go is the client connection (clientConn) and its teardown;
+// them (opening, the handshake, which hands the connection its home link
+// and its terms); conn.go is the client connection (clientConn) and its
+// teardown;
 // client_loop.go reads the client and dispatches each frame (fromClient),
 // client_methods.go has the handler of each client method it acts on, and
 // route.go, exchanges.go, replyto.go and txemulated.go the routing of queue,
@@ -97,6 +99,15 @@
 // show, through the types' own locks.
 //
 // # Who owns what
+//
+// The handshake (opening) owns what only it needs: the backend it is
+// trying, whether the client has seen connection.start, its deadline, and
+// the terms as they settle. It hands the connection its home link and its
+// terms (user, vhost, frame_max, channel_max, heartbeats, what opens
+// further links), which open sets once under clientConn.mu before the
+// connection serves; from then on they are only read. Until then teardown
+// reaches the handshake only through opening.abort, which closes its
+// backend socket under opening.mu.
 //
 // A channel's state (channelState) is touched by the client loop, by the
 // read loop of every link that serves the channel, and by the failover
@@ -129,13 +140,14 @@
 // Lock order: clientConn.sendMu (the client loop, per frame), then
 // clientConn.orphansMu, then Server.mu, then clientConn.mu, then
 // channelState.outMu, then channelState.mu, then link.mu, then the socket
-// writer's lock (internal/wire). channelState.mu is held over link.mu in one
-// place only, numberCopies, which asks the links whether they were lost (a
-// lost link settles its confirms under the channel's lock); the socket
-// writer's lock is taken under channelState.mu when a crossing close answers
-// its closer at once (clientCloseCrosses, which hands a failed write back
-// to be reported once channelState.mu is released). The socket writer's lock is never
-// held during a system call (the writer releases it around each write), and
+// writer's lock (internal/wire). opening.mu is taken with no other lock
+// held. channelState.mu is held over link.mu in one place only,
+// numberCopies, which asks the links whether they were lost (a lost link
+// settles its confirms under the channel's lock); the socket writer's lock
+// is taken under channelState.mu when a crossing close answers its closer
+// at once (clientCloseCrosses, which hands a failed write back to be
+// reported once channelState.mu is released). The socket writer's lock is
+// never held during a system call (the writer releases it around each write), and
 // nothing else is taken under it; nor under boundaryQueue.mu, which guards
 // the link loops' writes that wait for the client loop to be between
 // messages (boundary.go), nor under declaredQueues.mu (declared.go), nor

@@ -151,7 +151,7 @@ func (c *clientConn) replyQueueMethod(ch *channelState, f frames.Frame, key uint
 	}
 	if len(targets) == 0 {
 		c.closeChannelByProxy(ch, frames.NotFound,
-			fmt.Sprintf("NOT_FOUND - no queue '%s' in vhost '%s'", q.queue, c.vhost), 50, 10)
+			fmt.Sprintf("NOT_FOUND - no queue '%s' in vhost '%s'", q.queue, c.terms.vhost), 50, 10)
 		return nil
 	}
 	c.sendTo(ch, f, nil, targets, wantReply)

@@ -206,7 +206,7 @@ func (c *clientConn) locate(name string) (mirror.QueueMeta, bool) {
 		// No backend holds it; a passive declare of it would count as found.
 		return mirror.QueueMeta{}, false
 	}
-	id := mirror.QueueID{VHost: c.vhost, Name: name}
+	id := mirror.QueueID{VHost: c.terms.vhost, Name: name}
 	if m, ok := c.srv.opts.Mirror.Lookup(id); ok {
 		return m, true
 	}
@@ -262,7 +262,7 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		c.sendTo(ch, f, after, home, wantReply)
 		return nil
 	}
-	id := mirror.QueueID{VHost: c.vhost, Name: q.queue}
+	id := mirror.QueueID{VHost: c.terms.vhost, Name: q.queue}
 	meta, found := c.locate(q.queue)
 	if !found {
 		if key != frames.QueueDeclareKey || q.passive {
@@ -464,7 +464,7 @@ func slaveNames(m mirror.QueueMeta) []string {
 func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod, wantReply bool) error {
 	d := q.declare
 	meta := mirror.QueueMeta{
-		ID:         mirror.QueueID{VHost: c.vhost, Name: q.queue},
+		ID:         mirror.QueueID{VHost: c.terms.vhost, Name: q.queue},
 		Durable:    d.Durable,
 		AutoDelete: d.AutoDelete,
 		Arguments:  encodeTable(d.Arguments),
@@ -784,7 +784,7 @@ func (c *clientConn) queueRoute(ch *channelState, p *frames.BasicPublish) *publi
 		return c.replyRoute(ch, p)
 	}
 	r := &ch.route
-	meta, found := c.srv.opts.Mirror.Lookup(mirror.QueueID{VHost: c.vhost, Name: p.RoutingKey})
+	meta, found := c.srv.opts.Mirror.Lookup(mirror.QueueID{VHost: c.terms.vhost, Name: p.RoutingKey})
 	if r.targets != nil && r.exchange == "" && r.key == p.RoutingKey && r.confirming == ch.confirming.Load() &&
 		r.links == c.linkChanges.Load() && found && meta.Version == r.version {
 		return r
@@ -844,7 +844,7 @@ func (c *clientConn) exchangeRoute(ch *channelState, p *frames.BasicPublish, hea
 	route := mirror.Route{All: true}
 	keep := !hasCC
 	if table != nil {
-		msg := mirror.RoutedMessage{VHost: c.vhost, Exchange: p.Exchange, RoutingKey: p.RoutingKey}
+		msg := mirror.RoutedMessage{VHost: c.terms.vhost, Exchange: p.Exchange, RoutingKey: p.RoutingKey}
 		if hasCC {
 			msg.Headers, msg.HeadersKnown = decodeHeaders(headers)
 		}
