@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -54,12 +53,10 @@ type clientConn struct {
 	// homeSlice is the same as a one-element target list.
 	home      atomic.Pointer[link]
 	homeSlice atomic.Pointer[[]*link]
-	// Client read loop only: identities of published messages (a random
-	// prefix per connection and a counter), and scratch.
-	idPrefix      mirror.MessageID
-	messageSeq    uint64
-	headerScratch []byte
-	trimIDs       []mirror.MessageID
+	// Client read loop only: the identities of published messages, and
+	// scratch for trim.
+	identities identities
+	trimIDs    []mirror.MessageID
 	// unrecorded remembers where exclusive queues of other connections
 	// are (see locate).
 	unrecorded map[string]mirror.QueueMeta
@@ -142,7 +139,7 @@ func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 	}
 	c.ctx, c.cancelCtx = context.WithCancel(context.Background())
 	if srv.opts.Mirror != nil {
-		rand.Read(c.idPrefix[:8])
+		c.identities = newIdentities()
 	}
 	c.log = srv.log.With("conn", id, "client", conn.RemoteAddr().String())
 	c.opening = newOpening(c.ctx, srv, c.client, c.log)

@@ -83,20 +83,21 @@
 //     a storm of closed connections.
 //
 // In proxy, by concern: server.go accepts connections; handshake.go opens
-// them (opening, the handshake, which hands the connection its home link
-// and its terms); conn.go is the client connection (clientConn) and its
-// teardown;
-// client_loop.go reads the client and dispatches each frame (fromClient),
-// client_methods.go has the handler of each client method it acts on, and
-// route.go, exchanges.go, replyto.go and txemulated.go the routing of queue,
-// exchange, reply-to and transactional traffic; link.go is a backend link
-// (link) and its read loop, backend_loop.go what that loop does with each
-// frame, delivery.go the assembly of messages; rpc.go matches replies to
-// requests; channel.go is a client channel (channelState) and
-// channel_table.go the lock-free table of them; chanclose.go closes
-// channels; failover.go and lostcopies.go handle lost links and moved
-// masters; views.go copies what ctl list_connections and list_consumers
-// show, through the types' own locks.
+// them (opening, the handshake, which hands the connection its home link and
+// its terms); conn.go is the client connection (clientConn) and its
+// teardown; client_loop.go reads the client and dispatches each frame
+// (fromClient), client_methods.go has the handler of each client method it
+// acts on, and route.go, exchanges.go, replyto.go and txemulated.go the
+// routing of queue, exchange, reply-to and transactional traffic; link.go is
+// a backend link (link) and its read loop, backend_loop.go what that loop
+// does with each frame, delivery.go the assembly of messages, identity.go
+// the identity header a mirrored message carries between publish and
+// delivery (identities stamps it); rpc.go matches replies to requests;
+// channel.go is a client channel (channelState) and channel_table.go the
+// lock-free table of them; chanclose.go closes channels; failover.go and
+// lostcopies.go handle lost links and moved masters; views.go copies what
+// ctl list_connections and list_consumers show, through the types' own
+// locks.
 //
 // # Who owns what
 //
@@ -128,8 +129,9 @@
 //     closing, the replies it owes) and whether the link is lost or closed;
 //     its methods are in link.go.
 //   - The fields of channelState marked "client read loop only" (the publish
-//     in progress, qos, decode scratch) and a link's decode scratch belong
-//     to one goroutine and have no lock.
+//     in progress, qos, decode scratch), those of clientConn (identities,
+//     which numbers the published messages, and scratch) and a link's
+//     decode scratch belong to one goroutine and have no lock.
 //
 // One lock is still taken outside its type's methods: channelState.outMu,
 // which whoever writes to the client on a channel holds, so that a

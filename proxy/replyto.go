@@ -115,7 +115,7 @@ func containsLink(links []*link, l *link) bool {
 // nowhere when none does. A name that does not decode goes to the home
 // broker, which answers it as it would without the proxy.
 func (c *clientConn) replyRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
-	r := c.newRoute(ch, p)
+	r := ch.route.begin(p, ch.confirming.Load())
 	node, ok := mirror.ReplyToNode(p.RoutingKey)
 	if !ok {
 		return c.decided(r, c.homeOnly(), false)
