@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -26,48 +25,38 @@ import (
 // opposite socket; see socket for how writes are shared, and the package
 // documentation for the lock order.
 type clientConn struct {
-	srv     *Server
-	id      uint64
-	log     *slog.Logger
-	client  *wire.Socket
-	backend *wire.Socket // the home link's socket; nil until the handshake dialled it
-	// homeIdx is the backend the handshake chose as home (connectHome);
-	// the handshake's goroutine sets it before open returns.
-	homeIdx int
+	srv    *Server
+	id     uint64
+	log    *slog.Logger
+	client *wire.Socket
+	// backend is the socket of the link the handshake opened, set once the
+	// connection serves; with one backend it is the only link's, which
+	// flushLinks flushes without looking the link up.
+	backend *wire.Socket
 
 	// ctx ends with the connection; calls to the engine run under it.
 	ctx       context.Context
 	cancelCtx context.CancelFunc
 
+	// opening is the handshake until the connection serves (open); nil
+	// after, under mu.
+	opening *opening
+	// terms and channels are what the handshake settled, set before the
+	// connection serves and only read after.
+	terms    terms
 	channels *channelTable
-	// Negotiated at tune.
-	frameMax         uint32
-	clientHeartbeat  time.Duration
-	backendHeartbeat time.Duration
-	user, vhost      string
-	// startRelayed is set once the client has seen connection.start.
-	startRelayed bool
 	// started is when the client connected.
 	started time.Time
-	// What opens further links: the client's start-ok (its credentials)
-	// and connection.open, and the negotiated channel_max.
-	startOk, openPayload []byte
-	channelMax           uint16
-	// cancelNotify: the client announced consumer_cancel_notify, so it may
-	// be sent basic.cancel (failover.go); RabbitMQ sends it only then.
-	cancelNotify bool
 	// home is the home link: where channel 0 and anything without a place
 	// of its own goes. It is the link the handshake opened until that link
 	// is lost; with mirroring, another link then becomes home (rehome).
 	// homeSlice is the same as a one-element target list.
 	home      atomic.Pointer[link]
 	homeSlice atomic.Pointer[[]*link]
-	// Client read loop only: identities of published messages (a random
-	// prefix per connection and a counter), and scratch.
-	idPrefix      mirror.MessageID
-	messageSeq    uint64
-	headerScratch []byte
-	trimIDs       []mirror.MessageID
+	// Client read loop only: the identities of published messages, and
+	// scratch for trim.
+	identities identities
+	trimIDs    []mirror.MessageID
 	// unrecorded remembers where exclusive queues of other connections
 	// are (see locate).
 	unrecorded map[string]mirror.QueueMeta
@@ -92,11 +81,9 @@ type clientConn struct {
 	// reason and detail say why the connection ended (or is ending).
 	reason CloseReason
 	detail string
-	// opened is when the handshake finished; zero before.
+	// opened is when the handshake finished; zero before. From then on the
+	// home link's read loop owns closing the home link's socket.
 	opened time.Time
-	// backendLoopRunning is set once the backend read loop started: from
-	// then on it owns closing the backend socket.
-	backendLoopRunning bool
 	// backendClosed is set when the backend connection ended its close
 	// handshake, so teardown need not send connection.close to it.
 	backendClosed bool
@@ -152,9 +139,10 @@ func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 	}
 	c.ctx, c.cancelCtx = context.WithCancel(context.Background())
 	if srv.opts.Mirror != nil {
-		rand.Read(c.idPrefix[:8])
+		c.identities = newIdentities()
 	}
 	c.log = srv.log.With("conn", id, "client", conn.RemoteAddr().String())
+	c.opening = newOpening(c.ctx, srv, c.client, c.log)
 	return c
 }
 
@@ -165,25 +153,41 @@ func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 // then waits for frames for hours would keep, for each connection.
 func (c *clientConn) open() (ok bool, reason CloseReason) {
 	c.started = time.Now()
-	if err := c.handshake(); err != nil {
+	o := c.opening
+	opened, err := o.handshake()
+	if err != nil {
+		var refused *unavailableError
+		if errors.As(err, &refused) {
+			// The client was told the backend is unavailable: that is
+			// why the connection ended, whatever tore it down meanwhile.
+			c.mu.Lock()
+			c.reason, c.detail = ReasonBackendUnavailable, err.Error()
+			c.mu.Unlock()
+		}
 		c.teardown(ReasonHandshakeFailed, err.Error())
 		c.wait()
 		reason, detail := c.outcome()
 		c.log.Info("connection refused", "reason", reason.String(), "detail", detail,
-			"user", c.user, "vhost", c.vhost, "duration", time.Since(c.started).Round(time.Millisecond))
+			"user", o.terms.user, "vhost", o.terms.vhost, "duration", time.Since(c.started).Round(time.Millisecond))
 		return false, reason
 	}
-	home := newLink(c.homeIdx, c.srv.backends[c.homeIdx].Name, 1, c.backend)
+	home := opened.home
 	c.mu.Lock()
+	c.terms = opened.terms
+	c.channels = newChannelTable(opened.terms.channelMax)
+	c.backend = home.sock
+	if opened.failedAt != nil {
+		copy(c.linkFailedAt, opened.failedAt)
+	}
 	c.opened = time.Now()
-	c.backendLoopRunning = true
-	c.links[c.homeIdx] = home
-	c.linkGens[c.homeIdx] = 1
+	c.opening = nil
+	c.links[home.idx] = home
+	c.linkGens[home.idx] = 1
 	c.setHome(home)
 	c.mu.Unlock()
-	c.log = c.log.With("user", c.user, "vhost", c.vhost)
+	c.log = c.log.With("user", c.terms.user, "vhost", c.terms.vhost)
 	c.log.Info("connection opened", "backend", home.name,
-		"frame_max", c.frameMax, "heartbeat", c.clientHeartbeat)
+		"frame_max", c.terms.frameMax, "heartbeat", c.terms.clientHeartbeat)
 	return true, ReasonUnknown
 }
 
@@ -272,22 +276,25 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	if c.closeTimer != nil {
 		c.closeTimer.Stop()
 	}
-	// Only the backend loop can read the backend's close-ok; before it
-	// runs (a failed handshake) the socket is simply closed.
-	backend := c.backend // the handshake's socket, under mu
-	if home := c.home.Load(); home != nil {
-		backend = home.sock
-	}
-	sayGoodbye := backend != nil && !c.backendClosed && c.backendLoopRunning
+	// Only the home link's read loop can read the backend's close-ok;
+	// before the connection serves (a handshake in progress or failed)
+	// the handshake's socket is simply closed.
+	pending := c.opening
+	home := c.home.Load()
+	sayGoodbye := home != nil && !c.backendClosed
 	c.mu.Unlock()
 
 	close(c.done)
 	c.cancelCtx()
 	c.client.Conn().Close()
 	c.closeLinks(reason)
-	if backend == nil {
+	if home == nil {
+		if pending != nil {
+			pending.abort(reason == ReasonPaused)
+		}
 		return
 	}
+	backend := home.sock
 	if !sayGoodbye || reason == ReasonPaused {
 		if reason == ReasonPaused {
 			resetOnClose(backend.Conn()) // as closeLinks does
@@ -358,21 +365,11 @@ func (c *clientConn) backendLost(err error) {
 	// Close the socket only after the close began, so that the backend
 	// loop's read error, which follows, does not replace this reason.
 	c.closeClient(ReasonBackendLost, frames.ConnectionForced, text, 0, 0)
-	if home := c.home.Load(); home != nil {
-		home.sock.Conn().Close()
-	} else {
-		c.backend.Conn().Close()
-	}
+	c.home.Load().sock.Conn().Close()
 }
 
-// homeName names the home backend: the home link's, or during the
-// handshake the backend it is talking to.
-func (c *clientConn) homeName() string {
-	if home := c.home.Load(); home != nil {
-		return home.name
-	}
-	return c.srv.backends[c.homeIdx].Name
-}
+// homeName names the home backend.
+func (c *clientConn) homeName() string { return c.home.Load().name }
 
 // errMissedHeartbeats is how the heartbeat checks report a silent backend.
 var errMissedHeartbeats = errors.New("missed heartbeats")
@@ -420,10 +417,10 @@ func (c *clientConn) protocolError(fe *frames.Error) {
 // for it while it waits (thousands of idle connections, one stack fewer
 // each). stop returns once no check runs and none will.
 func (c *clientConn) startHeartbeats() (stop func()) {
-	if c.clientHeartbeat <= 0 && c.backendHeartbeat <= 0 {
+	if c.terms.clientHeartbeat <= 0 && c.terms.backendHeartbeat <= 0 {
 		return func() {}
 	}
-	tick := minPositive(c.clientHeartbeat, c.backendHeartbeat) / 4
+	tick := minPositive(c.terms.clientHeartbeat, c.terms.backendHeartbeat) / 4
 	var (
 		mu      sync.Mutex
 		stopped bool
@@ -468,14 +465,14 @@ func (c *clientConn) heartbeatCheck(now time.Time) bool {
 		return false
 	default:
 	}
-	if hb := c.clientHeartbeat; hb > 0 {
+	if hb := c.terms.clientHeartbeat; hb > 0 {
 		c.client.HeartbeatIfIdle(now, hb/2)
 		if silent := c.client.SilentFor(now); silent > hb*3/2 {
 			c.teardown(ReasonMissedHeartbeats, fmt.Sprintf("missed heartbeats from client, timeout: %s", hb))
 			return false
 		}
 	}
-	if hb := c.backendHeartbeat; hb > 0 {
+	if hb := c.terms.backendHeartbeat; hb > 0 {
 		for i := range c.links {
 			l := c.linkAt(i)
 			if l == nil {

@@ -93,13 +93,13 @@ func (s *Server) UnrecordedQueues(vhost string) []mirror.UnrecordedQueue {
 	var out []mirror.UnrecordedQueue
 	for _, c := range conns {
 		// vhost is set by the handshake, before opened (under c.mu).
-		if !c.isOpen() || vhost != "" && c.vhost != vhost {
+		if !c.isOpen() || vhost != "" && c.terms.vhost != vhost {
 			continue
 		}
 		c.mu.Lock()
 		links := append([]*link(nil), c.links...)
 		c.mu.Unlock()
-		out = c.declared.appendLive(c.vhost, links, out)
+		out = c.declared.appendLive(c.terms.vhost, links, out)
 	}
 	return out
 }

@@ -83,20 +83,32 @@
 //     a storm of closed connections.
 //
 // In proxy, by concern: server.go accepts connections; handshake.go opens
-// them; conn.go is the client connection (clientConn) and its teardown;
-// client_loop.go reads the client and dispatches each frame (fromClient),
-// client_methods.go has the handler of each client method it acts on, and
-// route.go, exchanges.go, replyto.go and txemulated.go the routing of queue,
-// exchange, reply-to and transactional traffic; link.go is a backend link
-// (link) and its read loop, backend_loop.go what that loop does with each
-// frame, delivery.go the assembly of messages; rpc.go matches replies to
-// requests; channel.go is a client channel (channelState) and
-// channel_table.go the lock-free table of them; chanclose.go closes
-// channels; failover.go and lostcopies.go handle lost links and moved
-// masters; views.go copies what ctl list_connections and list_consumers
-// show, through the types' own locks.
+// them (opening, the handshake, which hands the connection its home link and
+// its terms); conn.go is the client connection (clientConn) and its
+// teardown; client_loop.go reads the client and dispatches each frame
+// (fromClient), client_methods.go has the handler of each client method it
+// acts on, and route.go, exchanges.go, replyto.go and txemulated.go the
+// routing of queue, exchange, reply-to and transactional traffic; link.go is
+// a backend link (link) and its read loop, backend_loop.go what that loop
+// does with each frame, delivery.go the assembly of messages, identity.go
+// the identity header a mirrored message carries between publish and
+// delivery (identities stamps it); rpc.go matches replies to requests;
+// channel.go is a client channel (channelState) and channel_table.go the
+// lock-free table of them; chanclose.go closes channels; failover.go and
+// lostcopies.go handle lost links and moved masters; views.go copies what
+// ctl list_connections and list_consumers show, through the types' own
+// locks.
 //
 // # Who owns what
+//
+// The handshake (opening) owns what only it needs: the backend it is
+// trying, whether the client has seen connection.start, its deadline, and
+// the terms as they settle. It hands the connection its home link and its
+// terms (user, vhost, frame_max, channel_max, heartbeats, what opens
+// further links), which open sets once under clientConn.mu before the
+// connection serves; from then on they are only read. Until then teardown
+// reaches the handshake only through opening.abort, which closes its
+// backend socket under opening.mu.
 //
 // A channel's state (channelState) is touched by the client loop, by the
 // read loop of every link that serves the channel, and by the failover
@@ -117,8 +129,9 @@
 //     closing, the replies it owes) and whether the link is lost or closed;
 //     its methods are in link.go.
 //   - The fields of channelState marked "client read loop only" (the publish
-//     in progress, qos, decode scratch) and a link's decode scratch belong
-//     to one goroutine and have no lock.
+//     in progress, qos, decode scratch), those of clientConn (identities,
+//     which numbers the published messages, and scratch) and a link's
+//     decode scratch belong to one goroutine and have no lock.
 //
 // One lock is still taken outside its type's methods: channelState.outMu,
 // which whoever writes to the client on a channel holds, so that a
@@ -129,13 +142,14 @@
 // Lock order: clientConn.sendMu (the client loop, per frame), then
 // clientConn.orphansMu, then Server.mu, then clientConn.mu, then
 // channelState.outMu, then channelState.mu, then link.mu, then the socket
-// writer's lock (internal/wire). channelState.mu is held over link.mu in one
-// place only, numberCopies, which asks the links whether they were lost (a
-// lost link settles its confirms under the channel's lock); the socket
-// writer's lock is taken under channelState.mu when a crossing close answers
-// its closer at once (clientCloseCrosses, which hands a failed write back
-// to be reported once channelState.mu is released). The socket writer's lock is never
-// held during a system call (the writer releases it around each write), and
+// writer's lock (internal/wire). opening.mu is taken with no other lock
+// held. channelState.mu is held over link.mu in one place only,
+// numberCopies, which asks the links whether they were lost (a lost link
+// settles its confirms under the channel's lock); the socket writer's lock
+// is taken under channelState.mu when a crossing close answers its closer
+// at once (clientCloseCrosses, which hands a failed write back to be
+// reported once channelState.mu is released). The socket writer's lock is
+// never held during a system call (the writer releases it around each write), and
 // nothing else is taken under it; nor under boundaryQueue.mu, which guards
 // the link loops' writes that wait for the client loop to be between
 // messages (boundary.go), nor under declaredQueues.mu (declared.go), nor

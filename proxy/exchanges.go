@@ -29,7 +29,7 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 		if d.Passive || d.Exchange == "" {
 			break
 		}
-		id := mirror.ExchangeID{VHost: c.vhost, Name: d.Exchange}
+		id := mirror.ExchangeID{VHost: c.terms.vhost, Name: d.Exchange}
 		if known, ok := m.LookupExchange(id); ok && known.Type != "" {
 			break // declared through a proxy before: the record holds
 		}
@@ -61,7 +61,7 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 		record = func() error {
 			ctx, cancel := c.mirrorContext()
 			defer cancel()
-			m.ExchangeDeleted(ctx, mirror.ExchangeID{VHost: c.vhost, Name: d.Exchange})
+			m.ExchangeDeleted(ctx, mirror.ExchangeID{VHost: c.terms.vhost, Name: d.Exchange})
 			return nil
 		}
 	case frames.ExchangeBindKey, frames.ExchangeUnbindKey:
@@ -86,7 +86,7 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 		record = func() error {
 			ctx, cancel := c.mirrorContext()
 			defer cancel()
-			err := m.ExchangeBound(ctx, mirror.ExchangeID{VHost: c.vhost, Name: source}, b, bound)
+			err := m.ExchangeBound(ctx, mirror.ExchangeID{VHost: c.terms.vhost, Name: source}, b, bound)
 			if !bound {
 				return nil // left in the log, a removed binding only widens routes
 			}
@@ -122,7 +122,7 @@ func (c *clientConn) boundUnrecorded(exchange, backend string) error {
 	}
 	ctx, cancel := c.mirrorContext()
 	defer cancel()
-	return c.srv.opts.Mirror.BoundUnrecorded(ctx, mirror.ExchangeID{VHost: c.vhost, Name: exchange}, backend)
+	return c.srv.opts.Mirror.BoundUnrecorded(ctx, mirror.ExchangeID{VHost: c.terms.vhost, Name: exchange}, backend)
 }
 
 // bindingNotRecorded closes the channel of a binding the brokers made but

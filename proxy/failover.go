@@ -220,7 +220,7 @@ func (c *clientConn) cancelConsumer(o orphan) {
 	if !o.ch.dropOrphan(o.tag) {
 		return // the client cancelled it itself
 	}
-	if !c.cancelNotify {
+	if !c.terms.cancelNotify {
 		// Without consumer_cancel_notify the client is not told, as
 		// RabbitMQ does not tell it: its consumer just gets nothing more.
 		return

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -17,6 +19,133 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
+
+// opening is a client connection's handshake, from the client's protocol
+// header to connection.open-ok: it chooses the home backend, relays the
+// login and the vhost, and settles the connection's terms. It runs on the
+// connection's goroutine before the connection serves, and hands what it
+// established to the connection (established); teardown may abort it from
+// another goroutine.
+type opening struct {
+	srv    *Server
+	client *wire.Socket
+	log    *slog.Logger
+	// ctx ends with the connection: it cancels a dial in progress.
+	ctx context.Context
+	// deadline bounds the whole handshake (HandshakeTimeout).
+	deadline time.Time
+	// startRelayed is set once the client has seen connection.start.
+	startRelayed bool
+	// homeIdx is the backend the handshake talks to (connectHome).
+	homeIdx int
+	// terms are what the handshake settled so far.
+	terms terms
+	// failedAt is when each backend that could not be home failed, by
+	// backend index; nil until one failed.
+	failedAt []time.Time
+
+	// mu guards backend and aborted, which teardown reaches from another
+	// goroutine; the handshake's goroutine, the only one to set backend,
+	// reads it without the lock.
+	mu sync.Mutex
+	// backend is the socket to the home backend; nil until dialled.
+	backend *wire.Socket
+	// aborted is set once the connection ended: no socket may open after.
+	aborted bool
+}
+
+// terms are what a connection's handshake settled, set once before the
+// connection serves and only read after: who the client is and where, the
+// limits both legs keep, and what opens further links.
+type terms struct {
+	user, vhost      string
+	frameMax         uint32
+	channelMax       uint16
+	clientHeartbeat  time.Duration
+	backendHeartbeat time.Duration
+	// startOk and openPayload are the client's start-ok (its credentials)
+	// and connection.open, kept with mirroring to open further links.
+	startOk, openPayload []byte
+	// cancelNotify: the client announced consumer_cancel_notify, so it may
+	// be sent basic.cancel (failover.go); RabbitMQ sends it only then.
+	cancelNotify bool
+}
+
+// established is what a finished handshake hands the connection.
+type established struct {
+	home  *link
+	terms terms
+	// failedAt is when backends tried before home failed, by backend
+	// index; nil when none did.
+	failedAt []time.Time
+}
+
+// unavailableError is a handshake refused for want of a backend, which
+// refuse tells the client with 320 CONNECTION_FORCED.
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string { return e.err.Error() }
+func (e *unavailableError) Unwrap() error { return e.err }
+
+func newOpening(ctx context.Context, srv *Server, client *wire.Socket, log *slog.Logger) *opening {
+	return &opening{srv: srv, client: client, log: log, ctx: ctx}
+}
+
+// holdBackend makes sock the handshake's backend socket, which abort
+// closes. It reports false, having closed sock, when the connection ended
+// meanwhile.
+func (o *opening) holdBackend(sock *wire.Socket) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.aborted {
+		sock.Conn().Close()
+		return false
+	}
+	o.backend = sock
+	return true
+}
+
+// dropBackend closes the backend socket, when there is one, and forgets
+// it: the backend cannot be home, or the handshake ends without it.
+func (o *opening) dropBackend() {
+	o.mu.Lock()
+	sock := o.backend
+	o.backend = nil
+	o.mu.Unlock()
+	if sock != nil {
+		sock.Conn().Close()
+	}
+}
+
+// abort ends the handshake from teardown: the backend socket closes (with
+// a TCP reset if reset is set, as for a paused proxy's links), and none
+// opens after.
+func (o *opening) abort(reset bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.aborted = true
+	if o.backend == nil {
+		return
+	}
+	if reset {
+		resetOnClose(o.backend.Conn())
+	}
+	o.backend.Conn().Close()
+}
+
+// isAborted reports whether the connection ended: its context, which
+// teardown cancels first, or abort, which comes after.
+func (o *opening) isAborted() bool {
+	if o.ctx.Err() != nil {
+		return true
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.aborted
+}
+
+// backendName names the backend the handshake talks to.
+func (o *opening) backendName() string { return o.srv.backends[o.homeIdx].Name }
 
 // handshake takes the client from its protocol header to connection.open-ok.
 // The backend does the authentication: the proxy relays connection.start
@@ -27,106 +156,108 @@ import (
 // heartbeats run on each leg independently.
 //
 // The whole handshake is bounded by HandshakeTimeout through socket deadlines.
-func (c *clientConn) handshake() error {
-	deadline := time.Now().Add(c.srv.opts.HandshakeTimeout)
-	c.client.Conn().SetDeadline(deadline)
+func (o *opening) handshake() (established, error) {
+	o.deadline = time.Now().Add(o.srv.opts.HandshakeTimeout)
+	o.client.Conn().SetDeadline(o.deadline)
 
-	if err := c.client.ReadProtocolHeader(); err != nil {
+	if err := o.client.ReadProtocolHeader(); err != nil {
 		var fe *frames.Error
 		if errors.As(err, &fe) {
 			// As the spec says: answer with the header we speak, then close.
-			c.client.SendProtocolHeader()
+			o.client.SendProtocolHeader()
 		}
-		return fmt.Errorf("reading protocol header: %w", err)
+		return established{}, fmt.Errorf("reading protocol header: %w", err)
 	}
 
-	f, err := c.connectHome(deadline)
+	f, err := o.connectHome()
 	if err != nil {
-		return err
+		return established{}, err
 	}
 	// connection.start, relayed as the home backend sent it.
-	if err := c.client.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-		return err
+	if err := o.client.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+		return established{}, err
 	}
-	c.startRelayed = true
+	o.startRelayed = true
 
-	tune, err := c.authenticate()
+	tune, err := o.authenticate()
 	if err != nil {
-		return err
+		return established{}, err
 	}
-	channelMax, err := c.tune(tune)
-	if err != nil {
-		return err
+	if err := o.tune(tune); err != nil {
+		return established{}, err
 	}
-	if err := c.openVHost(channelMax); err != nil {
-		return err
+	if err := o.openVHost(); err != nil {
+		return established{}, err
 	}
-	c.client.Conn().SetDeadline(time.Time{})
-	c.backend.Conn().SetDeadline(time.Time{})
-	return nil
+	o.client.Conn().SetDeadline(time.Time{})
+	o.backend.Conn().SetDeadline(time.Time{})
+	return established{
+		home:     newLink(o.homeIdx, o.backendName(), 1, o.backend),
+		terms:    o.terms,
+		failedAt: o.failedAt,
+	}, nil
 }
 
 // authenticate relays the SASL exchange, start-ok and then any number of
 // secure / secure-ok rounds, and returns the backend's connection.tune,
 // which ends it.
-func (c *clientConn) authenticate() (frames.ConnectionTune, error) {
+func (o *opening) authenticate() (frames.ConnectionTune, error) {
 	var tune frames.ConnectionTune
-	f, err := c.expectClient(frames.ConnectionStartOkKey)
+	f, err := o.expectClient(frames.ConnectionStartOkKey)
 	if err != nil {
 		return tune, err
 	}
 	var startOk frames.ConnectionStartOk
 	if err := decodeArgs(f.Payload, &startOk); err != nil {
-		return tune, c.clientSyntaxError(err)
+		return tune, o.clientSyntaxError(err)
 	}
-	c.user = saslUser(startOk.Mechanism, startOk.Response)
-	if c.srv.opts.Mirror != nil {
-		c.startOk = append([]byte(nil), f.Payload...)
-		c.cancelNotify = capability(startOk.ClientProperties, "consumer_cancel_notify")
+	o.terms.user = saslUser(startOk.Mechanism, startOk.Response)
+	if o.srv.opts.Mirror != nil {
+		o.terms.startOk = append([]byte(nil), f.Payload...)
+		o.terms.cancelNotify = capability(startOk.ClientProperties, "consumer_cancel_notify")
 	}
-	if err := c.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-		return tune, c.refuseUnavailable(err)
+	if err := o.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+		return tune, o.refuseUnavailable(err)
 	}
 	for {
-		f, err = c.readBackendHandshake()
+		f, err = o.readBackendHandshake()
 		if err != nil {
 			if backendHungUp(err) {
-				return tune, c.loginDropped(err)
+				return tune, o.loginDropped(err)
 			}
-			return tune, c.refuseUnavailable(err)
+			return tune, o.refuseUnavailable(err)
 		}
 		classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
 		switch frames.MethodKey(classID, methodID) {
 		case frames.ConnectionSecureKey:
-			if err := c.client.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+			if err := o.client.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
 				return tune, err
 			}
-			f, err = c.expectClient(frames.ConnectionSecureOkKey)
+			f, err = o.expectClient(frames.ConnectionSecureOkKey)
 			if err != nil {
 				return tune, err
 			}
-			if err := c.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-				return tune, c.refuseUnavailable(err)
+			if err := o.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+				return tune, o.refuseUnavailable(err)
 			}
 			continue
 		case frames.ConnectionTuneKey:
 			if err := decodeArgs(f.Payload, &tune); err != nil {
-				return tune, c.refuseUnavailable(err)
+				return tune, o.refuseUnavailable(err)
 			}
 		case frames.ConnectionCloseKey: // authentication refused
-			return tune, c.relayBackendRefusal(f.Payload)
+			return tune, o.relayBackendRefusal(f.Payload)
 		default:
-			return tune, c.refuseUnavailable(fmt.Errorf("backend sent %s during the handshake", frames.MethodName(classID, methodID)))
+			return tune, o.refuseUnavailable(fmt.Errorf("backend sent %s during the handshake", frames.MethodName(classID, methodID)))
 		}
 		return tune, nil
 	}
 }
 
-// tune offers the client the backend's tune within the proxy's limits,
-// settles both legs on the client's answer, and returns the channel_max
-// agreed.
-func (c *clientConn) tune(tune frames.ConnectionTune) (uint16, error) {
-	opts := &c.srv.opts
+// tune offers the client the backend's tune within the proxy's limits and
+// settles both legs on the client's answer.
+func (o *opening) tune(tune frames.ConnectionTune) error {
+	opts := &o.srv.opts
 	offer := frames.ConnectionTune{
 		ChannelMax: capLimit16(tune.ChannelMax, opts.ChannelMax),
 		FrameMax:   capLimit32(tune.FrameMax, opts.FrameMax),
@@ -134,71 +265,69 @@ func (c *clientConn) tune(tune frames.ConnectionTune) (uint16, error) {
 		// proxy what it would negotiate directly.
 		Heartbeat: tune.Heartbeat,
 	}
-	if err := c.client.SendMethod(0, &offer); err != nil {
-		return 0, err
+	if err := o.client.SendMethod(0, &offer); err != nil {
+		return err
 	}
-	f, err := c.expectClient(frames.ConnectionTuneOkKey)
+	f, err := o.expectClient(frames.ConnectionTuneOkKey)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	var tuneOk frames.ConnectionTuneOk
 	if err := decodeArgs(f.Payload, &tuneOk); err != nil {
-		return 0, c.clientSyntaxError(err)
+		return o.clientSyntaxError(err)
 	}
-	if err := c.negotiate(offer, &tuneOk); err != nil {
-		return 0, err
+	if err := o.negotiate(offer, &tuneOk); err != nil {
+		return err
 	}
 	backendTuneOk := frames.ConnectionTuneOk{
 		ChannelMax: tuneOk.ChannelMax,
 		FrameMax:   tuneOk.FrameMax,
-		Heartbeat:  uint16(c.backendHeartbeat / time.Second),
+		Heartbeat:  uint16(o.terms.backendHeartbeat / time.Second),
 	}
-	if err := c.backend.SendMethod(0, &backendTuneOk); err != nil {
-		return 0, c.refuseUnavailable(err)
+	if err := o.backend.SendMethod(0, &backendTuneOk); err != nil {
+		return o.refuseUnavailable(err)
 	}
-	c.client.SetMaxFrameSize(c.frameMax)
-	c.backend.SetMaxFrameSize(c.frameMax)
-	c.channels = newChannelTable(tuneOk.ChannelMax)
-	return tuneOk.ChannelMax, nil
+	o.client.SetMaxFrameSize(o.terms.frameMax)
+	o.backend.SetMaxFrameSize(o.terms.frameMax)
+	return nil
 }
 
 // openVHost relays connection.open: the backend checks the vhost and the
 // user's access.
-func (c *clientConn) openVHost(channelMax uint16) error {
-	f, err := c.expectClient(frames.ConnectionOpenKey)
+func (o *opening) openVHost() error {
+	f, err := o.expectClient(frames.ConnectionOpenKey)
 	if err != nil {
 		return err
 	}
 	var open frames.ConnectionOpen
 	if err := decodeArgs(f.Payload, &open); err != nil {
-		return c.clientSyntaxError(err)
+		return o.clientSyntaxError(err)
 	}
-	c.vhost = open.VirtualHost
-	c.channelMax = channelMax
-	if c.srv.opts.Mirror != nil {
-		c.openPayload = append([]byte(nil), f.Payload...)
+	o.terms.vhost = open.VirtualHost
+	if o.srv.opts.Mirror != nil {
+		o.terms.openPayload = append([]byte(nil), f.Payload...)
 	}
-	if err := c.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
-		return c.refuseUnavailable(err)
+	if err := o.backend.SendFrame(frames.FrameMethod, 0, f.Payload); err != nil {
+		return o.refuseUnavailable(err)
 	}
-	f, err = c.readBackendHandshake()
+	f, err = o.readBackendHandshake()
 	if err != nil {
-		return c.refuseUnavailable(err)
+		return o.refuseUnavailable(err)
 	}
 	classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
 	switch frames.MethodKey(classID, methodID) {
 	case frames.ConnectionOpenOkKey:
 	case frames.ConnectionCloseKey:
-		return c.relayBackendRefusal(f.Payload)
+		return o.relayBackendRefusal(f.Payload)
 	default:
-		return c.refuseUnavailable(fmt.Errorf("backend sent %s instead of connection.open-ok", frames.MethodName(classID, methodID)))
+		return o.refuseUnavailable(fmt.Errorf("backend sent %s instead of connection.open-ok", frames.MethodName(classID, methodID)))
 	}
-	return c.client.SendFrame(frames.FrameMethod, 0, f.Payload)
+	return o.client.SendFrame(frames.FrameMethod, 0, f.Payload)
 }
 
 // negotiate checks the client's tune-ok against the offer, as RabbitMQ
 // does, and fixes the limits both legs use.
-func (c *clientConn) negotiate(offer frames.ConnectionTune, tuneOk *frames.ConnectionTuneOk) error {
+func (o *opening) negotiate(offer frames.ConnectionTune, tuneOk *frames.ConnectionTuneOk) error {
 	if tuneOk.ChannelMax == 0 {
 		tuneOk.ChannelMax = offer.ChannelMax
 	}
@@ -215,19 +344,20 @@ func (c *clientConn) negotiate(offer frames.ConnectionTune, tuneOk *frames.Conne
 		problem = fmt.Sprintf("NOT_ALLOWED - channel_max=%d > %d max", tuneOk.ChannelMax, offer.ChannelMax)
 	}
 	if problem != "" {
-		c.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.NotAllowed, ReplyText: problem, ClassID: 10, MethodID: 31})
+		o.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.NotAllowed, ReplyText: problem, ClassID: 10, MethodID: 31})
 		return errors.New(problem)
 	}
-	c.frameMax = tuneOk.FrameMax
-	c.clientHeartbeat = time.Duration(tuneOk.Heartbeat) * time.Second
+	o.terms.frameMax = tuneOk.FrameMax
+	o.terms.channelMax = tuneOk.ChannelMax
+	o.terms.clientHeartbeat = time.Duration(tuneOk.Heartbeat) * time.Second
 	// The backend leg keeps heartbeats even when the client turned them
 	// off: the proxy must notice a dead backend on its own.
-	c.backendHeartbeat = c.clientHeartbeat
-	if c.backendHeartbeat == 0 {
-		c.backendHeartbeat = c.srv.opts.Heartbeat
+	o.terms.backendHeartbeat = o.terms.clientHeartbeat
+	if o.terms.backendHeartbeat == 0 {
+		o.terms.backendHeartbeat = o.srv.opts.Heartbeat
 	}
-	if c.backendHeartbeat == 0 {
-		c.backendHeartbeat = 60 * time.Second
+	if o.terms.backendHeartbeat == 0 {
+		o.terms.backendHeartbeat = 60 * time.Second
 	}
 	return nil
 }
@@ -240,84 +370,69 @@ func (c *clientConn) negotiate(offer frames.ConnectionTune, tuneOk *frames.Conne
 // seen a connection.start nothing ties it to a backend, so the choice is
 // invisible to it; from then on every answer, a refused login or vhost
 // included, is the chosen backend's.
-func (c *clientConn) connectHome(deadline time.Time) (frames.Frame, error) {
+func (o *opening) connectHome() (frames.Frame, error) {
 	var failures []string
-	for i, b := range c.srv.backends {
-		if m := c.srv.opts.Mirror; m != nil && m.BackendDown(b.Name) {
+	for i, b := range o.srv.backends {
+		if m := o.srv.opts.Mirror; m != nil && m.BackendDown(b.Name) {
 			failures = append(failures, fmt.Sprintf("backend %s counted down", b.Name))
 			continue
 		}
-		c.homeIdx = i
-		f, err := c.startHome(b, deadline, i == len(c.srv.backends)-1)
+		o.homeIdx = i
+		f, err := o.startHome(b, i == len(o.srv.backends)-1)
 		if err == nil {
 			return f, nil
 		}
-		if c.tornDown.Load() {
+		if o.isAborted() {
 			return f, err
 		}
-		c.mu.Lock()
-		c.linkFailedAt[i] = time.Now()
-		c.mu.Unlock()
+		if o.failedAt == nil {
+			o.failedAt = make([]time.Time, len(o.srv.backends))
+		}
+		o.failedAt[i] = time.Now()
 		failures = append(failures, fmt.Sprintf("backend %s unavailable: %v", b.Name, err))
-		c.log.Debug("home backend unavailable; trying the next", "backend", b.Name, "err", err)
+		o.log.Debug("home backend unavailable; trying the next", "backend", b.Name, "err", err)
 	}
 	text := strings.Join(failures, "; ")
 	if len(failures) > 1 {
 		text = "no backend available (" + text + ")"
 	}
-	return frames.Frame{}, c.refuse(errors.New(text))
+	return frames.Frame{}, o.refuse(errors.New(text))
 }
 
 // startHome dials backend b and reads its connection.start. Unless b is
 // the last backend to try, dial and start share one DialTimeout, so that a
 // broker that accepts but does not answer (frozen, booting) leaves the next
 // one the rest of the handshake.
-func (c *clientConn) startHome(b Backend, deadline time.Time, last bool) (frames.Frame, error) {
-	startBy := deadline
+func (o *opening) startHome(b Backend, last bool) (frames.Frame, error) {
+	startBy := o.deadline
 	if !last {
-		startBy = minTime(deadline, time.Now().Add(c.srv.opts.DialTimeout))
+		startBy = minTime(o.deadline, time.Now().Add(o.srv.opts.DialTimeout))
 	}
-	conn, err := c.dialBackend(b, startBy)
+	conn, err := dialBackend(o.ctx, b, minTime(startBy, time.Now().Add(o.srv.opts.DialTimeout)))
 	if err != nil {
 		return frames.Frame{}, err
 	}
-	sock := wire.NewSocket(conn)
-	c.mu.Lock()
-	tornDown := c.tornDown.Load()
-	if !tornDown {
-		c.backend = sock
-	}
-	c.mu.Unlock()
-	if tornDown { // shutdown raced with the dial
-		conn.Close()
+	if !o.holdBackend(wire.NewSocket(conn)) { // shutdown raced with the dial
 		return frames.Frame{}, errors.New("proxy shutting down")
 	}
 	conn.SetDeadline(startBy)
-	f, err := frames.Frame{}, pki.Refusal(conn, sock.SendProtocolHeader())
+	f, err := frames.Frame{}, pki.Refusal(conn, o.backend.SendProtocolHeader())
 	if err == nil {
-		f, err = c.expectBackend(frames.ConnectionStartKey)
+		f, err = o.expectBackend(frames.ConnectionStartKey)
 	}
 	if err != nil {
-		c.mu.Lock()
-		c.backend = nil
-		c.mu.Unlock()
-		conn.Close()
+		o.dropBackend()
 		return f, err
 	}
-	conn.SetDeadline(deadline)
+	conn.SetDeadline(o.deadline)
 	return f, nil
 }
 
-func (c *clientConn) dialBackend(b Backend, deadline time.Time) (net.Conn, error) {
-	ctx, cancel := context.WithDeadline(context.Background(), minTime(deadline, time.Now().Add(c.srv.opts.DialTimeout)))
+// dialBackend connects to backend b, over TLS when b says so, by deadline;
+// ctx's end cancels the dial.
+func dialBackend(ctx context.Context, b Backend, deadline time.Time) (net.Conn, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	go func() { // a shutdown during the dial cancels it
-		select {
-		case <-c.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", b.Addr)
 	if err != nil {
@@ -341,43 +456,38 @@ func (c *clientConn) dialBackend(b Backend, deadline time.Time) (net.Conn, error
 // the client has seen connection.start there is no AMQP way to say so, so the
 // proxy sends its own start, waits for start-ok and then closes with 320
 // CONNECTION_FORCED and a text that names the backend and the cause.
-func (c *clientConn) refuseUnavailable(cause error) error {
-	return c.refuse(fmt.Errorf("backend %s unavailable: %w", c.homeName(), cause))
+func (o *opening) refuseUnavailable(cause error) error {
+	return o.refuse(fmt.Errorf("backend %s unavailable: %w", o.backendName(), cause))
 }
 
 // refuse ends the handshake with 320 CONNECTION_FORCED and err's text, as
-// refuseUnavailable says.
-func (c *clientConn) refuse(err error) error {
-	c.mu.Lock()
-	c.reason, c.detail = ReasonBackendUnavailable, err.Error()
-	if c.backend != nil {
-		c.backendClosed = true
-		c.backend.Conn().Close()
+// refuseUnavailable says, and returns err as an unavailableError.
+func (o *opening) refuse(err error) error {
+	o.dropBackend()
+	refused := &unavailableError{err}
+	if o.client.Conn().SetDeadline(time.Now().Add(o.srv.opts.CloseTimeout)) != nil {
+		return refused
 	}
-	c.mu.Unlock()
-	if c.client.Conn().SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout)) != nil {
-		return err
-	}
-	if !c.startRelayed {
+	if !o.startRelayed {
 		start := &frames.ConnectionStart{
 			VersionMajor: 0, VersionMinor: 9,
 			ServerProperties: frames.Table{{Key: "product", Value: "amqp-mirror"}},
 			Mechanisms:       "PLAIN AMQPLAIN",
 			Locales:          "en_US",
 		}
-		if c.client.SendMethod(0, start) != nil {
-			return err
+		if o.client.SendMethod(0, start) != nil {
+			return refused
 		}
-		if _, rerr := c.expectClient(frames.ConnectionStartOkKey); rerr != nil {
-			return err
+		if _, rerr := o.expectClient(frames.ConnectionStartOkKey); rerr != nil {
+			return refused
 		}
 	}
-	c.client.SendMethod(0, &frames.ConnectionClose{
+	o.client.SendMethod(0, &frames.ConnectionClose{
 		ReplyCode: frames.ConnectionForced,
 		ReplyText: "CONNECTION_FORCED - " + err.Error(),
 	})
-	c.awaitClientCloseOk()
-	return err
+	o.awaitClientCloseOk()
+	return refused
 }
 
 // loginDropped ends a handshake whose backend closed the socket after the
@@ -386,12 +496,9 @@ func (c *clientConn) refuse(err error) error {
 // for one): it waits a few seconds and hangs up. The client must see the same,
 // a closed socket, which its library reports as bad credentials; a
 // connection.close of the proxy's own would turn a wrong password into a 320.
-func (c *clientConn) loginDropped(cause error) error {
-	c.mu.Lock()
-	c.backendClosed = true
-	c.mu.Unlock()
-	c.backend.Conn().Close()
-	return fmt.Errorf("backend %s closed the connection after start-ok (credentials refused): %w", c.homeName(), cause)
+func (o *opening) loginDropped(cause error) error {
+	o.dropBackend()
+	return fmt.Errorf("backend %s closed the connection after start-ok (credentials refused): %w", o.backendName(), cause)
 }
 
 // backendHungUp reports read errors that mean the backend closed the socket.
@@ -401,25 +508,22 @@ func backendHungUp(err error) bool {
 
 // relayBackendRefusal passes the backend's connection.close (bad
 // credentials, unknown vhost, no access) to the client and ends the handshake.
-func (c *clientConn) relayBackendRefusal(payload []byte) error {
+func (o *opening) relayBackendRefusal(payload []byte) error {
 	var cl frames.ConnectionClose
 	if err := decodeArgs(payload, &cl); err != nil {
-		return c.refuseUnavailable(err)
+		return o.refuseUnavailable(err)
 	}
-	c.mu.Lock()
-	c.backendClosed = true
-	c.mu.Unlock()
-	c.backend.SendMethod(0, &frames.ConnectionCloseOk{})
-	c.client.SendFrame(frames.FrameMethod, 0, payload)
-	c.awaitClientCloseOk()
+	o.backend.SendMethod(0, &frames.ConnectionCloseOk{})
+	o.client.SendFrame(frames.FrameMethod, 0, payload)
+	o.awaitClientCloseOk()
 	return fmt.Errorf("backend refused the connection: %d %s", cl.ReplyCode, cl.ReplyText)
 }
 
 // awaitClientCloseOk reads until the client's close-ok, an error or the
 // socket deadline.
-func (c *clientConn) awaitClientCloseOk() {
+func (o *opening) awaitClientCloseOk() {
 	for {
-		f, err := c.client.ReadFrame()
+		f, err := o.client.ReadFrame()
 		if err != nil {
 			return
 		}
@@ -431,13 +535,13 @@ func (c *clientConn) awaitClientCloseOk() {
 
 // expectClient reads the next client frame during the handshake and requires
 // the given connection method. Anything else is answered like RabbitMQ does.
-func (c *clientConn) expectClient(want uint32) (frames.Frame, error) {
+func (o *opening) expectClient(want uint32) (frames.Frame, error) {
 	for {
-		f, err := c.client.ReadFrame()
+		f, err := o.client.ReadFrame()
 		if err != nil {
 			var fe *frames.Error
 			if errors.As(err, &fe) {
-				c.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: fe.Code, ReplyText: fe.ReplyText()})
+				o.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: fe.Code, ReplyText: fe.ReplyText()})
 			}
 			return f, fmt.Errorf("waiting for %s: %w", keyName(want), err)
 		}
@@ -447,13 +551,13 @@ func (c *clientConn) expectClient(want uint32) (frames.Frame, error) {
 		gotClass, gotMethod, _, perr := frames.ParseMethodID(f.Payload)
 		if f.Type == frames.FrameMethod && perr == nil && !definedMethod(gotClass, gotMethod) {
 			// RabbitMQ drops the socket, in the handshake as later.
-			resetOnClose(c.client.Conn())
+			resetOnClose(o.client.Conn())
 			return f, fmt.Errorf("waiting for %s: %w", keyName(want), undefinedMethod(gotClass, gotMethod))
 		}
 		if f.Type != frames.FrameMethod || perr != nil || f.Channel != 0 || frames.MethodKey(gotClass, gotMethod) != want {
 			got := frameDescription(f)
 			text := fmt.Sprintf("COMMAND_INVALID - expected %s, got %s", keyName(want), got)
-			c.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.CommandInvalid, ReplyText: text, ClassID: gotClass, MethodID: gotMethod})
+			o.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.CommandInvalid, ReplyText: text, ClassID: gotClass, MethodID: gotMethod})
 			return f, errors.New(text)
 		}
 		return f, nil
@@ -462,8 +566,8 @@ func (c *clientConn) expectClient(want uint32) (frames.Frame, error) {
 
 // expectBackend reads the next backend frame during the handshake and
 // requires the given connection method.
-func (c *clientConn) expectBackend(want uint32) (frames.Frame, error) {
-	f, err := c.readBackendHandshake()
+func (o *opening) expectBackend(want uint32) (frames.Frame, error) {
+	f, err := o.readBackendHandshake()
 	if err != nil {
 		return f, err
 	}
@@ -474,9 +578,9 @@ func (c *clientConn) expectBackend(want uint32) (frames.Frame, error) {
 }
 
 // readBackendHandshake reads the backend's next method frame on channel 0.
-func (c *clientConn) readBackendHandshake() (frames.Frame, error) {
+func (o *opening) readBackendHandshake() (frames.Frame, error) {
 	for {
-		f, err := c.backend.ReadFrame()
+		f, err := o.backend.ReadFrame()
 		if err != nil {
 			return f, err
 		}
@@ -492,13 +596,13 @@ func (c *clientConn) readBackendHandshake() (frames.Frame, error) {
 
 // clientSyntaxError closes the client connection for an undecodable
 // handshake method.
-func (c *clientConn) clientSyntaxError(err error) error {
+func (o *opening) clientSyntaxError(err error) error {
 	code, text := uint16(frames.SyntaxError), "SYNTAX_ERROR - "+err.Error()
 	var fe *frames.Error
 	if errors.As(err, &fe) {
 		code, text = fe.Code, fe.ReplyText()
 	}
-	c.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: code, ReplyText: text})
+	o.client.SendMethod(0, &frames.ConnectionClose{ReplyCode: code, ReplyText: text})
 	return err
 }
 

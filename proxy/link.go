@@ -354,7 +354,7 @@ func (c *clientConn) openLink(i int) (*link, error) {
 	// The client's frames wait while a link opens: bounded by the dial
 	// timeout, not the client handshake's.
 	deadline := time.Now().Add(min(c.srv.opts.HandshakeTimeout, c.srv.opts.DialTimeout))
-	conn, err := c.dialBackend(b, deadline)
+	conn, err := dialBackend(c.ctx, b, deadline)
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
 	}
@@ -390,22 +390,22 @@ func (c *clientConn) openLink(i int) (*link, error) {
 	if _, err := expect(frames.ConnectionStartKey); err != nil {
 		return fail(err)
 	}
-	if err := s.SendFrame(frames.FrameMethod, 0, c.startOk); err != nil {
+	if err := s.SendFrame(frames.FrameMethod, 0, c.terms.startOk); err != nil {
 		return fail(err)
 	}
 	if _, err := expect(frames.ConnectionTuneKey); err != nil {
 		return fail(fmt.Errorf("login (only mechanisms without a challenge open further links): %w", err))
 	}
 	tuneOk := frames.ConnectionTuneOk{
-		ChannelMax: c.channelMax,
-		FrameMax:   c.frameMax,
-		Heartbeat:  uint16(c.backendHeartbeat / time.Second),
+		ChannelMax: c.terms.channelMax,
+		FrameMax:   c.terms.frameMax,
+		Heartbeat:  uint16(c.terms.backendHeartbeat / time.Second),
 	}
 	if err := s.SendMethod(0, &tuneOk); err != nil {
 		return fail(err)
 	}
-	s.SetMaxFrameSize(c.frameMax)
-	if err := s.SendFrame(frames.FrameMethod, 0, c.openPayload); err != nil {
+	s.SetMaxFrameSize(c.terms.frameMax)
+	if err := s.SendFrame(frames.FrameMethod, 0, c.terms.openPayload); err != nil {
 		return fail(err)
 	}
 	if _, err := expect(frames.ConnectionOpenOkKey); err != nil {

@@ -115,7 +115,7 @@ func containsLink(links []*link, l *link) bool {
 // nowhere when none does. A name that does not decode goes to the home
 // broker, which answers it as it would without the proxy.
 func (c *clientConn) replyRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
-	r := c.newRoute(ch, p)
+	r := ch.route.begin(p, ch.confirming.Load())
 	node, ok := mirror.ReplyToNode(p.RoutingKey)
 	if !ok {
 		return c.decided(r, c.homeOnly(), false)
@@ -151,7 +151,7 @@ func (c *clientConn) replyQueueMethod(ch *channelState, f frames.Frame, key uint
 	}
 	if len(targets) == 0 {
 		c.closeChannelByProxy(ch, frames.NotFound,
-			fmt.Sprintf("NOT_FOUND - no queue '%s' in vhost '%s'", q.queue, c.vhost), 50, 10)
+			fmt.Sprintf("NOT_FOUND - no queue '%s' in vhost '%s'", q.queue, c.terms.vhost), 50, 10)
 		return nil
 	}
 	c.sendTo(ch, f, nil, targets, wantReply)

@@ -206,7 +206,7 @@ func (c *clientConn) locate(name string) (mirror.QueueMeta, bool) {
 		// No backend holds it; a passive declare of it would count as found.
 		return mirror.QueueMeta{}, false
 	}
-	id := mirror.QueueID{VHost: c.vhost, Name: name}
+	id := mirror.QueueID{VHost: c.terms.vhost, Name: name}
 	if m, ok := c.srv.opts.Mirror.Lookup(id); ok {
 		return m, true
 	}
@@ -262,7 +262,7 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		c.sendTo(ch, f, after, home, wantReply)
 		return nil
 	}
-	id := mirror.QueueID{VHost: c.vhost, Name: q.queue}
+	id := mirror.QueueID{VHost: c.terms.vhost, Name: q.queue}
 	meta, found := c.locate(q.queue)
 	if !found {
 		if key != frames.QueueDeclareKey || q.passive {
@@ -470,7 +470,7 @@ func slaveNames(m mirror.QueueMeta) []string {
 func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod, wantReply bool) error {
 	d := q.declare
 	meta := mirror.QueueMeta{
-		ID:         mirror.QueueID{VHost: c.vhost, Name: q.queue},
+		ID:         mirror.QueueID{VHost: c.terms.vhost, Name: q.queue},
 		Durable:    d.Durable,
 		AutoDelete: d.AutoDelete,
 		Arguments:  encodeTable(d.Arguments),
@@ -709,7 +709,7 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 	}
 	if confirming || ch.ownConfirms.Load() {
 		seq, out := ch.numberCopies(r.CopySet, ch.arrival(), func(cs *ledger.CopySet) time.Time {
-			return c.withoutLostCopies(targets, cs)
+			return withoutLostCopies(targets, cs)
 		})
 		if r.Queue != nil && r.Queue != ledger.AnyQueue {
 			ch.pub.seq = seq
@@ -775,10 +775,10 @@ type publishRoute struct {
 	ledger.CopySet
 }
 
-// newRoute starts deciding the channel's route afresh.
-func (c *clientConn) newRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
-	r := &ch.route
-	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: ch.confirming.Load(),
+// begin starts deciding the route of p afresh, for a channel in confirm
+// mode or not, in the buffers of the route it replaces.
+func (r *publishRoute) begin(p *frames.BasicPublish, confirming bool) *publishRoute {
+	*r = publishRoute{exchange: p.Exchange, key: p.RoutingKey, confirming: confirming,
 		CopySet: ledger.CopySet{Quorum: r.Quorum[:0], Extra: r.Extra[:0], Unreached: r.Unreached[:0], Master: -1}}
 	return r
 }
@@ -790,12 +790,12 @@ func (c *clientConn) queueRoute(ch *channelState, p *frames.BasicPublish) *publi
 		return c.replyRoute(ch, p)
 	}
 	r := &ch.route
-	meta, found := c.srv.opts.Mirror.Lookup(mirror.QueueID{VHost: c.vhost, Name: p.RoutingKey})
+	meta, found := c.srv.opts.Mirror.Lookup(mirror.QueueID{VHost: c.terms.vhost, Name: p.RoutingKey})
 	if r.targets != nil && r.exchange == "" && r.key == p.RoutingKey && r.confirming == ch.confirming.Load() &&
 		r.links == c.linkChanges.Load() && found && meta.Version == r.version {
 		return r
 	}
-	r = c.newRoute(ch, p)
+	r = ch.route.begin(p, ch.confirming.Load())
 	if !found {
 		meta, found = c.locate(p.RoutingKey)
 	}
@@ -822,7 +822,7 @@ func (c *clientConn) queueRoute(ch *channelState, p *frames.BasicPublish) *publi
 		}
 	}
 	if r.Queue != nil {
-		r.Unreached = c.unreachedCopies(meta, targets, r.Unreached)
+		r.Unreached = unreachedCopies(meta, targets, c.srv.backendIndex, r.Unreached)
 	}
 	return c.decided(r, targets, len(targets) == 1+len(meta.Slaves))
 }
@@ -845,12 +845,12 @@ func (c *clientConn) exchangeRoute(ch *channelState, p *frames.BasicPublish, hea
 		r.confirming == ch.confirming.Load() && r.links == c.linkChanges.Load() {
 		return r
 	}
-	r = c.newRoute(ch, p)
+	r = ch.route.begin(p, ch.confirming.Load())
 	r.table = table
 	route := mirror.Route{All: true}
 	keep := !hasCC
 	if table != nil {
-		msg := mirror.RoutedMessage{VHost: c.vhost, Exchange: p.Exchange, RoutingKey: p.RoutingKey}
+		msg := mirror.RoutedMessage{VHost: c.terms.vhost, Exchange: p.Exchange, RoutingKey: p.RoutingKey}
 		if hasCC {
 			msg.Headers, msg.HeadersKnown = decodeHeaders(headers)
 		}
@@ -950,17 +950,17 @@ func (c *clientConn) reportUnreached(r *publishRoute) {
 // of a mirrored queue, which keep counting until the metadata records their
 // loss, were lost (zero for none). The caller holds the channel's mu
 // (channelState.numberCopies).
-func (c *clientConn) withoutLostCopies(targets []*link, cs *ledger.CopySet) time.Time {
+func withoutLostCopies(targets []*link, cs *ledger.CopySet) time.Time {
 	var now time.Time
 	if cs.Queue != nil {
-		cs.Quorum, cs.Unreached = c.withoutLost(targets, cs.Quorum, cs.Unreached)
+		cs.Quorum, cs.Unreached = withoutLost(targets, cs.Quorum, cs.Unreached)
 		if len(cs.Unreached) > 0 {
 			now = time.Now()
 		}
 	} else {
-		cs.Quorum, _ = c.withoutLost(targets, cs.Quorum, nil)
+		cs.Quorum, _ = withoutLost(targets, cs.Quorum, nil)
 	}
-	cs.Extra, _ = c.withoutLost(targets, cs.Extra, nil)
+	cs.Extra, _ = withoutLost(targets, cs.Extra, nil)
 	if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 && len(cs.Extra) > 0 {
 		cs.Quorum, cs.Extra = cs.Extra, nil
 	}
@@ -971,7 +971,7 @@ func (c *clientConn) withoutLostCopies(targets []*link, cs *ledger.CopySet) time
 // was lost, and appends those to lost. The caller holds the channel's mu,
 // under which a lost link settles its confirms; idxs is returned as it is
 // when none was lost.
-func (c *clientConn) withoutLost(targets []*link, idxs, lost []int) ([]int, []int) {
+func withoutLost(targets []*link, idxs, lost []int) ([]int, []int) {
 	var out []int
 	for i, idx := range idxs {
 		isLost := false
@@ -996,20 +996,20 @@ func (c *clientConn) withoutLost(targets []*link, idxs, lost []int) ([]int, []in
 	return out, lost
 }
 
-// unreachedCopies appends to out the indexes of the queue's master and
-// synchronised slaves that targets do not reach.
-func (c *clientConn) unreachedCopies(meta mirror.QueueMeta, targets []*link, out []int) []int {
+// unreachedCopies appends to out the indexes (backendIndex) of the queue's
+// master and synchronised slaves that targets do not reach.
+func unreachedCopies(meta mirror.QueueMeta, targets []*link, backendIndex map[string]int, out []int) []int {
 	reached := func(name string) bool {
 		return slices.ContainsFunc(targets, func(l *link) bool { return l.name == name })
 	}
 	if !reached(meta.Master) {
-		if i, ok := c.srv.backendIndex[meta.Master]; ok {
+		if i, ok := backendIndex[meta.Master]; ok {
 			out = append(out, i)
 		}
 	}
 	for _, s := range meta.Slaves {
 		if s.Synchronised && !reached(s.Backend) {
-			if i, ok := c.srv.backendIndex[s.Backend]; ok {
+			if i, ok := backendIndex[s.Backend]; ok {
 				out = append(out, i)
 			}
 		}
@@ -1047,13 +1047,11 @@ func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
 		ch.pub.remaining -= n
 	}
 	if f.Type == frames.FrameHeader && ch.pub.identify {
-		id := c.nextMessageID()
-		var err error
-		c.headerScratch, err = addIdentity(c.headerScratch[:0], f.Payload, id)
+		stamped, id, err := c.identities.stamp(f.Payload)
 		if err != nil {
 			return err
 		}
-		payload = c.headerScratch
+		payload = stamped
 		if ch.pub.returns > 1 || ch.pub.seq != 0 {
 			ch.identifyPublish(id)
 		}
@@ -1064,17 +1062,6 @@ func (c *clientConn) publishContent(ch *channelState, f frames.Frame) error {
 		}
 	}
 	return nil
-}
-
-// nextMessageID returns a new message identity: the connection's random
-// prefix and a counter.
-func (c *clientConn) nextMessageID() mirror.MessageID {
-	c.messageSeq++
-	id := c.idPrefix
-	for i := 0; i < 8; i++ {
-		id[8+i] = byte(c.messageSeq >> (56 - 8*i))
-	}
-	return id
 }
 
 // returnCounts counts, per message identity, the backends that returned a

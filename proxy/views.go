@@ -70,8 +70,8 @@ func (s *Server) connections() []*clientConn {
 
 // view returns the connection as list_connections shows it, and false
 // while its handshake runs or once it is torn down. The fields the
-// handshake set (user, vhost, the tuning, channels) are read after opened
-// is seen under mu, which the handshake sets after them.
+// handshake settled (the terms, channels) are read after opened is seen
+// under mu, which open sets with them.
 func (c *clientConn) view() (mirror.Connection, bool) {
 	c.mu.Lock()
 	if c.opened.IsZero() || c.tornDown.Load() {
@@ -99,8 +99,8 @@ func (c *clientConn) view() (mirror.Connection, bool) {
 	return mirror.Connection{
 		Node:        c.srv.opts.ClientNode,
 		Name:        conn.RemoteAddr().String() + " -> " + conn.LocalAddr().String(),
-		User:        c.user,
-		VHost:       c.vhost,
+		User:        c.terms.user,
+		VHost:       c.terms.vhost,
 		PeerHost:    peerHost,
 		PeerPort:    peerPort,
 		Host:        host,
@@ -110,9 +110,9 @@ func (c *clientConn) view() (mirror.Connection, bool) {
 		SSL:         ssl,
 		Protocol:    "AMQP 0-9-1",
 		ConnectedAt: opened,
-		FrameMax:    c.frameMax,
-		ChannelMax:  c.channelMax,
-		Timeout:     int(c.clientHeartbeat / time.Second),
+		FrameMax:    c.terms.frameMax,
+		ChannelMax:  c.terms.channelMax,
+		Timeout:     int(c.terms.clientHeartbeat / time.Second),
 		Backend:     c.homeName(),
 		Backends:    backends,
 	}, true
