@@ -133,7 +133,7 @@
 //     which numbers the published messages, and scratch) and a link's
 //     decode scratch belong to one goroutine and have no lock.
 //
-// One lock is still taken outside its type's methods: channelState.outMu,
+// One lock is taken outside its type's methods: channelState.outMu,
 // which whoever writes to the client on a channel holds, so that a
 // message's frames, delivery tags and confirms go out in order.
 //
