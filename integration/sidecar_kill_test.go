@@ -71,6 +71,7 @@ func TestSidecarNodeKilledRepeatedly(t *testing.T) {
 			}
 		}
 		roundStart := time.Now()
+		nodes.beginFault()
 		killedAt := nodes.kill(t, victim)
 
 		// The survivors promote: every queue has a master other than the victim, as a
@@ -129,8 +130,14 @@ type killSidecars struct {
 
 	mu      sync.Mutex
 	proxies []*cliProxy
-	up      []bool // the proxy serves: false from its kill until it is ready again
-	kills   []int  // how often each proxy was killed
+	up      []bool // the proxy serves: false from a fault on it until it serves again
+	// hits counts the faults on each proxy that may end its clients' connections
+	// (killed, stopped, frozen); runs, how often its process was replaced.
+	hits, runs []int
+	// fault is the fault under way, which beginFault numbers; hitBy, per proxy, the
+	// fault that last hit it. A client's connection may end only by the fault under way.
+	fault int
+	hitBy []int
 }
 
 // startKillSidecars starts a proxy beside each node of the shared cluster, as
@@ -139,7 +146,8 @@ type killSidecars struct {
 func startKillSidecars(t *testing.T, pattern string) *killSidecars {
 	t.Helper()
 	brokers := cluster.Nodes()
-	s := &killSidecars{binary: newCLI(t), brokers: brokers, up: make([]bool, len(brokers)), kills: make([]int, len(brokers))}
+	s := &killSidecars{binary: newCLI(t), brokers: brokers, up: make([]bool, len(brokers)),
+		hits: make([]int, len(brokers)), runs: make([]int, len(brokers)), hitBy: make([]int, len(brokers))}
 	gossip := make([]string, len(brokers))
 	for i := range brokers {
 		gossip[i] = cliFreeAddr(t)
@@ -198,15 +206,40 @@ func (s *killSidecars) proxy(i int) *cliProxy {
 	return s.proxies[i]
 }
 
+// beginFault numbers the next fault, which hit attributes the ends of connections to.
+func (s *killSidecars) beginFault() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fault++
+}
+
+// faultUnderWay is the number of the fault under way, 0 before the first.
+func (s *killSidecars) faultUnderWay() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fault
+}
+
+// hit marks proxy i as no longer serving, hit by the fault under way: its clients'
+// connections may end. ended says its process ends too (a kill or a stop). It returns
+// the process.
+func (s *killSidecars) hit(i int, ended bool) *cliProxy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.up[i] = false
+	s.hits[i]++
+	s.hitBy[i] = s.fault
+	if ended {
+		s.runs[i]++
+	}
+	return s.proxies[i]
+}
+
 // kill sends SIGKILL to node i's proxy and its broker, one right after the other, and
 // returns when the first went. Every other proxy must still run.
 func (s *killSidecars) kill(t *testing.T, i int) time.Time {
 	t.Helper()
-	s.mu.Lock()
-	p := s.proxies[i]
-	s.up[i] = false
-	s.kills[i]++
-	s.mu.Unlock()
+	p := s.hit(i, true)
 	for j := range s.brokers {
 		if q := s.proxy(j); j != i && q.exited() {
 			t.Fatalf("the proxy beside %s exited by itself (%v):\n%s", s.brokers[j].Name, q.command.ProcessState, q.stderr)
@@ -238,24 +271,25 @@ func (s *killSidecars) restart(t *testing.T, i int) time.Duration {
 }
 
 // pick is the proxy a client of home connects to: home while it serves, else the next one
-// that does. It returns the proxy's index, URL, and how often it was killed so far.
-func (s *killSidecars) pick(home int) (int, string, int, bool) {
+// that does. It returns the proxy's process, its URL, and how often it was hit so far.
+func (s *killSidecars) pick(home int) (proxyProcess, string, int, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k := range s.proxies {
 		i := (home + k) % len(s.proxies)
 		if s.up[i] {
-			return i, s.proxies[i].url("guest", "guest"), s.kills[i], true
+			return proxyProcess{node: i, run: s.runs[i]}, s.proxies[i].url("guest", "guest"), s.hits[i], true
 		}
 	}
-	return 0, "", 0, false
+	return proxyProcess{}, "", 0, false
 }
 
-// killedSince reports whether proxy i was killed since it had been killed kills times.
-func (s *killSidecars) killedSince(i, kills int) bool {
+// hitSince reports whether the fault under way hit proxy i since it had been hit hits
+// times: a connection to it that ends then is one the fault ended.
+func (s *killSidecars) hitSince(i, hits int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.kills[i] != kills
+	return s.hits[i] != hits && s.hitBy[i] == s.fault
 }
 
 // awaitSynchronised waits until a proxy other than node i's lists every queue with a copy
@@ -282,8 +316,9 @@ func (s *killSidecars) awaitSynchronised(t *testing.T, i int, queues []string) {
 
 // killLoad is the clients of TestSidecarNodeKilledRepeatedly and what they saw. Each
 // client has a home node and connects through its proxy; when the connection ends by
-// itself that must be because the proxy was killed (anything else is a problem), and the
-// client reconnects to the next proxy that serves, going back home when told.
+// itself that must be because the fault under way hit the proxy (killed, stopped or
+// frozen it; anything else is a problem), and the client reconnects to the next proxy
+// that serves, going back home when told.
 type killLoad struct {
 	nodes  *killSidecars
 	queues []string
@@ -315,12 +350,12 @@ type killLoad struct {
 // and no slave was promoted yet.
 var errMasterDown = errors.New("the queue's master is down, nobody promoted yet")
 
-// proxyProcess is one run of one node's proxy: its index, and how many times it had been
-// killed before.
-type proxyProcess struct{ node, kills int }
+// proxyProcess is one run of one node's proxy: its index, and how many times its process
+// had ended (killed or stopped) before.
+type proxyProcess struct{ node, run int }
 
 func (p proxyProcess) String() string {
-	return fmt.Sprintf("proxy %d (after %d kills)", p.node+1, p.kills)
+	return fmt.Sprintf("proxy %d (run %d)", p.node+1, p.run+1)
 }
 
 // killDelivery is one message as a consumer saw it.
@@ -397,17 +432,18 @@ func (l *killLoad) addClient(name string, home int, publisher bool) {
 		defer group.Done()
 		sequence := 0
 		for ctx.Err() == nil {
-			target, url, kills, ok := l.nodes.pick(home)
+			process, url, hits, ok := l.nodes.pick(home)
 			if !ok {
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}
+			target := process.node
 			goHome := l.home(home)
 			conn, err := amqp.Dial(url)
 			if err != nil {
-				// A proxy killed between pick and dial refuses; one that serves must not.
-				if !l.nodes.killedSince(target, kills) {
-					l.problem("%s: connecting to proxy %d, which was not killed: %v", name, target+1, err)
+				// A proxy hit between pick and dial refuses; one that serves must not.
+				if !l.nodes.hitSince(target, hits) {
+					l.problem("%s: connecting to proxy %d, which no fault hit: %v", name, target+1, err)
 				}
 				time.Sleep(50 * time.Millisecond)
 				continue
@@ -419,7 +455,7 @@ func (l *killLoad) addClient(name string, home int, publisher bool) {
 			if publisher {
 				ended = l.publish(name, conn, &sequence, goHome)
 			} else {
-				ended = l.consume(name, conn, proxyProcess{node: target, kills: kills}, goHome)
+				ended = l.consume(name, conn, process, goHome)
 			}
 			conn.Close()
 			if errors.Is(ended, errMasterDown) {
@@ -433,8 +469,8 @@ func (l *killLoad) addClient(name string, home int, publisher bool) {
 				continue
 			}
 			if ended != nil && ctx.Err() == nil {
-				if !l.nodes.killedSince(target, kills) {
-					l.problem("%s: through proxy %d, which was not killed: %v", name, target+1, ended)
+				if !l.nodes.hitSince(target, hits) {
+					l.problem("%s: through proxy %d, which the fault under way did not hit: %v", name, target+1, ended)
 				}
 				l.mu.Lock()
 				l.reconnects++
@@ -525,13 +561,17 @@ func (l *killLoad) consume(name string, conn *amqp.Connection, via proxyProcess,
 			defer consumers.Done()
 			for d := range deliveries {
 				body := string(d.Body)
+				fault := l.nodes.faultUnderWay()
 				l.mu.Lock()
+				if _, published := l.publishedAt[body]; !published {
+					l.problems = append(l.problems, fmt.Sprintf("%s delivered (to %s through %s) but never published", body, name, via))
+				}
 				if first, seen := l.deliveredBy[body]; !seen {
 					l.deliveredBy[body] = via
 				} else if !d.Redelivered && first == via {
 					l.problems = append(l.problems, fmt.Sprintf("%s delivered again (to %s) without redelivered, both times through %s", body, name, via))
 				} else if !d.Redelivered {
-					l.unflagged = append(l.unflagged, fmt.Sprintf("%s (first through %s, again to %s through %s)", body, first, name, via))
+					l.unflagged = append(l.unflagged, fmt.Sprintf("%s (first through %s, again to %s through %s, fault %d)", body, first, name, via, fault))
 				}
 				l.received[body]++
 				l.deliveries = append(l.deliveries, killDelivery{body: body, at: time.Now(), redelivered: d.Redelivered})
@@ -637,7 +677,7 @@ func (l *killLoad) finish(t *testing.T) {
 			duplicates++
 		}
 	}
-	t.Logf("%d published, %d confirmed, %d nacked, %d received (%d of them more than once, always with redelivered unless reported); the killed proxies' clients reconnected %d times (%d more consumes refused while a master was down); every confirmed message received %v after publishing stopped",
+	t.Logf("%d published, %d confirmed, %d nacked, %d received (%d of them more than once, always with redelivered unless reported); the clients of proxies hit by a fault reconnected %d times (%d more consumes refused while a master was down); every confirmed message received %v after publishing stopped",
 		len(l.publishedAt), len(l.confirmed), l.nacked, len(l.received), duplicates, l.reconnects, l.refused, time.Since(stopped).Round(time.Millisecond))
 	if len(l.unflagged) > 0 {
 		t.Logf("%d delivered again without redelivered through another proxy process than the first time (not guaranteed, see docs/guarantees.md): %s",
