@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"syscall"
 	"testing"
@@ -51,9 +52,17 @@ func TestCampaignSidecar(t *testing.T) {
 	t.Logf("sidecar campaign: %d faults, seed %d (%s=%d replays the order)", faults, seed, campaignSeedVariable, seed)
 
 	nodes := startKillSidecars(t, "^sidecarcampaign_")
+	runSidecarCampaign(t, nodes, queues, sidecarNemeses, mixed(rnd, sidecarNemeses, faults), rnd)
+}
+
+// runSidecarCampaign declares queues, starts the clients, injects the faults of
+// order one after another, each on a random node, healed, every proxy serving
+// and every queue synchronised again before the next, then checks what the
+// clients saw (killLoad.finish) and deletes the queues.
+func runSidecarCampaign(t *testing.T, nodes *killSidecars, queues []string, kinds, order []sidecarNemesis, rnd *rand.Rand) {
+	t.Helper()
 	declareSidecarQueues(t, nodes, queues)
 	load := startKillLoad(t, nodes, queues)
-	order := mixed(rnd, sidecarNemeses, faults)
 	injected := map[string]int{}
 	began := time.Now()
 	for i, n := range order {
@@ -70,11 +79,11 @@ func TestCampaignSidecar(t *testing.T) {
 	nodes.beginFault() // the end of the last fault: the drain is no fault's
 	load.finish(t)
 	for _, q := range queues {
-		if err := deleteThrough(nodes.proxy(0), q); err != nil {
+		if err := nodes.deleteQueue(0, q); err != nil {
 			t.Errorf("deleting %s through proxy 1: %v", q, err)
 		}
 	}
-	for _, n := range sidecarNemeses {
+	for _, n := range kinds {
 		t.Logf("%s: %d", n.name, injected[n.name])
 	}
 	t.Logf("%d faults in %v", len(order), time.Since(began).Round(time.Second))
@@ -89,7 +98,7 @@ func declareSidecarQueues(t *testing.T, nodes *killSidecars, queues []string) {
 	names := mirrorBackends()
 	for i, q := range queues {
 		awaitCondition(t, 60*time.Second, func() error {
-			if err := declareThrough(nodes.proxy(i), q); err != nil {
+			if err := nodes.declare(i, q); err != nil {
 				return err
 			}
 			row, err := queueStatus(t, nodes.proxy(i), q)
@@ -223,6 +232,33 @@ func freezeMasterBroker(t *testing.T, nodes *killSidecars, _ *killLoad, queues [
 	return fmt.Sprintf("%s, master of %s, frozen for %v", broker.Name, queue, time.Since(frozenAt).Round(time.Millisecond))
 }
 
+// declare declares a durable queue through proxy i.
+func (s *killSidecars) declare(i int, queue string) error {
+	conn, err := s.connect(i)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declaring %s through proxy %d: %w", queue, i+1, err)
+	}
+	return nil
+}
+
+// deleteQueue deletes a queue through proxy i.
+func (s *killSidecars) deleteQueue(i int, queue string) error {
+	conn, err := s.connect(i)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return deleteQueue(conn, queue)
+}
+
 // killProxy sends SIGKILL to node i's proxy alone and waits until it is
 // gone; its broker runs on.
 func (s *killSidecars) killProxy(t *testing.T, i int) {
@@ -275,11 +311,40 @@ func (s *killSidecars) freezeProxy(t *testing.T, i int) (thaw func()) {
 	return func() {
 		t.Helper()
 		resume()
-		s.awaitServing(t)
-		s.mu.Lock()
-		s.up[i] = true
-		s.mu.Unlock()
+		s.serveAgain(t, i)
 	}
+}
+
+// serveAgain waits until every proxy serves (awaitServing), then marks proxy
+// i, which a fault hit, up again.
+func (s *killSidecars) serveAgain(t *testing.T, i int) {
+	t.Helper()
+	s.awaitServing(t)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.up[i] = true
+}
+
+// sidecarStatus is what the tests read of ctl cluster_status.
+type sidecarStatus struct {
+	Paused bool
+	Nodes  []struct{ Name, State string }
+	// Backends' states are up, down or unknown.
+	Backends []struct{ Name, State string }
+}
+
+// status is ctl cluster_status as proxy i answers it.
+func (s *killSidecars) status(t *testing.T, i int) (sidecarStatus, error) {
+	t.Helper()
+	var status sidecarStatus
+	r := s.proxy(i).ctl(t, "cluster_status", "--formatter", "json")
+	if r.code != 0 {
+		return status, fmt.Errorf("proxy %d: ctl cluster_status: exit %d: %s", i+1, r.code, r.stderr)
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &status); err != nil {
+		return status, fmt.Errorf("proxy %d: ctl cluster_status --formatter json: %v\n%s", i+1, err, r.stdout)
+	}
+	return status, nil
 }
 
 // awaitServing waits until every proxy runs, is not paused, and sees every
@@ -293,19 +358,9 @@ func (s *killSidecars) awaitServing(t *testing.T) {
 			if p.exited() {
 				t.Fatalf("the proxy beside %s exited by itself (%v):\n%s", s.brokers[i].Name, p.command.ProcessState, p.stderr)
 			}
-			r := p.ctl(t, "cluster_status", "--formatter", "json")
-			if r.code != 0 {
-				errs = append(errs, fmt.Errorf("proxy %d: ctl cluster_status: exit %d: %s", i+1, r.code, r.stderr))
-				continue
-			}
-			var status struct {
-				Paused bool
-				Nodes  []struct{ Name, State string }
-				// Backends' states are up, down or unknown.
-				Backends []struct{ Name, State string }
-			}
-			if err := json.Unmarshal([]byte(r.stdout), &status); err != nil {
-				errs = append(errs, fmt.Errorf("proxy %d: ctl cluster_status --formatter json: %v\n%s", i+1, err, r.stdout))
+			status, err := s.status(t, i)
+			if err != nil {
+				errs = append(errs, err)
 				continue
 			}
 			if status.Paused {
@@ -333,7 +388,7 @@ func (s *killSidecars) awaitServing(t *testing.T) {
 // state_dir, and waits until it is ready.
 func (s *killSidecars) restartProxy(t *testing.T, i int) {
 	t.Helper()
-	p := startServeProcess(t, s.binary, s.proxy(i).configPath)
+	p := startServeProcess(t, s.proxy(i).binary, s.proxy(i).configPath)
 	s.mu.Lock()
 	s.proxies[i] = p
 	s.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -121,12 +122,14 @@ func TestSidecarNodeKilledRepeatedly(t *testing.T) {
 		kills, time.Since(began).Round(time.Second), median.Round(time.Millisecond), maximum.Round(time.Millisecond), rounded(resumes))
 }
 
-// killSidecars are the nodes of TestSidecarNodeKilledRepeatedly: the shared cluster's
-// brokers and a proxy beside each, which the test kills and starts again. Clients read
-// it from their goroutines, so it has a lock.
+// killSidecars are the nodes of TestSidecarNodeKilledRepeatedly and of the campaigns: the
+// shared cluster's brokers and a proxy beside each, which the tests kill, stop, freeze or
+// cut off, and start again. Clients read it from their goroutines, so it has a lock.
 type killSidecars struct {
-	binary  cliBinary
 	brokers []*localbroker.Node
+	// dialer, when set, opens a client's TCP connection to proxy i (from inside its
+	// network namespace); else clients dial from the host.
+	dialer func(i int) func(network, address string) (net.Conn, error)
 
 	mu      sync.Mutex
 	proxies []*cliProxy
@@ -146,8 +149,8 @@ type killSidecars struct {
 func startKillSidecars(t *testing.T, pattern string) *killSidecars {
 	t.Helper()
 	brokers := cluster.Nodes()
-	s := &killSidecars{binary: newCLI(t), brokers: brokers, up: make([]bool, len(brokers)),
-		hits: make([]int, len(brokers)), runs: make([]int, len(brokers)), hitBy: make([]int, len(brokers))}
+	binary := newCLI(t)
+	var proxies []*cliProxy
 	gossip := make([]string, len(brokers))
 	for i := range brokers {
 		gossip[i] = cliFreeAddr(t)
@@ -158,12 +161,39 @@ func startKillSidecars(t *testing.T, pattern string) *killSidecars {
 		path := filepath.Join(t.TempDir(), "amqp-mirror.yaml")
 		join := slices.Delete(slices.Clone(gossip), i, i+1)
 		cliWriteFile(t, path, sidecarConfigYAML(t, n.Name, gossip[i], cliFreeAddr(t), join, keys)+policy)
-		s.proxies = append(s.proxies, startServeProcess(t, s.binary, path))
+		proxies = append(proxies, startServeProcess(t, binary, path))
 	}
+	s := newKillSidecars(brokers, proxies, nil)
 	for i := range brokers {
 		s.awaitReady(t, i)
 	}
 	return s
+}
+
+// newKillSidecars keeps proxies, one beside each of brokers, in the same order; dialer
+// as the field's.
+func newKillSidecars(brokers []*localbroker.Node, proxies []*cliProxy, dialer func(i int) func(network, address string) (net.Conn, error)) *killSidecars {
+	n := len(brokers)
+	up := make([]bool, n)
+	for i := range up {
+		up[i] = true
+	}
+	return &killSidecars{brokers: brokers, dialer: dialer, proxies: proxies,
+		up: up, hits: make([]int, n), runs: make([]int, n), hitBy: make([]int, n)}
+}
+
+// dial connects a client to proxy i at url.
+func (s *killSidecars) dial(i int, url string) (*amqp.Connection, error) {
+	if s.dialer == nil {
+		return amqp.Dial(url)
+	}
+	// amqp.Dial's heartbeat and locale, with the connection made in the namespace.
+	return amqp.DialConfig(url, amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US", Dial: s.dialer(i)})
+}
+
+// connect connects a client to proxy i.
+func (s *killSidecars) connect(i int) (*amqp.Connection, error) {
+	return s.dial(i, s.proxy(i).url("guest", "guest"))
 }
 
 // awaitReady waits until proxy i listens and knows the metadata log's leader, reads its
@@ -262,7 +292,7 @@ func (s *killSidecars) restart(t *testing.T, i int) time.Duration {
 	began := time.Now()
 	restartNode(t, s.brokers[i])
 	booted := time.Since(began)
-	p := startServeProcess(t, s.binary, s.proxy(i).configPath)
+	p := startServeProcess(t, s.proxy(i).binary, s.proxy(i).configPath)
 	s.mu.Lock()
 	s.proxies[i] = p
 	s.mu.Unlock()
@@ -439,7 +469,7 @@ func (l *killLoad) addClient(name string, home int, publisher bool) {
 			}
 			target := process.node
 			goHome := l.home(home)
-			conn, err := amqp.Dial(url)
+			conn, err := l.nodes.dial(target, url)
 			if err != nil {
 				// A proxy hit between pick and dial refuses; one that serves must not.
 				if !l.nodes.hitSince(target, hits) {
