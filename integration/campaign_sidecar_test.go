@@ -73,6 +73,7 @@ func runSidecarCampaign(t *testing.T, nodes *killSidecars, queues []string, kind
 		nodes.awaitServing(t)
 		nodes.awaitSynchronised(t, (victim+1)%len(nodes.brokers), queues)
 		load.waitProgress(t, 100)
+		load.fault(from, time.Now())
 		injected[n.name]++
 		t.Logf("fault %d/%d: %s: %s; whole again after %v", i+1, len(order), n.name, what, time.Since(from).Round(time.Millisecond))
 	}

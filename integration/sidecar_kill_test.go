@@ -104,6 +104,7 @@ func TestSidecarNodeKilledRepeatedly(t *testing.T) {
 		nodes.awaitSynchronised(t, victim, queues)
 		synchronised := time.Since(back)
 		load.waitProgress(t, 100)
+		load.fault(roundStart, time.Now())
 		t.Logf("kill %d: node %d (master of %v) killed; survivors listed every master elsewhere after %v; a message published after the kill delivered after %v; broker booted in %v, then its copies synchronised slaves %v later (round %v)",
 			round+1, victim+1, mastered, promotedAfter.Round(time.Millisecond), resumed.Round(time.Millisecond),
 			booted.Round(time.Millisecond), synchronised.Round(time.Millisecond), time.Since(roundStart).Round(time.Millisecond))
@@ -371,9 +372,14 @@ type killLoad struct {
 	deliveredBy map[string]proxyProcess // body → the proxy process of its first delivery
 	unflagged   []string                // repeats without redelivered through another proxy process
 	deliveries  []killDelivery
-	reconnects  int
-	refused     int      // basic.consume answered 404: the master is down, nobody promoted yet
-	problems    []string // what a client should never see
+	// settles, by body, is when a round trip on the channel that acked it completed after
+	// the ack, and when the delivery acked had arrived; faults, when each fault was
+	// injected and when the cluster was whole again.
+	settles    map[string][]ackSettle
+	faults     faultWindows
+	reconnects int
+	refused    int      // basic.consume answered 404: the master is down, nobody promoted yet
+	problems   []string // what a client should never see
 }
 
 // errMasterDown is basic.consume answered with 404 because the queue's master is down
@@ -391,6 +397,7 @@ func (p proxyProcess) String() string {
 // killDelivery is one message as a consumer saw it.
 type killDelivery struct {
 	body        string
+	via         proxyProcess
 	at          time.Time
 	redelivered bool
 }
@@ -401,7 +408,7 @@ func newKillLoad(t *testing.T, nodes *killSidecars, queues []string) *killLoad {
 	l := &killLoad{
 		nodes: nodes, queues: queues, ctx: ctx, stop: stop, publishing: publishing, stopPublishing: stopPublishing,
 		publishedAt: map[string]time.Time{}, publishedTo: map[string]string{},
-		confirmed: map[string]bool{}, received: map[string]int{}, deliveredBy: map[string]proxyProcess{},
+		confirmed: map[string]bool{}, received: map[string]int{}, deliveredBy: map[string]proxyProcess{}, settles: map[string][]ackSettle{},
 	}
 	for range nodes.brokers {
 		l.homes = append(l.homes, make(chan struct{}))
@@ -575,6 +582,7 @@ func (l *killLoad) consume(name string, conn *amqp.Connection, via proxyProcess,
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	cancelled := ch.NotifyCancel(make(chan string, len(l.queues)))
 	ended := make(chan error, len(l.queues)+2)
+	acks := &killAcks{}
 	var consumers sync.WaitGroup
 	for _, q := range l.queues {
 		deliveries, err := ch.Consume(q, name+"-"+q, false, false, false, false, nil)
@@ -604,15 +612,22 @@ func (l *killLoad) consume(name string, conn *amqp.Connection, via proxyProcess,
 					l.unflagged = append(l.unflagged, fmt.Sprintf("%s (first through %s, again to %s through %s, fault %d)", body, first, name, via, fault))
 				}
 				l.received[body]++
-				l.deliveries = append(l.deliveries, killDelivery{body: body, at: time.Now(), redelivered: d.Redelivered})
+				at := time.Now()
+				l.deliveries = append(l.deliveries, killDelivery{body: body, via: via, at: at, redelivered: d.Redelivered})
 				l.mu.Unlock()
 				if err := d.Ack(false); err != nil {
 					ended <- fmt.Errorf("ack of %s: %w", body, err)
 					return
 				}
+				acks.add(body, at)
 			}
 		}()
 	}
+	// Only once every basic.consume is answered: amqp091-go matches a synchronous
+	// method's answer to whichever call on the channel waits.
+	settling := make(chan struct{})
+	stopSettling := make(chan struct{})
+	go l.settle(ch, acks, stopSettling, settling)
 	var result error
 	select {
 	case <-l.ctx.Done():
@@ -624,9 +639,84 @@ func (l *killLoad) consume(name string, conn *amqp.Connection, via proxyProcess,
 	case err := <-ended:
 		result = err
 	}
-	conn.Close() // ends the delivery loops
+	conn.Close() // ends the delivery loops, and a round trip under way
 	consumers.Wait()
+	close(stopSettling)
+	<-settling
 	return result
+}
+
+// killAcks are the acks a consumer sent since its channel's last round trip.
+type killAcks struct {
+	mu          sync.Mutex
+	bodies      []string
+	deliveredAt []time.Time
+}
+
+func (a *killAcks) add(body string, deliveredAt time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.bodies = append(a.bodies, body)
+	a.deliveredAt = append(a.deliveredAt, deliveredAt)
+}
+
+func (a *killAcks) take() ([]string, []time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	bodies, at := a.bodies, a.deliveredAt
+	a.bodies, a.deliveredAt = nil, nil
+	return bodies, at
+}
+
+// settle completes a basic.qos round trip on ch every 100 ms while acks were sent, and
+// records those acks settled: the proxy has them from then on. It returns, closing
+// done, when stop is closed or the channel fails.
+func (l *killLoad) settle(ch *amqp.Channel, acks *killAcks, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	ticker := time.NewTicker(100 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ticker.C:
+		}
+		bodies, deliveredAt := acks.take()
+		if len(bodies) == 0 {
+			continue
+		}
+		if err := ch.Qos(20, 0, false); err != nil {
+			return
+		}
+		now := time.Now()
+		l.mu.Lock()
+		for i, body := range bodies {
+			l.settles[body] = append(l.settles[body], ackSettle{at: now, deliveredAt: deliveredAt[i]})
+		}
+		l.mu.Unlock()
+	}
+}
+
+// fault records a fault's window, for the check of acks that settled.
+func (l *killLoad) fault(from, to time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.faults = append(l.faults, faultWindow{from, to})
+}
+
+// ackedThenRedelivered lists the deliveries of a message after one of its acks settled
+// with no fault between the delivery acked and the settling round trip (l.mu held).
+func (l *killLoad) ackedThenRedelivered() []string {
+	var found []string
+	for _, d := range l.deliveries {
+		for _, s := range l.settles[d.body] {
+			if d.at.After(s.at) && !l.faults.overlap(s.deliveredAt, s.at) {
+				found = append(found, fmt.Sprintf("%s to %s, %v after its ack settled (redelivered %v)", d.body, d.via, d.at.Sub(s.at).Round(time.Millisecond), d.redelivered))
+				break
+			}
+		}
+	}
+	return found
 }
 
 func (l *killLoad) counts() (confirmed, received int) {
@@ -712,5 +802,9 @@ func (l *killLoad) finish(t *testing.T) {
 	if len(l.unflagged) > 0 {
 		t.Logf("%d delivered again without redelivered through another proxy process than the first time (not guaranteed, see docs/guarantees.md): %s",
 			len(l.unflagged), strings.Join(l.unflagged, "; "))
+	}
+	if again := l.ackedThenRedelivered(); len(again) > 0 {
+		t.Logf("%d delivered again after an ack of theirs settled, with no fault between the delivery acked and the settling: %s",
+			len(again), strings.Join(again[:min(len(again), 10)], "; "))
 	}
 }
