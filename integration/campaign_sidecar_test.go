@@ -1,7 +1,11 @@
 package integration
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -10,9 +14,10 @@ import (
 // The fault campaign of the sidecar cluster: three nodes, each a broker with
 // a proxy beside it, the clients of TestSidecarNodeKilledRepeatedly (a
 // publisher and a consumer through every proxy, reconnecting to another
-// proxy only when theirs was killed), and a nemesis that kills proxies,
-// whole nodes and brokers in a seeded random order, each healed and every
-// queue synchronised again before the next.
+// proxy only when the fault under way hit theirs), and a nemesis that kills,
+// stops and freezes proxies, kills whole nodes, and kills and freezes
+// brokers, in a seeded random order, each healed, every proxy serving and
+// every queue synchronised again before the next.
 
 // sidecarNemesis injects one kind of fault in the sidecar cluster and heals
 // it. victim is the node it acts on; it returns what it did.
@@ -23,47 +28,66 @@ type sidecarNemesis struct {
 
 var sidecarNemeses = []sidecarNemesis{
 	{"kill -9 a proxy, restarted with its state dir", killOneProxy},
+	{"SIGTERM a proxy, restarted with its state dir", stopOneProxy},
+	{"SIGSTOP a proxy, shorter than failover_grace", freezeProxyShort},
+	{"SIGSTOP a proxy, longer than failover_grace", freezeProxyLong},
 	{"kill -9 a whole node, proxy and broker", killWholeNode},
 	{"kill -9 a master's broker, its proxy up", killMasterBroker},
 	{"SIGSTOP a master's broker past failover_grace, its proxy up", freezeMasterBroker},
 }
 
 // TestCampaignSidecar: whatever the nemesis does to proxies and brokers,
-// every confirmed message is received, clients of proxies that were not
-// killed never see their connection or consumers end, and a message
-// delivered again through the proxy process that delivered it first
-// carries redelivered.
+// every confirmed message is received, no message nobody published is,
+// clients of proxies the fault under way did not hit never see their
+// connection or consumers end, and a message delivered again through the
+// proxy process that delivered it first carries redelivered. A proxy the
+// fault hit (killed, stopped or frozen) may end its clients' connections,
+// and they reconnect to another proxy until theirs serves again.
 func TestCampaignSidecar(t *testing.T) {
 	queues := []string{"sidecarcampaign_1", "sidecarcampaign_2", "sidecarcampaign_3"}
 	restoreClusterOnCleanup(t)
 	t.Cleanup(func() { removeLeftovers(t, queues...) })
 	seed, rnd := campaignRandom(t)
-	faults := bySize(len(sidecarNemeses), 2*len(sidecarNemeses)*3)
+	faults := campaignFaults(t, len(sidecarNemeses), 2*len(sidecarNemeses)*3)
 	t.Logf("sidecar campaign: %d faults, seed %d (%s=%d replays the order)", faults, seed, campaignSeedVariable, seed)
 
 	nodes := startKillSidecars(t, "^sidecarcampaign_")
+	runSidecarCampaign(t, nodes, queues, sidecarNemeses, mixed(rnd, sidecarNemeses, faults), rnd)
+}
+
+// runSidecarCampaign declares queues, starts the clients, injects the faults of
+// order one after another, each on a random node, healed, every proxy serving
+// and every queue synchronised again before the next, then checks what the
+// clients saw (killLoad.finish) and deletes the queues.
+func runSidecarCampaign(t *testing.T, nodes *killSidecars, queues []string, kinds, order []sidecarNemesis, rnd *rand.Rand) {
+	t.Helper()
 	declareSidecarQueues(t, nodes, queues)
 	load := startKillLoad(t, nodes, queues)
-	order := mixed(rnd, sidecarNemeses, faults)
 	injected := map[string]int{}
+	began := time.Now()
 	for i, n := range order {
-		began := time.Now()
+		from := time.Now()
 		victim := rnd.IntN(len(nodes.brokers))
+		nodes.beginFault()
 		what := n.inject(t, nodes, load, queues, victim)
+		nodes.awaitServing(t)
 		nodes.awaitSynchronised(t, (victim+1)%len(nodes.brokers), queues)
 		load.waitProgress(t, 100)
+		load.fault(from, time.Now())
 		injected[n.name]++
-		t.Logf("fault %d/%d: %s: %s; whole again after %v", i+1, len(order), n.name, what, time.Since(began).Round(time.Millisecond))
+		t.Logf("fault %d/%d: %s: %s; whole again after %v", i+1, len(order), n.name, what, time.Since(from).Round(time.Millisecond))
 	}
+	nodes.beginFault() // the end of the last fault: the drain is no fault's
 	load.finish(t)
 	for _, q := range queues {
-		if err := deleteThrough(nodes.proxy(0), q); err != nil {
+		if err := nodes.deleteQueue(0, q); err != nil {
 			t.Errorf("deleting %s through proxy 1: %v", q, err)
 		}
 	}
-	for _, n := range sidecarNemeses {
+	for _, n := range kinds {
 		t.Logf("%s: %d", n.name, injected[n.name])
 	}
+	t.Logf("%d faults in %v", len(order), time.Since(began).Round(time.Second))
 }
 
 // declareSidecarQueues declares queue i through proxy i, client-local, so
@@ -75,7 +99,7 @@ func declareSidecarQueues(t *testing.T, nodes *killSidecars, queues []string) {
 	names := mirrorBackends()
 	for i, q := range queues {
 		awaitCondition(t, 60*time.Second, func() error {
-			if err := declareThrough(nodes.proxy(i), q); err != nil {
+			if err := nodes.declare(i, q); err != nil {
 				return err
 			}
 			row, err := queueStatus(t, nodes.proxy(i), q)
@@ -101,6 +125,54 @@ func killOneProxy(t *testing.T, nodes *killSidecars, load *killLoad, _ []string,
 	nodes.restartProxy(t, victim)
 	load.comeHome(victim)
 	return fmt.Sprintf("the proxy beside %s", nodes.brokers[victim].Name)
+}
+
+func stopOneProxy(t *testing.T, nodes *killSidecars, load *killLoad, _ []string, victim int) string {
+	took := nodes.stopProxy(t, victim)
+	nodes.restartProxy(t, victim)
+	load.comeHome(victim)
+	return fmt.Sprintf("the proxy beside %s, stopped in %v", nodes.brokers[victim].Name, took.Round(time.Millisecond))
+}
+
+// freezeProxyShort freezes a proxy for a third of failover_grace: serf
+// holds it failed within about a second all the same, so the others count
+// its broker down and move its masters away, while its own clients wait.
+func freezeProxyShort(t *testing.T, nodes *killSidecars, load *killLoad, _ []string, victim int) string {
+	pause := (mirrorFailoverGrace / 3).Round(time.Millisecond)
+	thaw := nodes.freezeProxy(t, victim)
+	time.Sleep(pause) // the fault: a freeze of this length
+	thaw()
+	load.comeHome(victim)
+	return fmt.Sprintf("the proxy beside %s, frozen for %v", nodes.brokers[victim].Name, pause)
+}
+
+// freezeProxyLong freezes a proxy past failover_grace, and until the others
+// list no queue mastered on its broker: woken, its own probes and timers
+// find every deadline passed at once.
+func freezeProxyLong(t *testing.T, nodes *killSidecars, load *killLoad, queues []string, victim int) string {
+	broker := nodes.brokers[victim].Name
+	asked := (victim + 1) % len(nodes.brokers)
+	frozenAt := time.Now()
+	thaw := nodes.freezeProxy(t, victim)
+	awaitCondition(t, 90*time.Second, func() error {
+		if frozen := time.Since(frozenAt); frozen <= mirrorFailoverGrace+time.Second {
+			return fmt.Errorf("frozen for %v, not past failover_grace (%v) yet", frozen, mirrorFailoverGrace)
+		}
+		rows, err := listQueues(t, nodes.proxy(asked))
+		if err != nil {
+			return err
+		}
+		for _, q := range queues {
+			if rows[q].Master == broker {
+				return fmt.Errorf("proxy %d lists %v, mastered beside the frozen proxy", asked+1, rows[q])
+			}
+		}
+		return nil
+	})
+	frozen := time.Since(frozenAt)
+	thaw()
+	load.comeHome(victim)
+	return fmt.Sprintf("the proxy beside %s, frozen for %v", broker, frozen.Round(time.Millisecond))
 }
 
 func killWholeNode(t *testing.T, nodes *killSidecars, load *killLoad, _ []string, victim int) string {
@@ -161,26 +233,163 @@ func freezeMasterBroker(t *testing.T, nodes *killSidecars, _ *killLoad, queues [
 	return fmt.Sprintf("%s, master of %s, frozen for %v", broker.Name, queue, time.Since(frozenAt).Round(time.Millisecond))
 }
 
+// declare declares a durable queue through proxy i.
+func (s *killSidecars) declare(i int, queue string) error {
+	conn, err := s.connect(i)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declaring %s through proxy %d: %w", queue, i+1, err)
+	}
+	return nil
+}
+
+// deleteQueue deletes a queue through proxy i.
+func (s *killSidecars) deleteQueue(i int, queue string) error {
+	conn, err := s.connect(i)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return deleteQueue(conn, queue)
+}
+
 // killProxy sends SIGKILL to node i's proxy alone and waits until it is
 // gone; its broker runs on.
 func (s *killSidecars) killProxy(t *testing.T, i int) {
 	t.Helper()
-	s.mu.Lock()
-	p := s.proxies[i]
-	s.up[i] = false
-	s.kills[i]++
-	s.mu.Unlock()
+	p := s.hit(i, true)
 	if err := p.command.Process.Kill(); err != nil {
 		t.Fatalf("kill -9 the proxy beside %s: %v", s.brokers[i].Name, err)
 	}
 	<-p.done
 }
 
+// stopProxy sends SIGTERM to node i's proxy alone, waits until it has
+// exited, cleanly, and says how long that took; its broker runs on.
+func (s *killSidecars) stopProxy(t *testing.T, i int) time.Duration {
+	t.Helper()
+	p := s.hit(i, true)
+	began := time.Now()
+	if err := p.command.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM to the proxy beside %s: %v", s.brokers[i].Name, err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the proxy beside %s still runs 2m after SIGTERM:\n%s", s.brokers[i].Name, p.stderr)
+	}
+	if code := p.command.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("the proxy beside %s exited with %d after SIGTERM:\n%s", s.brokers[i].Name, code, p.stderr)
+	}
+	return time.Since(began)
+}
+
+// freezeProxy stops node i's proxy with SIGSTOP, its broker running on, and
+// returns once all of the proxy's threads have stopped. thaw sends SIGCONT
+// (as a cleanup does, should the test end first) and waits until every
+// proxy serves again.
+func (s *killSidecars) freezeProxy(t *testing.T, i int) (thaw func()) {
+	t.Helper()
+	p := s.hit(i, false)
+	pid := p.command.Process.Pid
+	var once sync.Once
+	resume := func() {
+		once.Do(func() {
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Errorf("SIGCONT to the proxy beside %s: %v", s.brokers[i].Name, err)
+			}
+		})
+	}
+	t.Cleanup(resume)
+	freezeProcess(t, "the proxy beside "+s.brokers[i].Name, pid)
+	return func() {
+		t.Helper()
+		resume()
+		s.serveAgain(t, i)
+	}
+}
+
+// serveAgain waits until every proxy serves (awaitServing), then marks proxy
+// i, which a fault hit, up again.
+func (s *killSidecars) serveAgain(t *testing.T, i int) {
+	t.Helper()
+	s.awaitServing(t)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.up[i] = true
+}
+
+// sidecarStatus is what the tests read of ctl cluster_status.
+type sidecarStatus struct {
+	Paused bool
+	Nodes  []struct{ Name, State string }
+	// Backends' states are up, down or unknown.
+	Backends []struct{ Name, State string }
+}
+
+// status is ctl cluster_status as proxy i answers it.
+func (s *killSidecars) status(t *testing.T, i int) (sidecarStatus, error) {
+	t.Helper()
+	var status sidecarStatus
+	r := s.proxy(i).ctl(t, "cluster_status", "--formatter", "json")
+	if r.code != 0 {
+		return status, fmt.Errorf("proxy %d: ctl cluster_status: exit %d: %s", i+1, r.code, r.stderr)
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &status); err != nil {
+		return status, fmt.Errorf("proxy %d: ctl cluster_status --formatter json: %v\n%s", i+1, err, r.stdout)
+	}
+	return status, nil
+}
+
+// awaitServing waits until every proxy runs, is not paused, and sees every
+// proxy alive and every backend up.
+func (s *killSidecars) awaitServing(t *testing.T) {
+	t.Helper()
+	awaitCondition(t, 90*time.Second, func() error {
+		var errs []error
+		for i := range s.brokers {
+			p := s.proxy(i)
+			if p.exited() {
+				t.Fatalf("the proxy beside %s exited by itself (%v):\n%s", s.brokers[i].Name, p.command.ProcessState, p.stderr)
+			}
+			status, err := s.status(t, i)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if status.Paused {
+				errs = append(errs, fmt.Errorf("proxy %d is paused", i+1))
+			}
+			if len(status.Nodes) != len(s.brokers) {
+				errs = append(errs, fmt.Errorf("proxy %d lists %d proxies, want %d", i+1, len(status.Nodes), len(s.brokers)))
+			}
+			for _, n := range status.Nodes {
+				if n.State != "alive" {
+					errs = append(errs, fmt.Errorf("proxy %d sees proxy %s %s", i+1, n.Name, n.State))
+				}
+			}
+			for _, b := range status.Backends {
+				if b.State != "up" {
+					errs = append(errs, fmt.Errorf("proxy %d counts %s %s", i+1, b.Name, b.State))
+				}
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
 // restartProxy starts node i's proxy again with the same config and
 // state_dir, and waits until it is ready.
 func (s *killSidecars) restartProxy(t *testing.T, i int) {
 	t.Helper()
-	p := startServeProcess(t, s.binary, s.proxy(i).configPath)
+	p := startServeProcess(t, s.proxy(i).binary, s.proxy(i).configPath)
 	s.mu.Lock()
 	s.proxies[i] = p
 	s.mu.Unlock()

@@ -73,14 +73,7 @@ var nemeses = []nemesis{
 func TestCampaign(t *testing.T) {
 	restoreClusterOnCleanup(t)
 	seed, rnd := campaignRandom(t)
-	faults := bySize(len(nemeses), campaignLongFaults)
-	if s := os.Getenv(campaignFaultsVariable); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("%s=%q: want a number of faults", campaignFaultsVariable, s)
-		}
-		faults = n
-	}
+	faults := campaignFaults(t, len(nemeses), campaignLongFaults)
 	t.Logf("campaign: %d faults, seed %d (%s=%d replays the order)", faults, seed, campaignSeedVariable, seed)
 
 	p := startChaosProxy(t, node(t, "rabbit1"), chaosOptions{definition: haAllAutomatic, grace: campaignGrace})
@@ -173,6 +166,21 @@ func declareCampaignQueues(t *testing.T, p *chaosProxy, queues []campaignQueue) 
 			t.Fatalf("flush %s: %v", n.Name, err)
 		}
 	}
+}
+
+// campaignFaults is how many faults a campaign injects: campaignFaultsVariable
+// when it is set, else short in the default tier and long in the long tier.
+func campaignFaults(t *testing.T, short, long int) int {
+	t.Helper()
+	faults := bySize(short, long)
+	if s := os.Getenv(campaignFaultsVariable); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want a number of faults", campaignFaultsVariable, s)
+		}
+		faults = n
+	}
+	return faults
 }
 
 // campaignRandom is a campaign's source of random choices, seeded from

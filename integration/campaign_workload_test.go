@@ -91,7 +91,7 @@ type campaignWorkload struct {
 	unexpected []string
 	problems   []string // what a client should never see
 	reconsumes int      // consumes again after an x-cancel-on-ha-failover cancel
-	faults     []faultWindow
+	faults     faultWindows
 	lastSeen   time.Time
 	longestGap time.Duration // between two deliveries, while publishing
 }
@@ -356,6 +356,13 @@ func (w *campaignWorkload) addPoller(reader string, q campaignQueue) {
 // again.
 type faultWindow struct{ from, to time.Time }
 
+type faultWindows []faultWindow
+
+// overlap reports whether a fault's window overlaps [from, to].
+func (f faultWindows) overlap(from, to time.Time) bool {
+	return slices.ContainsFunc(f, func(w faultWindow) bool { return !w.to.Before(from) && !w.from.After(to) })
+}
+
 // fault records a fault's window, for the checker.
 func (w *campaignWorkload) fault(from, to time.Time) {
 	w.mu.Lock()
@@ -365,7 +372,7 @@ func (w *campaignWorkload) fault(from, to time.Time) {
 
 // acrossFault reports whether a fault's window overlaps [from, to].
 func (w *campaignWorkload) acrossFault(from, to time.Time) bool {
-	return slices.ContainsFunc(w.faults, func(f faultWindow) bool { return !f.to.Before(from) && !f.from.After(to) })
+	return w.faults.overlap(from, to)
 }
 
 // progress is how many messages were confirmed and how many delivered.

@@ -34,15 +34,18 @@ func mirrorBackends() []string {
 	return names
 }
 
+// mirrorFailoverGrace is failover_grace in mirrorConfigYAML, above its 2 s default: these
+// tests are about the steady state, and on two cores shared by three brokers, rabbitmqctl
+// and parallel tests a probe answered late made the proxy count a live backend down (seen:
+// "no answer to a probe within 2s").
+const mirrorFailoverGrace = 10 * time.Second
+
 // mirrorConfigYAML is a config for a proxy in front of every node of the shared cluster,
 // named as the nodes are, with its state in stateDir; extra is appended (policies:...).
 func mirrorConfigYAML(t testing.TB, stateDir, extra string) string {
 	var yaml strings.Builder
-	// failover_grace above its 2 s default: these tests are about the steady state, and on
-	// two cores shared by three brokers, rabbitmqctl and parallel tests a probe answered
-	// late made the proxy count a live backend down (seen: "no answer to a probe within 2s").
-	fmt.Fprintf(&yaml, "listen:\n  amqp: %s\n  admin: %s\nstate_dir: %s\nshutdown_timeout: 5s\nfailover_grace: 10s\nlog:\n  format: text\nbackends:\n",
-		cliFreeAddr(t), cliFreeAddr(t), stateDir)
+	fmt.Fprintf(&yaml, "listen:\n  amqp: %s\n  admin: %s\nstate_dir: %s\nshutdown_timeout: 5s\nfailover_grace: %v\nlog:\n  format: text\nbackends:\n",
+		cliFreeAddr(t), cliFreeAddr(t), stateDir, mirrorFailoverGrace)
 	for _, n := range cluster.Nodes() {
 		fmt.Fprintf(&yaml, "  - name: %s\n    url: %q\n", n.Name, n.URL())
 	}

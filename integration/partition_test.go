@@ -326,10 +326,10 @@ func TestSidecarPartition(t *testing.T) {
 	}
 }
 
-// partitionNetwork is the namespaces of TestSidecarPartition: a bridge namespace with the
-// brokers' addresses (forwarding to the shared brokers) and one namespace per proxy,
-// joined to the bridge by a veth pair. It reuses composeNetwork's namespaces, forwarders
-// and cleanup.
+// partitionNetwork is the namespaces of TestSidecarPartition and TestCampaignPartitions: a
+// bridge namespace with the brokers' addresses (forwarding to the shared brokers) and one
+// namespace per proxy, joined to the bridge by a veth pair. It reuses composeNetwork's
+// namespaces, forwarders and cleanup.
 type partitionNetwork struct {
 	*composeNetwork
 	bridge   string
@@ -445,34 +445,68 @@ func (n *partitionNetwork) startProxies(t *testing.T) []*cliProxy {
 // and brokers, and in the bridge namespace for the other side's brokers answering.
 func (n *partitionNetwork) partition(t *testing.T, cut bool) {
 	t.Helper()
-	verb := "del"
-	if cut {
-		verb = "add"
-	}
 	minority, majority := []int{0}, []int{1, 2}
 	for _, sides := range [][2][]int{{minority, majority}, {majority, minority}} {
 		for _, i := range sides[0] {
 			for _, j := range sides[1] {
-				n.ip(t, "-n", n.proxyNS[i], "rule", verb, "to", n.proxyIP[j], "blackhole")
-				n.ip(t, "-n", n.proxyNS[i], "rule", verb, "to", n.brokerIP[j], "blackhole")
-				n.ip(t, "-n", n.bridge, "rule", verb, "from", n.brokerIP[j], "to", n.proxyIP[i], "blackhole")
+				n.blockProxy(t, cut, i, j)
+				n.blockBroker(t, cut, i, j)
 			}
 		}
 	}
 }
 
+// isolateProxy cuts the proxy of node i from the other proxies (serf gossip and raft, both
+// ways), or heals the cut; every proxy still reaches every broker.
+func (n *partitionNetwork) isolateProxy(t *testing.T, cut bool, i int) {
+	t.Helper()
+	for j := range n.proxyNS {
+		if j != i {
+			n.blockProxy(t, cut, i, j)
+			n.blockProxy(t, cut, j, i)
+		}
+	}
+}
+
+// blockProxy adds (cut) or deletes the rule in proxy i's namespace that drops what it
+// sends to proxy j.
+func (n *partitionNetwork) blockProxy(t *testing.T, cut bool, i, j int) {
+	t.Helper()
+	n.ip(t, "-n", n.proxyNS[i], "rule", ruleVerb(cut), "to", n.proxyIP[j], "blackhole")
+}
+
+// blockBroker adds (cut) or deletes the rules that cut proxy i from broker j both ways:
+// in proxy i's namespace for what it sends, in the bridge namespace for the broker's
+// answers. The other proxies still reach broker j.
+func (n *partitionNetwork) blockBroker(t *testing.T, cut bool, i, j int) {
+	t.Helper()
+	n.ip(t, "-n", n.proxyNS[i], "rule", ruleVerb(cut), "to", n.brokerIP[j], "blackhole")
+	n.ip(t, "-n", n.bridge, "rule", ruleVerb(cut), "from", n.brokerIP[j], "to", n.proxyIP[i], "blackhole")
+}
+
+// ruleVerb is ip rule's verb that makes a cut (add) or heals it (del).
+func ruleVerb(cut bool) string {
+	if cut {
+		return "add"
+	}
+	return "del"
+}
+
 // dial connects a client to the proxy of node i (from 0), from inside its namespace.
 func (n *partitionNetwork) dial(i int) (*amqp.Connection, error) {
-	return amqp.DialConfig(n.proxies[i].url("guest", "guest"), amqp.Config{
-		Dial: func(network, address string) (net.Conn, error) {
-			var conn net.Conn
-			err := inNetworkNamespace(n.proxyNS[i], func() (err error) {
-				conn, err = net.DialTimeout(network, address, 5*time.Second)
-				return err
-			})
-			return conn, err
-		},
-	})
+	return amqp.DialConfig(n.proxies[i].url("guest", "guest"), amqp.Config{Dial: n.dialer(i)})
+}
+
+// dialer opens TCP connections from inside the namespace of node i's proxy.
+func (n *partitionNetwork) dialer(i int) func(network, address string) (net.Conn, error) {
+	return func(network, address string) (net.Conn, error) {
+		var conn net.Conn
+		err := inNetworkNamespace(n.proxyNS[i], func() (err error) {
+			conn, err = net.DialTimeout(network, address, 5*time.Second)
+			return err
+		})
+		return conn, err
+	}
 }
 
 // promotionTime is when the first of the proxies logged a promotion.

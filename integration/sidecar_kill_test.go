@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -71,6 +72,7 @@ func TestSidecarNodeKilledRepeatedly(t *testing.T) {
 			}
 		}
 		roundStart := time.Now()
+		nodes.beginFault()
 		killedAt := nodes.kill(t, victim)
 
 		// The survivors promote: every queue has a master other than the victim, as a
@@ -102,6 +104,7 @@ func TestSidecarNodeKilledRepeatedly(t *testing.T) {
 		nodes.awaitSynchronised(t, victim, queues)
 		synchronised := time.Since(back)
 		load.waitProgress(t, 100)
+		load.fault(roundStart, time.Now())
 		t.Logf("kill %d: node %d (master of %v) killed; survivors listed every master elsewhere after %v; a message published after the kill delivered after %v; broker booted in %v, then its copies synchronised slaves %v later (round %v)",
 			round+1, victim+1, mastered, promotedAfter.Round(time.Millisecond), resumed.Round(time.Millisecond),
 			booted.Round(time.Millisecond), synchronised.Round(time.Millisecond), time.Since(roundStart).Round(time.Millisecond))
@@ -120,17 +123,25 @@ func TestSidecarNodeKilledRepeatedly(t *testing.T) {
 		kills, time.Since(began).Round(time.Second), median.Round(time.Millisecond), maximum.Round(time.Millisecond), rounded(resumes))
 }
 
-// killSidecars are the nodes of TestSidecarNodeKilledRepeatedly: the shared cluster's
-// brokers and a proxy beside each, which the test kills and starts again. Clients read
-// it from their goroutines, so it has a lock.
+// killSidecars are the nodes of TestSidecarNodeKilledRepeatedly and of the campaigns: the
+// shared cluster's brokers and a proxy beside each, which the tests kill, stop, freeze or
+// cut off, and start again. Clients read it from their goroutines, so it has a lock.
 type killSidecars struct {
-	binary  cliBinary
 	brokers []*localbroker.Node
+	// dialer, when set, opens a client's TCP connection to proxy i (from inside its
+	// network namespace); else clients dial from the host.
+	dialer func(i int) func(network, address string) (net.Conn, error)
 
 	mu      sync.Mutex
 	proxies []*cliProxy
-	up      []bool // the proxy serves: false from its kill until it is ready again
-	kills   []int  // how often each proxy was killed
+	up      []bool // the proxy serves: false from a fault on it until it serves again
+	// hits counts the faults on each proxy that may end its clients' connections
+	// (killed, stopped, frozen); runs, how often its process was replaced.
+	hits, runs []int
+	// fault is the fault under way, which beginFault numbers; hitBy, per proxy, the
+	// fault that last hit it. A client's connection may end only by the fault under way.
+	fault int
+	hitBy []int
 }
 
 // startKillSidecars starts a proxy beside each node of the shared cluster, as
@@ -139,7 +150,8 @@ type killSidecars struct {
 func startKillSidecars(t *testing.T, pattern string) *killSidecars {
 	t.Helper()
 	brokers := cluster.Nodes()
-	s := &killSidecars{binary: newCLI(t), brokers: brokers, up: make([]bool, len(brokers)), kills: make([]int, len(brokers))}
+	binary := newCLI(t)
+	var proxies []*cliProxy
 	gossip := make([]string, len(brokers))
 	for i := range brokers {
 		gossip[i] = cliFreeAddr(t)
@@ -150,12 +162,39 @@ func startKillSidecars(t *testing.T, pattern string) *killSidecars {
 		path := filepath.Join(t.TempDir(), "amqp-mirror.yaml")
 		join := slices.Delete(slices.Clone(gossip), i, i+1)
 		cliWriteFile(t, path, sidecarConfigYAML(t, n.Name, gossip[i], cliFreeAddr(t), join, keys)+policy)
-		s.proxies = append(s.proxies, startServeProcess(t, s.binary, path))
+		proxies = append(proxies, startServeProcess(t, binary, path))
 	}
+	s := newKillSidecars(brokers, proxies, nil)
 	for i := range brokers {
 		s.awaitReady(t, i)
 	}
 	return s
+}
+
+// newKillSidecars keeps proxies, one beside each of brokers, in the same order; dialer
+// as the field's.
+func newKillSidecars(brokers []*localbroker.Node, proxies []*cliProxy, dialer func(i int) func(network, address string) (net.Conn, error)) *killSidecars {
+	n := len(brokers)
+	up := make([]bool, n)
+	for i := range up {
+		up[i] = true
+	}
+	return &killSidecars{brokers: brokers, dialer: dialer, proxies: proxies,
+		up: up, hits: make([]int, n), runs: make([]int, n), hitBy: make([]int, n)}
+}
+
+// dial connects a client to proxy i at url.
+func (s *killSidecars) dial(i int, url string) (*amqp.Connection, error) {
+	if s.dialer == nil {
+		return amqp.Dial(url)
+	}
+	// amqp.Dial's heartbeat and locale, with the connection made in the namespace.
+	return amqp.DialConfig(url, amqp.Config{Heartbeat: 10 * time.Second, Locale: "en_US", Dial: s.dialer(i)})
+}
+
+// connect connects a client to proxy i.
+func (s *killSidecars) connect(i int) (*amqp.Connection, error) {
+	return s.dial(i, s.proxy(i).url("guest", "guest"))
 }
 
 // awaitReady waits until proxy i listens and knows the metadata log's leader, reads its
@@ -198,15 +237,40 @@ func (s *killSidecars) proxy(i int) *cliProxy {
 	return s.proxies[i]
 }
 
+// beginFault numbers the next fault, which hit attributes the ends of connections to.
+func (s *killSidecars) beginFault() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fault++
+}
+
+// faultUnderWay is the number of the fault under way, 0 before the first.
+func (s *killSidecars) faultUnderWay() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fault
+}
+
+// hit marks proxy i as no longer serving, hit by the fault under way: its clients'
+// connections may end. ended says its process ends too (a kill or a stop). It returns
+// the process.
+func (s *killSidecars) hit(i int, ended bool) *cliProxy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.up[i] = false
+	s.hits[i]++
+	s.hitBy[i] = s.fault
+	if ended {
+		s.runs[i]++
+	}
+	return s.proxies[i]
+}
+
 // kill sends SIGKILL to node i's proxy and its broker, one right after the other, and
 // returns when the first went. Every other proxy must still run.
 func (s *killSidecars) kill(t *testing.T, i int) time.Time {
 	t.Helper()
-	s.mu.Lock()
-	p := s.proxies[i]
-	s.up[i] = false
-	s.kills[i]++
-	s.mu.Unlock()
+	p := s.hit(i, true)
 	for j := range s.brokers {
 		if q := s.proxy(j); j != i && q.exited() {
 			t.Fatalf("the proxy beside %s exited by itself (%v):\n%s", s.brokers[j].Name, q.command.ProcessState, q.stderr)
@@ -229,7 +293,7 @@ func (s *killSidecars) restart(t *testing.T, i int) time.Duration {
 	began := time.Now()
 	restartNode(t, s.brokers[i])
 	booted := time.Since(began)
-	p := startServeProcess(t, s.binary, s.proxy(i).configPath)
+	p := startServeProcess(t, s.proxy(i).binary, s.proxy(i).configPath)
 	s.mu.Lock()
 	s.proxies[i] = p
 	s.mu.Unlock()
@@ -238,24 +302,25 @@ func (s *killSidecars) restart(t *testing.T, i int) time.Duration {
 }
 
 // pick is the proxy a client of home connects to: home while it serves, else the next one
-// that does. It returns the proxy's index, URL, and how often it was killed so far.
-func (s *killSidecars) pick(home int) (int, string, int, bool) {
+// that does. It returns the proxy's process, its URL, and how often it was hit so far.
+func (s *killSidecars) pick(home int) (proxyProcess, string, int, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k := range s.proxies {
 		i := (home + k) % len(s.proxies)
 		if s.up[i] {
-			return i, s.proxies[i].url("guest", "guest"), s.kills[i], true
+			return proxyProcess{node: i, run: s.runs[i]}, s.proxies[i].url("guest", "guest"), s.hits[i], true
 		}
 	}
-	return 0, "", 0, false
+	return proxyProcess{}, "", 0, false
 }
 
-// killedSince reports whether proxy i was killed since it had been killed kills times.
-func (s *killSidecars) killedSince(i, kills int) bool {
+// hitSince reports whether the fault under way hit proxy i since it had been hit hits
+// times: a connection to it that ends then is one the fault ended.
+func (s *killSidecars) hitSince(i, hits int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.kills[i] != kills
+	return s.hits[i] != hits && s.hitBy[i] == s.fault
 }
 
 // awaitSynchronised waits until a proxy other than node i's lists every queue with a copy
@@ -282,8 +347,9 @@ func (s *killSidecars) awaitSynchronised(t *testing.T, i int, queues []string) {
 
 // killLoad is the clients of TestSidecarNodeKilledRepeatedly and what they saw. Each
 // client has a home node and connects through its proxy; when the connection ends by
-// itself that must be because the proxy was killed (anything else is a problem), and the
-// client reconnects to the next proxy that serves, going back home when told.
+// itself that must be because the fault under way hit the proxy (killed, stopped or
+// frozen it; anything else is a problem), and the client reconnects to the next proxy
+// that serves, going back home when told.
 type killLoad struct {
 	nodes  *killSidecars
 	queues []string
@@ -306,26 +372,32 @@ type killLoad struct {
 	deliveredBy map[string]proxyProcess // body → the proxy process of its first delivery
 	unflagged   []string                // repeats without redelivered through another proxy process
 	deliveries  []killDelivery
-	reconnects  int
-	refused     int      // basic.consume answered 404: the master is down, nobody promoted yet
-	problems    []string // what a client should never see
+	// settles, by body, is when a round trip on the channel that acked it completed after
+	// the ack, and when the delivery acked had arrived; faults, when each fault was
+	// injected and when the cluster was whole again.
+	settles    map[string][]ackSettle
+	faults     faultWindows
+	reconnects int
+	refused    int      // basic.consume answered 404: the master is down, nobody promoted yet
+	problems   []string // what a client should never see
 }
 
 // errMasterDown is basic.consume answered with 404 because the queue's master is down
 // and no slave was promoted yet.
 var errMasterDown = errors.New("the queue's master is down, nobody promoted yet")
 
-// proxyProcess is one run of one node's proxy: its index, and how many times it had been
-// killed before.
-type proxyProcess struct{ node, kills int }
+// proxyProcess is one run of one node's proxy: its index, and how many times its process
+// had ended (killed or stopped) before.
+type proxyProcess struct{ node, run int }
 
 func (p proxyProcess) String() string {
-	return fmt.Sprintf("proxy %d (after %d kills)", p.node+1, p.kills)
+	return fmt.Sprintf("proxy %d (run %d)", p.node+1, p.run+1)
 }
 
 // killDelivery is one message as a consumer saw it.
 type killDelivery struct {
 	body        string
+	via         proxyProcess
 	at          time.Time
 	redelivered bool
 }
@@ -336,7 +408,7 @@ func newKillLoad(t *testing.T, nodes *killSidecars, queues []string) *killLoad {
 	l := &killLoad{
 		nodes: nodes, queues: queues, ctx: ctx, stop: stop, publishing: publishing, stopPublishing: stopPublishing,
 		publishedAt: map[string]time.Time{}, publishedTo: map[string]string{},
-		confirmed: map[string]bool{}, received: map[string]int{}, deliveredBy: map[string]proxyProcess{},
+		confirmed: map[string]bool{}, received: map[string]int{}, deliveredBy: map[string]proxyProcess{}, settles: map[string][]ackSettle{},
 	}
 	for range nodes.brokers {
 		l.homes = append(l.homes, make(chan struct{}))
@@ -397,17 +469,18 @@ func (l *killLoad) addClient(name string, home int, publisher bool) {
 		defer group.Done()
 		sequence := 0
 		for ctx.Err() == nil {
-			target, url, kills, ok := l.nodes.pick(home)
+			process, url, hits, ok := l.nodes.pick(home)
 			if !ok {
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}
+			target := process.node
 			goHome := l.home(home)
-			conn, err := amqp.Dial(url)
+			conn, err := l.nodes.dial(target, url)
 			if err != nil {
-				// A proxy killed between pick and dial refuses; one that serves must not.
-				if !l.nodes.killedSince(target, kills) {
-					l.problem("%s: connecting to proxy %d, which was not killed: %v", name, target+1, err)
+				// A proxy hit between pick and dial refuses; one that serves must not.
+				if !l.nodes.hitSince(target, hits) {
+					l.problem("%s: connecting to proxy %d, which no fault hit: %v", name, target+1, err)
 				}
 				time.Sleep(50 * time.Millisecond)
 				continue
@@ -419,7 +492,7 @@ func (l *killLoad) addClient(name string, home int, publisher bool) {
 			if publisher {
 				ended = l.publish(name, conn, &sequence, goHome)
 			} else {
-				ended = l.consume(name, conn, proxyProcess{node: target, kills: kills}, goHome)
+				ended = l.consume(name, conn, process, goHome)
 			}
 			conn.Close()
 			if errors.Is(ended, errMasterDown) {
@@ -433,8 +506,8 @@ func (l *killLoad) addClient(name string, home int, publisher bool) {
 				continue
 			}
 			if ended != nil && ctx.Err() == nil {
-				if !l.nodes.killedSince(target, kills) {
-					l.problem("%s: through proxy %d, which was not killed: %v", name, target+1, ended)
+				if !l.nodes.hitSince(target, hits) {
+					l.problem("%s: through proxy %d, which the fault under way did not hit: %v", name, target+1, ended)
 				}
 				l.mu.Lock()
 				l.reconnects++
@@ -509,6 +582,7 @@ func (l *killLoad) consume(name string, conn *amqp.Connection, via proxyProcess,
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	cancelled := ch.NotifyCancel(make(chan string, len(l.queues)))
 	ended := make(chan error, len(l.queues)+2)
+	acks := &killAcks{}
 	var consumers sync.WaitGroup
 	for _, q := range l.queues {
 		deliveries, err := ch.Consume(q, name+"-"+q, false, false, false, false, nil)
@@ -525,24 +599,35 @@ func (l *killLoad) consume(name string, conn *amqp.Connection, via proxyProcess,
 			defer consumers.Done()
 			for d := range deliveries {
 				body := string(d.Body)
+				fault := l.nodes.faultUnderWay()
 				l.mu.Lock()
+				if _, published := l.publishedAt[body]; !published {
+					l.problems = append(l.problems, fmt.Sprintf("%s delivered (to %s through %s) but never published", body, name, via))
+				}
 				if first, seen := l.deliveredBy[body]; !seen {
 					l.deliveredBy[body] = via
 				} else if !d.Redelivered && first == via {
 					l.problems = append(l.problems, fmt.Sprintf("%s delivered again (to %s) without redelivered, both times through %s", body, name, via))
 				} else if !d.Redelivered {
-					l.unflagged = append(l.unflagged, fmt.Sprintf("%s (first through %s, again to %s through %s)", body, first, name, via))
+					l.unflagged = append(l.unflagged, fmt.Sprintf("%s (first through %s, again to %s through %s, fault %d)", body, first, name, via, fault))
 				}
 				l.received[body]++
-				l.deliveries = append(l.deliveries, killDelivery{body: body, at: time.Now(), redelivered: d.Redelivered})
+				at := time.Now()
+				l.deliveries = append(l.deliveries, killDelivery{body: body, via: via, at: at, redelivered: d.Redelivered})
 				l.mu.Unlock()
 				if err := d.Ack(false); err != nil {
 					ended <- fmt.Errorf("ack of %s: %w", body, err)
 					return
 				}
+				acks.add(body, at)
 			}
 		}()
 	}
+	// Only once every basic.consume is answered: amqp091-go matches a synchronous
+	// method's answer to whichever call on the channel waits.
+	settling := make(chan struct{})
+	stopSettling := make(chan struct{})
+	go l.settle(ch, acks, stopSettling, settling)
 	var result error
 	select {
 	case <-l.ctx.Done():
@@ -554,9 +639,84 @@ func (l *killLoad) consume(name string, conn *amqp.Connection, via proxyProcess,
 	case err := <-ended:
 		result = err
 	}
-	conn.Close() // ends the delivery loops
+	conn.Close() // ends the delivery loops, and a round trip under way
 	consumers.Wait()
+	close(stopSettling)
+	<-settling
 	return result
+}
+
+// killAcks are the acks a consumer sent since its channel's last round trip.
+type killAcks struct {
+	mu          sync.Mutex
+	bodies      []string
+	deliveredAt []time.Time
+}
+
+func (a *killAcks) add(body string, deliveredAt time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.bodies = append(a.bodies, body)
+	a.deliveredAt = append(a.deliveredAt, deliveredAt)
+}
+
+func (a *killAcks) take() ([]string, []time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	bodies, at := a.bodies, a.deliveredAt
+	a.bodies, a.deliveredAt = nil, nil
+	return bodies, at
+}
+
+// settle completes a basic.qos round trip on ch every 100 ms while acks were sent, and
+// records those acks settled: the proxy has them from then on. It returns, closing
+// done, when stop is closed or the channel fails.
+func (l *killLoad) settle(ch *amqp.Channel, acks *killAcks, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	ticker := time.NewTicker(100 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ticker.C:
+		}
+		bodies, deliveredAt := acks.take()
+		if len(bodies) == 0 {
+			continue
+		}
+		if err := ch.Qos(20, 0, false); err != nil {
+			return
+		}
+		now := time.Now()
+		l.mu.Lock()
+		for i, body := range bodies {
+			l.settles[body] = append(l.settles[body], ackSettle{at: now, deliveredAt: deliveredAt[i]})
+		}
+		l.mu.Unlock()
+	}
+}
+
+// fault records a fault's window, for the check of acks that settled.
+func (l *killLoad) fault(from, to time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.faults = append(l.faults, faultWindow{from, to})
+}
+
+// ackedThenRedelivered lists the deliveries of a message after one of its acks settled
+// with no fault between the delivery acked and the settling round trip (l.mu held).
+func (l *killLoad) ackedThenRedelivered() []string {
+	var found []string
+	for _, d := range l.deliveries {
+		for _, s := range l.settles[d.body] {
+			if d.at.After(s.at) && !l.faults.overlap(s.deliveredAt, s.at) {
+				found = append(found, fmt.Sprintf("%s to %s, %v after its ack settled (redelivered %v)", d.body, d.via, d.at.Sub(s.at).Round(time.Millisecond), d.redelivered))
+				break
+			}
+		}
+	}
+	return found
 }
 
 func (l *killLoad) counts() (confirmed, received int) {
@@ -637,10 +797,14 @@ func (l *killLoad) finish(t *testing.T) {
 			duplicates++
 		}
 	}
-	t.Logf("%d published, %d confirmed, %d nacked, %d received (%d of them more than once, always with redelivered unless reported); the killed proxies' clients reconnected %d times (%d more consumes refused while a master was down); every confirmed message received %v after publishing stopped",
+	t.Logf("%d published, %d confirmed, %d nacked, %d received (%d of them more than once, always with redelivered unless reported); the clients of proxies hit by a fault reconnected %d times (%d more consumes refused while a master was down); every confirmed message received %v after publishing stopped",
 		len(l.publishedAt), len(l.confirmed), l.nacked, len(l.received), duplicates, l.reconnects, l.refused, time.Since(stopped).Round(time.Millisecond))
 	if len(l.unflagged) > 0 {
 		t.Logf("%d delivered again without redelivered through another proxy process than the first time (not guaranteed, see docs/guarantees.md): %s",
 			len(l.unflagged), strings.Join(l.unflagged, "; "))
+	}
+	if again := l.ackedThenRedelivered(); len(again) > 0 {
+		t.Logf("%d delivered again after an ack of theirs settled, with no fault between the delivery acked and the settling: %s",
+			len(again), strings.Join(again[:min(len(again), 10)], "; "))
 	}
 }

@@ -80,6 +80,8 @@ var integrationParts = [][]string{
 		"TestSidecarRaftPortNeedsAMembersCertificate",
 		// proxy_transparency_test.go, harness_test.go
 		"TestTransparency", "TestNodeLifecycle",
+		// campaign_partition_test.go
+		"TestCampaignPartitions",
 	},
 	{ // the proxy and mirrored queues: amqp091-go's suite three times (~300 s), transparency,
 		// errors, the harness
