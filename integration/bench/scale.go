@@ -79,7 +79,10 @@ func runScale(ctx context.Context, cfg config, logger *slog.Logger) (result scal
 	}
 	defer server.stop()
 	progress("scale: nodes and amqp-mirror ready in %s", time.Since(began).Round(100*time.Millisecond))
-	serverPID := serverProcess(server.pid())
+	serverPID, err := serverProcess(server.pid(), m.binary)
+	if err != nil {
+		return result, err
+	}
 	target := &mirrorTarget{m: m, config: m.serverConfigPath}
 	url := proxyURL(m.plain.Nodes()[0].URL(), server.addr)
 
@@ -204,14 +207,18 @@ func (t *mirrorTarget) rows(ctx context.Context) (map[string]mirrorQueueRow, err
 	return rows, nil
 }
 
-// serverProcess is the amqp-mirror process under the bench's wrapper shell.
-func serverProcess(wrapper int) int {
+// serverProcess is the process running binary under the bench's wrapper shell.
+func serverProcess(wrapper int, binary string) (int, error) {
+	want, err := filepath.Abs(binary)
+	if err != nil {
+		return 0, err
+	}
 	for _, pid := range processTree(wrapper) {
-		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && string(comm) == "amqp-mirror\n" {
-			return pid
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && exe == want {
+			return pid, nil
 		}
 	}
-	return wrapper
+	return 0, fmt.Errorf("no process of %s under the wrapper (pid %d)", want, wrapper)
 }
 
 func rssOf(pid int) (int64, error) {
