@@ -156,16 +156,18 @@
 // then the socket writer's lock (internal/wire). opening.mu is taken with
 // no other lock held. A backend's linkSet.opening is held while its link
 // dials and logs in; it is taken with no lock held but sendMu, and of the
-// locks above only linkSet.mu and the new socket's are taken under it. channelState.mu is held over link.mu in one place only,
-// numberCopies, which asks the links whether they were lost (a lost link
-// settles its confirms under the channel's lock); the socket writer's lock
-// is taken under channelState.mu when a crossing close answers its closer
-// at once (clientCloseCrosses, which hands a failed write back to be
-// reported once channelState.mu is released). The socket writer's lock is
-// never held during a system call (the writer releases it around each write), and
-// nothing else is taken under it; nor under boundaryQueue.mu, which guards
-// the link loops' writes that wait for the client loop to be between
-// messages (boundary.go), nor under declaredQueues.mu (declared.go), nor
-// under ledger.DeliveredIDs' own locks. Per-frame state that both read loops
-// check (close state, channel lookup) is atomic.
+// locks above only linkSet.mu and the new socket's are taken under it.
+// channelState.mu is held over link.mu in one place only, numberCopies,
+// which asks the links whether they were lost (a lost link settles its
+// confirms under the channel's lock); the socket writer's lock is taken
+// under channelState.mu when a crossing close answers its closer at once
+// (clientCloseCrosses, which hands a failed write back to be reported once
+// channelState.mu is released). The socket writer's lock is never held
+// during a system call (the writer releases it around each write), and
+// nothing else is taken under it; nor under linkSet.mu, nor under
+// boundaryQueue.mu, which guards the link loops' writes that wait for the
+// client loop to be between messages (boundary.go), nor under
+// declaredQueues.mu (declared.go), nor under ledger.DeliveredIDs' own
+// locks. Per-frame state that both read loops check (close state, channel
+// lookup) is atomic.
 package proxy
