@@ -21,7 +21,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		return nil
 	}
 	if f.Channel == 0 {
-		if c.home.Load() == l {
+		if c.links.home() == l {
 			return c.fromBackendConnection(l, f)
 		}
 		return c.fromLinkConnection(l, f)
@@ -29,7 +29,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 	ch := c.channels.get(f.Channel)
 	lc, closing := l.channelSide(f.Channel)
 	if ch == nil || lc == nil {
-		if ch == nil && c.home.Load() == l && !closing {
+		if ch == nil && c.links.home() == l && !closing {
 			c.toClient(f) // a channel the proxy does not track
 		}
 		return nil
@@ -242,17 +242,25 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 
 // linkFailed ends a link that failed or sent what the proxy cannot read,
 // and reports whether the client connection goes on. Without mirroring the
-// home link's loss ends the client connection with 320, as before; with
-// mirroring another backend becomes home (rehome), and only when none can
+// home link's loss ends the client connection with 320; with mirroring
+// another backend becomes home (linkSet.rehome), and only when none can
 // does the client connection end.
 func (c *clientConn) linkFailed(l *link, err error) bool {
-	if c.home.Load() != l {
+	if c.links.home() != l {
 		c.linkLost(l, err)
 		return true
 	}
-	if c.srv.opts.Mirror == nil || !c.rehome(l) {
+	if c.srv.opts.Mirror == nil {
 		c.backendLost(err)
 		return false
+	}
+	next, ok := c.links.rehome(l, c.openLink, c.runLink)
+	if !ok {
+		c.backendLost(err)
+		return false
+	}
+	if next != nil {
+		c.log.Warn("home backend lost; another backend serves the connection", "lost", l.name, "home", next.name)
 	}
 	c.linkLost(l, err)
 	return true

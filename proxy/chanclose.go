@@ -36,7 +36,7 @@ const (
 // The links drop the channel's frames until their close-ok. Callers hold no
 // locks.
 func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
-	for _, l := range c.allLinks() {
+	for _, l := range c.links.live() {
 		if l == skip {
 			continue
 		}
@@ -89,7 +89,7 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 	ch.closing.Store(chanClientClosing)
 	c.logChannelUnconfirmed(ch)
 	var targets []*link
-	for _, l := range c.allLinks() {
+	for _, l := range c.links.live() {
 		if l.beginClientClose(ch.id) {
 			targets = append(targets, l)
 		}

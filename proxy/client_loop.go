@@ -15,7 +15,7 @@ import (
 // acting on the ones that touch proxy state. It returns when the client
 // socket is closed.
 func (c *clientConn) clientLoop() {
-	c.client.WhenDry(c.flushLinks)
+	c.client.WhenDry(c.links.flush)
 	for {
 		f, err := c.client.ReadFrame()
 		if err == nil {
@@ -192,7 +192,7 @@ func (c *clientConn) fromClientWhileClosing(st closeState, f frames.Frame) error
 	switch {
 	case st == closeByBackend && key == frames.ConnectionCloseOkKey:
 		// The backend's close handshake completes through the proxy.
-		if home := c.home.Load(); home != nil {
+		if home := c.links.home(); home != nil {
 			home.sock.SendFrame(f.Type, 0, f.Payload)
 		}
 		c.markBackendClosed()
@@ -215,7 +215,7 @@ func (c *clientConn) markBackendClosed() {
 
 // toBackend passes a frame to the home backend as it came.
 func (c *clientConn) toBackend(f frames.Frame) {
-	home := c.home.Load()
+	home := c.links.home()
 	if home == nil {
 		return
 	}

@@ -51,7 +51,7 @@ func (c *clientConn) connectionMethod(f frames.Frame, key uint32, args []byte) {
 func (c *clientConn) methodOnClosedChannel(f frames.Frame, key uint32) error {
 	if key == frames.ChannelOpenKey {
 		ch := c.channels.open(f.Channel)
-		if home := c.home.Load(); ch != nil && home != nil {
+		if home := c.links.home(); ch != nil && home != nil {
 			return c.openChannel(ch, f, home)
 		}
 	}
@@ -106,7 +106,7 @@ func (c *clientConn) dispatchChannelMethod(ch *channelState, f frames.Frame, key
 		return nil
 	case frames.ChannelCloseOkKey:
 		// Not closing: nothing to answer. The home backend judges it.
-		c.sendTo(ch, f, nil, c.openLinks(ch), false)
+		c.sendTo(ch, f, nil, c.links.openOn(ch), false)
 		return nil
 	case frames.QueueDeclareKey, frames.QueueBindKey, frames.QueueUnbindKey, frames.QueuePurgeKey, frames.QueueDeleteKey:
 		return c.queueMethod(ch, f, key, args)
@@ -254,7 +254,7 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 		c.trim(*trims, kind == trimReject)
 	}
 	if len(acks) == 1 && acks[0].BackendTag == tag && acks[0].Multiple == multiple {
-		if l := c.linkAt(acks[0].Backend); l != nil && l.gen == acks[0].Gen {
+		if l := c.links.at(acks[0].Backend); l != nil && l.gen == acks[0].Gen {
 			if err := l.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
 				c.writeFailed(l, err)
 			}
@@ -262,7 +262,7 @@ func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag ui
 		return nil
 	}
 	for _, a := range acks {
-		l := c.linkAt(a.Backend)
+		l := c.links.at(a.Backend)
 		if l == nil || l.gen != a.Gen {
 			continue // the delivery's link is gone, and its broker requeued it
 		}

@@ -29,10 +29,6 @@ type clientConn struct {
 	id     uint64
 	log    *slog.Logger
 	client *wire.Socket
-	// backend is the socket of the link the handshake opened, set once the
-	// connection serves; with one backend it is the only link's, which
-	// flushLinks flushes without looking the link up.
-	backend *wire.Socket
 
 	// ctx ends with the connection; calls to the engine run under it.
 	ctx       context.Context
@@ -47,12 +43,8 @@ type clientConn struct {
 	channels *channelTable
 	// started is when the client connected.
 	started time.Time
-	// home is the home link: where channel 0 and anything without a place
-	// of its own goes. It is the link the handshake opened until that link
-	// is lost; with mirroring, another link then becomes home (rehome).
-	// homeSlice is the same as a one-element target list.
-	home      atomic.Pointer[link]
-	homeSlice atomic.Pointer[[]*link]
+	// links are the connection's backend links, the home link among them.
+	links linkSet
 	// Client read loop only: the identities of published messages, and
 	// scratch for trim.
 	identities identities
@@ -63,9 +55,6 @@ type clientConn struct {
 	// declared are the queues this connection declared that the log does
 	// not record, for list_queues.
 	declared declaredQueues
-	// linkChanges counts links opened and lost, so that what was decided
-	// about them (publishRoute) is decided again.
-	linkChanges atomic.Uint64
 	// linkLoops counts the link read loops running.
 	linkLoops sync.WaitGroup
 
@@ -87,12 +76,6 @@ type clientConn struct {
 	// backendClosed is set when the backend connection ended its close
 	// handshake, so teardown need not send connection.close to it.
 	backendClosed bool
-	// links are the connection's backend links by backend index; nil
-	// where none is open. linkGens counts each backend's links,
-	// linkFailedAt is when a link to it last failed.
-	links        []*link
-	linkGens     []uint64
-	linkFailedAt []time.Time
 	// orphans collects, under orphansMu, the consumers of a lost link
 	// (see failover.go).
 	orphansMu sync.Mutex
@@ -103,8 +86,6 @@ type clientConn struct {
 	// boundary is the link loops' writes on channels that wait for the
 	// client loop to be between messages (boundary.go).
 	boundary boundaryQueue
-	// linkOpening serialises opening each backend's link (not under mu).
-	linkOpening []sync.Mutex
 
 	done chan struct{} // closed by teardown
 }
@@ -126,16 +107,12 @@ const (
 )
 
 func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
-	n := len(srv.backends)
 	c := &clientConn{
-		srv:          srv,
-		id:           id,
-		client:       wire.NewSocket(conn),
-		done:         make(chan struct{}),
-		links:        make([]*link, n),
-		linkGens:     make([]uint64, n),
-		linkFailedAt: make([]time.Time, n),
-		linkOpening:  make([]sync.Mutex, n),
+		srv:    srv,
+		id:     id,
+		client: wire.NewSocket(conn),
+		done:   make(chan struct{}),
+		links:  newLinkSet(srv.backendNames, srv.opts.Mirror),
 	}
 	c.ctx, c.cancelCtx = context.WithCancel(context.Background())
 	if srv.opts.Mirror != nil {
@@ -175,15 +152,9 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	c.mu.Lock()
 	c.terms = opened.terms
 	c.channels = newChannelTable(opened.terms.channelMax)
-	c.backend = home.sock
-	if opened.failedAt != nil {
-		copy(c.linkFailedAt, opened.failedAt)
-	}
 	c.opened = time.Now()
 	c.opening = nil
-	c.links[home.idx] = home
-	c.linkGens[home.idx] = 1
-	c.setHome(home)
+	c.links.begin(home, opened.failedAt)
 	c.mu.Unlock()
 	c.log = c.log.With("user", c.terms.user, "vhost", c.terms.vhost)
 	c.log.Info("connection opened", "backend", home.name,
@@ -194,7 +165,7 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 // run serves an open connection to its end and returns why it ended.
 func (c *clientConn) run() CloseReason {
 	c.linkLoops.Add(1)
-	go c.linkLoop(c.home.Load())
+	go c.linkLoop(c.links.home())
 	stopHeartbeats := c.startHeartbeats()
 	c.clientLoop()
 	c.wait()
@@ -268,6 +239,7 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 		return
 	}
 	c.tornDown.Store(true)
+	c.links.seal()
 	// The first reason wins: one set by a close handshake, or by
 	// refuseUnavailable, says more than the teardown that follows it.
 	if c.reason == ReasonUnknown {
@@ -280,7 +252,7 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	// before the connection serves (a handshake in progress or failed)
 	// the handshake's socket is simply closed.
 	pending := c.opening
-	home := c.home.Load()
+	home := c.links.home()
 	sayGoodbye := home != nil && !c.backendClosed
 	c.mu.Unlock()
 
@@ -358,18 +330,16 @@ func (c *clientConn) backendLost(err error) {
 	c.mu.Lock()
 	c.backendClosed = true // nothing to say goodbye to
 	c.mu.Unlock()
-	text := fmt.Sprintf("CONNECTION_FORCED - backend %s connection lost: %s", c.homeName(), failureKind(err))
+	home := c.links.home()
+	text := fmt.Sprintf("CONNECTION_FORCED - backend %s connection lost: %s", home.name, failureKind(err))
 	if c.closeInProgress() == closeNone {
-		c.log.Warn("backend connection lost", "backend", c.homeName(), "err", err)
+		c.log.Warn("backend connection lost", "backend", home.name, "err", err)
 	}
 	// Close the socket only after the close began, so that the backend
 	// loop's read error, which follows, does not replace this reason.
 	c.closeClient(ReasonBackendLost, frames.ConnectionForced, text, 0, 0)
-	c.home.Load().sock.Conn().Close()
+	home.sock.Conn().Close()
 }
-
-// homeName names the home backend.
-func (c *clientConn) homeName() string { return c.home.Load().name }
 
 // errMissedHeartbeats is how the heartbeat checks report a silent backend.
 var errMissedHeartbeats = errors.New("missed heartbeats")
@@ -473,8 +443,8 @@ func (c *clientConn) heartbeatCheck(now time.Time) bool {
 		}
 	}
 	if hb := c.terms.backendHeartbeat; hb > 0 {
-		for i := range c.links {
-			l := c.linkAt(i)
+		for i := range c.links.len() {
+			l := c.links.at(i)
 			if l == nil {
 				continue
 			}

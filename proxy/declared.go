@@ -96,10 +96,7 @@ func (s *Server) UnrecordedQueues(vhost string) []mirror.UnrecordedQueue {
 		if !c.isOpen() || vhost != "" && c.terms.vhost != vhost {
 			continue
 		}
-		c.mu.Lock()
-		links := append([]*link(nil), c.links...)
-		c.mu.Unlock()
-		out = c.declared.appendLive(c.terms.vhost, links, out)
+		out = c.declared.appendLive(c.terms.vhost, c.links.snapshot(), out)
 	}
 	return out
 }

@@ -89,7 +89,8 @@
 // (fromClient), client_methods.go has the handler of each client method it
 // acts on, and route.go, exchanges.go, replyto.go and txemulated.go the
 // routing of queue, exchange, reply-to and transactional traffic; link.go is
-// a backend link (link) and its read loop, backend_loop.go what that loop
+// a backend link (link), how it logs in and its read loop, links.go the
+// connection's set of them (linkSet), backend_loop.go what a link's loop
 // does with each frame, delivery.go the assembly of messages, identity.go
 // the identity header a mirrored message carries between publish and
 // delivery (identities stamps it); rpc.go matches replies to requests;
@@ -106,16 +107,18 @@
 // the terms as they settle. It hands the connection its home link and its
 // terms (user, vhost, frame_max, channel_max, heartbeats, what opens
 // further links), which open sets once under clientConn.mu before the
-// connection serves; from then on they are only read. Until then teardown
-// reaches the handshake only through opening.abort, which closes its
-// backend socket under opening.mu.
+// connection serves, with the home link as the first of the connection's
+// links (linkSet); from then on the terms are only read. Until then
+// teardown reaches the handshake only through opening.abort, which closes
+// its backend socket under opening.mu.
 //
 // A channel's state (channelState) is touched by the client loop, by the
 // read loop of every link that serves the channel, and by the failover
 // goroutine; a link's (link) by the client loop, its own read loop and the
-// failover goroutine. Each keeps its shared state behind its own lock, taken
-// only by its own methods, so a function that holds a *channelState or a
-// *link can change only what those methods allow:
+// failover goroutine; the set of links (linkSet) by all of these, the
+// heartbeat timer and the views. Each keeps its shared state behind its own lock, taken
+// only by its own methods, so a function that holds a *channelState, a
+// *link or the linkSet can change only what those methods allow:
 //
 //   - channelState.mu guards the consumers and orphaned consumers (added and
 //     cancelled by the client loop, cancelled or orphaned by the link loops,
@@ -128,6 +131,14 @@
 //   - link.mu guards the link's side of each channel (open, in confirm mode,
 //     closing, the replies it owes) and whether the link is lost or closed;
 //     its methods are in link.go.
+//   - linkSet.mu guards which link serves each backend, the backends' link
+//     generations and last failures, and whether the connection ended (no
+//     link opens after: teardown seals the set). The home link and the
+//     count of links opened and lost, read on every frame, are atomics
+//     that change only in its methods; one backend's link opens at a time
+//     (linkSet.opening). The client connection dials a link and starts its
+//     read loop (openLink, runLink), which it hands to ensure and rehome;
+//     the set's methods are in links.go.
 //   - The fields of channelState marked "client read loop only" (the publish
 //     in progress, qos, decode scratch), those of clientConn (identities,
 //     which numbers the published messages, and scratch) and a link's
@@ -141,18 +152,22 @@
 //
 // Lock order: clientConn.sendMu (the client loop, per frame), then
 // clientConn.orphansMu, then Server.mu, then clientConn.mu, then
-// channelState.outMu, then channelState.mu, then link.mu, then the socket
-// writer's lock (internal/wire). opening.mu is taken with no other lock
-// held. channelState.mu is held over link.mu in one place only,
-// numberCopies, which asks the links whether they were lost (a lost link
-// settles its confirms under the channel's lock); the socket writer's lock
-// is taken under channelState.mu when a crossing close answers its closer
-// at once (clientCloseCrosses, which hands a failed write back to be
-// reported once channelState.mu is released). The socket writer's lock is
-// never held during a system call (the writer releases it around each write), and
-// nothing else is taken under it; nor under boundaryQueue.mu, which guards
-// the link loops' writes that wait for the client loop to be between
-// messages (boundary.go), nor under declaredQueues.mu (declared.go), nor
-// under ledger.DeliveredIDs' own locks. Per-frame state that both read loops
-// check (close state, channel lookup) is atomic.
+// linkSet.mu, then channelState.outMu, then channelState.mu, then link.mu,
+// then the socket writer's lock (internal/wire). opening.mu is taken with
+// no other lock held. A backend's linkSet.opening is held while its link
+// dials and logs in; it is taken with no lock held but sendMu, and of the
+// locks above only linkSet.mu and the new socket's are taken under it.
+// channelState.mu is held over link.mu in one place only, numberCopies,
+// which asks the links whether they were lost (a lost link settles its
+// confirms under the channel's lock); the socket writer's lock is taken
+// under channelState.mu when a crossing close answers its closer at once
+// (clientCloseCrosses, which hands a failed write back to be reported once
+// channelState.mu is released). The socket writer's lock is never held
+// during a system call (the writer releases it around each write), and
+// nothing else is taken under it; nor under linkSet.mu, nor under
+// boundaryQueue.mu, which guards the link loops' writes that wait for the
+// client loop to be between messages (boundary.go), nor under
+// declaredQueues.mu (declared.go), nor under ledger.DeliveredIDs' own
+// locks. Per-frame state that both read loops check (close state, channel
+// lookup) is atomic.
 package proxy

@@ -14,7 +14,7 @@ import (
 func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
 	m := c.srv.opts.Mirror
 	if m == nil {
-		c.sendTo(ch, f, nil, c.homeOnly(), true)
+		c.sendTo(ch, f, nil, c.links.homeOnly(), true)
 		return nil
 	}
 	var noWait bool

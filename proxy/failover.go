@@ -28,8 +28,8 @@ const masterCheckInterval = 100 * time.Millisecond
 // queues were promoted away may reach a client. Dropping the link settles
 // its confirms from the other copies and moves its consumers.
 func (c *clientConn) checkLinks() {
-	for i := range c.links {
-		l := c.linkAt(i)
+	for i := range c.links.len() {
+		l := c.links.at(i)
 		if l != nil && c.srv.opts.Mirror.BackendDown(l.name) {
 			c.linkFailed(l, errors.New("counted down by the proxy's probe (no answer within failover_grace)"))
 		}
@@ -67,7 +67,7 @@ func (c *clientConn) checkMasters() {
 	locked := c.sendMu.TryLock()
 	for _, o := range stale {
 		byOld[o.cons.link] = append(byOld[o.cons.link], o)
-		old := c.linkAt(o.cons.link)
+		old := c.links.at(o.cons.link)
 		if old == nil {
 			continue
 		}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -280,86 +281,40 @@ func (l *link) closeOkArrived(id uint16) error {
 	return l.sock.SendMethod(id, &frames.ChannelCloseOk{})
 }
 
-// links is the client connection's links, by backend index.
-func (c *clientConn) linkAt(i int) *link {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.links[i]
-}
-
-// allLinks returns the links that are open now.
-func (c *clientConn) allLinks() []*link {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make([]*link, 0, len(c.links))
-	for _, l := range c.links {
-		if l != nil {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-// ensureLink returns the link to backend i, opening it when the connection
-// has none (or lost it). Any goroutine may call it; one opens a given
-// backend's link at a time.
-func (c *clientConn) ensureLink(i int) (*link, error) {
-	if l := c.linkAt(i); l != nil {
-		return l, nil
-	}
-	c.linkOpening[i].Lock()
-	defer c.linkOpening[i].Unlock()
-	if l := c.linkAt(i); l != nil {
-		return l, nil
-	}
-	c.mu.Lock()
-	failedAt := c.linkFailedAt[i]
-	c.mu.Unlock()
-	if !failedAt.IsZero() && time.Since(failedAt) < linkRetryPause {
-		return nil, fmt.Errorf("backend %s: unreachable a moment ago", c.srv.backends[i].Name)
-	}
-	if m := c.srv.opts.Mirror; m != nil && m.BackendDown(c.srv.backends[i].Name) {
-		// Not even dialled: a frozen or starting broker accepts TCP and
-		// then says nothing, and the client's frames would wait for it.
-		return nil, fmt.Errorf("backend %s: counted down", c.srv.backends[i].Name)
-	}
-	l, err := c.openLink(i)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err != nil {
-		c.linkFailedAt[i] = time.Now()
-		c.log.Warn("cannot open a link to backend", "backend", c.srv.backends[i].Name, "err", err)
-		return nil, err
-	}
-	if c.tornDown.Load() {
-		l.sock.Conn().Close()
-		return nil, errors.New("connection closing")
-	}
-	c.links[i] = l
-	c.linkChanges.Add(1)
-	c.linkLoops.Add(1)
-	go c.linkLoop(l)
-	return l, nil
-}
-
-// linkRetryPause is how long a backend that refused a link is not tried
-// again for the same connection, so that a dead backend costs a publish one
-// dial, not one per message.
-const linkRetryPause = time.Second
-
 // openLink connects to backend i and opens an AMQP connection on it with
-// the client's credentials, vhost and the limits negotiated with the client.
-func (c *clientConn) openLink(i int) (*link, error) {
+// the client's credentials, vhost and the limits negotiated with the client
+// (linkSet.ensure's dial).
+func (c *clientConn) openLink(i int) (*wire.Socket, error) {
 	b := c.srv.backends[i]
 	// The client's frames wait while a link opens: bounded by the dial
 	// timeout, not the client handshake's.
 	deadline := time.Now().Add(min(c.srv.opts.HandshakeTimeout, c.srv.opts.DialTimeout))
-	conn, err := dialBackend(c.ctx, b, deadline)
+	s, err := logIn(c.ctx, b, &c.terms, deadline)
+	if err != nil {
+		c.log.Warn("cannot open a link to backend", "backend", b.Name, "err", err)
+		return nil, err
+	}
+	return s, nil
+}
+
+// runLink starts the read loop of a link that opened (linkSet.ensure's
+// run).
+func (c *clientConn) runLink(l *link) {
+	c.log.Debug("link opened", "backend", l.name, "generation", l.gen)
+	c.linkLoops.Add(1)
+	go c.linkLoop(l)
+}
+
+// logIn connects to backend b and opens an AMQP connection on it with the
+// client's credentials and vhost and the limits negotiated with the client
+// (t), by deadline.
+func logIn(ctx context.Context, b Backend, t *terms, deadline time.Time) (*wire.Socket, error) {
+	conn, err := dialBackend(ctx, b, deadline)
 	if err != nil {
 		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
 	}
 	s := wire.NewSocket(conn)
-	fail := func(err error) (*link, error) {
+	fail := func(err error) (*wire.Socket, error) {
 		conn.Close()
 		return nil, fmt.Errorf("backend %s: %w", b.Name, err)
 	}
@@ -390,34 +345,29 @@ func (c *clientConn) openLink(i int) (*link, error) {
 	if _, err := expect(frames.ConnectionStartKey); err != nil {
 		return fail(err)
 	}
-	if err := s.SendFrame(frames.FrameMethod, 0, c.terms.startOk); err != nil {
+	if err := s.SendFrame(frames.FrameMethod, 0, t.startOk); err != nil {
 		return fail(err)
 	}
 	if _, err := expect(frames.ConnectionTuneKey); err != nil {
 		return fail(fmt.Errorf("login (only mechanisms without a challenge open further links): %w", err))
 	}
 	tuneOk := frames.ConnectionTuneOk{
-		ChannelMax: c.terms.channelMax,
-		FrameMax:   c.terms.frameMax,
-		Heartbeat:  uint16(c.terms.backendHeartbeat / time.Second),
+		ChannelMax: t.channelMax,
+		FrameMax:   t.frameMax,
+		Heartbeat:  uint16(t.backendHeartbeat / time.Second),
 	}
 	if err := s.SendMethod(0, &tuneOk); err != nil {
 		return fail(err)
 	}
-	s.SetMaxFrameSize(c.terms.frameMax)
-	if err := s.SendFrame(frames.FrameMethod, 0, c.terms.openPayload); err != nil {
+	s.SetMaxFrameSize(t.frameMax)
+	if err := s.SendFrame(frames.FrameMethod, 0, t.openPayload); err != nil {
 		return fail(err)
 	}
 	if _, err := expect(frames.ConnectionOpenOkKey); err != nil {
 		return fail(err)
 	}
 	conn.SetDeadline(time.Time{})
-	c.mu.Lock()
-	c.linkGens[i]++
-	gen := c.linkGens[i]
-	c.mu.Unlock()
-	c.log.Debug("link opened", "backend", b.Name, "generation", gen)
-	return newLink(i, b.Name, gen, s), nil
+	return s, nil
 }
 
 // ensureChannel opens client channel ch on link l if it is not open there,
@@ -474,48 +424,6 @@ func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
 	return nil
 }
 
-// setHome makes l the home link.
-func (c *clientConn) setHome(l *link) {
-	c.home.Store(l)
-	targets := []*link{l}
-	c.homeSlice.Store(&targets)
-}
-
-// rehome replaces a lost home link by another backend's link, one already
-// open if there is one, and reports whether it found one. Channel 0, the
-// client's connection.close and whatever has no place of its own go there
-// from then on; the client's channels open on it when they need it.
-func (c *clientConn) rehome(lost *link) bool {
-	if c.home.Load() != lost {
-		return true // another goroutine did it
-	}
-	var next *link
-	for i := range c.links {
-		if l := c.linkAt(i); l != nil && l != lost {
-			next = l
-			break
-		}
-	}
-	for i := 0; next == nil && i < len(c.links); i++ {
-		if i == lost.idx {
-			continue
-		}
-		if l, err := c.ensureLink(i); err == nil {
-			next = l
-		}
-	}
-	if next == nil {
-		return false
-	}
-	if !c.home.CompareAndSwap(lost, next) {
-		return true
-	}
-	targets := []*link{next}
-	c.homeSlice.Store(&targets)
-	c.log.Warn("home backend lost; another backend serves the connection", "lost", lost.name, "home", next.name)
-	return true
-}
-
 // linkLoop reads a link's frames and passes them to the client. After
 // teardown it keeps reading only until the backend confirms the proxy's
 // connection.close.
@@ -530,7 +438,7 @@ func (c *clientConn) linkLoop(l *link) {
 			if c.tornDown.Load() {
 				return
 			}
-			if c.home.Load() == l {
+			if c.links.home() == l {
 				if c.closeInProgress() == closeByClient {
 					// The backend hung up instead of sending close-ok: the
 					// client asked to close, so that is what happened.
@@ -565,15 +473,9 @@ func (c *clientConn) linkLoop(l *link) {
 // node went down), the confirms it owed stop counting, and a request whose
 // answer only it could give closes its channel with 541.
 func (c *clientConn) linkLost(l *link, err error) {
-	c.mu.Lock()
-	if c.links[l.idx] != l {
-		c.mu.Unlock()
+	if !c.links.drop(l) {
 		return
 	}
-	c.links[l.idx] = nil
-	c.linkFailedAt[l.idx] = time.Now()
-	c.linkChanges.Add(1)
-	c.mu.Unlock()
 	chans := l.lose()
 	// A reset, not a FIN behind what is still unsent: a link cut off by a
 	// partition would otherwise deliver its buffered publishes when the
@@ -614,10 +516,8 @@ func (l *link) markClosed() {
 // one): connection.close, and the read loop waits for close-ok until
 // CloseTimeout.
 func (c *clientConn) closeLinks(reason CloseReason) {
-	home := c.home.Load()
-	c.mu.Lock()
-	links := append([]*link(nil), c.links...)
-	c.mu.Unlock()
+	home := c.links.home()
+	links := c.links.snapshot()
 	text := "client connection closed"
 	if reason == ReasonShutdown {
 		text = "proxy shutting down"
@@ -637,19 +537,6 @@ func (c *clientConn) closeLinks(reason CloseReason) {
 		l.sock.Conn().SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
 		if err := l.sock.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
 			l.sock.Conn().Close()
-		}
-	}
-}
-
-// flushLinks sends what the client loop queued on every link.
-func (c *clientConn) flushLinks() {
-	if len(c.links) == 1 {
-		c.backend.Flush()
-		return
-	}
-	for i := range c.links {
-		if l := c.linkAt(i); l != nil {
-			l.sock.Flush()
 		}
 	}
 }

@@ -32,7 +32,7 @@ import (
 // consume without a tag gets one made as RabbitMQ makes them, so that the
 // consumer has one tag on every link, the one the client learns.
 func (c *clientConn) consumeReplyTo(ch *channelState, f frames.Frame, d *frames.BasicConsume) error {
-	home := c.home.Load()
+	home := c.links.home()
 	if home == nil {
 		return nil
 	}
@@ -52,7 +52,7 @@ func (c *clientConn) consumeReplyTo(ch *channelState, f frames.Frame, d *frames.
 	ch.addReplyConsumer(d.ConsumerTag, home.idx)
 	client := frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: d.Append(nil)}
 	c.send(ch, client, []*link{home}, !d.NoWait, nil)
-	for _, l := range c.openLinks(ch) {
+	for _, l := range c.links.openOn(ch) {
 		if l != home {
 			l.expect(ch.id, nil) // consume-ok
 			if err := l.sock.WriteMethod(ch.id, replyConsume(d.ConsumerTag)); err != nil {
@@ -90,7 +90,7 @@ func (c *clientConn) cancelReplyTo(ch *channelState, tag string, targets []*link
 	if !ch.takeReplyConsumer(tag) {
 		return
 	}
-	for _, l := range c.openLinks(ch) {
+	for _, l := range c.links.openOn(ch) {
 		if containsLink(targets, l) {
 			continue
 		}
@@ -118,7 +118,7 @@ func (c *clientConn) replyRoute(ch *channelState, p *frames.BasicPublish) *publi
 	r := ch.route.begin(p, ch.confirming.Load())
 	node, ok := mirror.ReplyToNode(p.RoutingKey)
 	if !ok {
-		return c.decided(r, c.homeOnly(), false)
+		return c.decided(r, c.links.homeOnly(), false)
 	}
 	ctx, cancel := c.mirrorContext()
 	backend, ok := c.srv.opts.Mirror.ReplyBackend(ctx, node)
@@ -137,7 +137,7 @@ func (c *clientConn) replyRoute(ch *channelState, p *frames.BasicPublish) *publi
 // (403 for a declare of an amq. name, 404 for a bind).
 func (c *clientConn) replyQueueMethod(ch *channelState, f frames.Frame, key uint32, q queueMethod, wantReply bool) error {
 	if key != frames.QueueDeclareKey || !q.passive || q.queue == mirror.ReplyToQueue {
-		c.sendTo(ch, f, nil, c.homeOnly(), wantReply)
+		c.sendTo(ch, f, nil, c.links.homeOnly(), wantReply)
 		return nil
 	}
 	var targets []*link

@@ -49,17 +49,9 @@ func (c *clientConn) mirrorContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(c.ctx, mirrorTimeout)
 }
 
-// homeOnly is the home link as a target list.
-func (c *clientConn) homeOnly() []*link {
-	if s := c.homeSlice.Load(); s != nil {
-		return *s
-	}
-	return nil
-}
-
 // reach returns the links to the named backends with the channel open on
 // each, opening what is missing; a backend that cannot be reached is left
-// out (and logged by ensureLink).
+// out (and logged by openLink).
 func (c *clientConn) reach(ch *channelState, backends ...string) []*link {
 	out := ch.reachable[:0]
 	for _, name := range backends {
@@ -67,7 +59,7 @@ func (c *clientConn) reach(ch *channelState, backends ...string) []*link {
 		if !ok {
 			continue
 		}
-		l, err := c.ensureLink(i)
+		l, err := c.links.ensure(i, c.openLink, c.runLink)
 		if err != nil {
 			continue
 		}
@@ -87,22 +79,10 @@ func (c *clientConn) reachAll(ch *channelState) []*link {
 	return c.reach(ch, c.srv.backendNames...)
 }
 
-// openLinks returns the links the channel is open on, in backend order.
-func (c *clientConn) openLinks(ch *channelState) []*link {
-	out := ch.reachable[:0]
-	for _, l := range c.allLinks() {
-		if l.channelOpen(ch.id) {
-			out = append(out, l)
-		}
-	}
-	ch.reachable = out
-	return out
-}
-
 // sendTo sends f to targets (the home link when there are none).
 func (c *clientConn) sendTo(ch *channelState, f frames.Frame, after func([]byte) []byte, targets []*link, wantReply bool) {
 	if len(targets) == 0 {
-		if home := c.home.Load(); home != nil {
+		if home := c.links.home(); home != nil {
 			targets = c.reach(ch, home.name)
 		}
 		if len(targets) == 0 {
@@ -119,14 +99,14 @@ func (c *clientConn) sendTo(ch *channelState, f frames.Frame, after func([]byte)
 // the setting now, or every link asked is lost before it answers, the
 // setting still holds, and the proxy answers it.
 func (c *clientConn) onOpenLinks(ch *channelState, f frames.Frame, wantReply bool, settingOk frames.Method) error {
-	targets := c.openLinks(ch)
+	targets := c.links.openOn(ch)
 	if len(targets) > 1 && f.Type == frames.FrameMethod && isMethod(f.Payload, frames.ConfirmSelectKey) {
 		for _, l := range targets {
 			l.selectConfirm(ch.id)
 		}
 	}
 	if len(targets) == 0 {
-		if home := c.home.Load(); home != nil {
+		if home := c.links.home(); home != nil {
 			targets = c.reach(ch, home.name)
 		}
 	}
@@ -238,7 +218,7 @@ const maxUnrecorded = 1024
 // queueMethod routes queue.declare, bind, unbind, purge and delete.
 func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
 	if c.srv.opts.Mirror == nil {
-		c.sendTo(ch, f, nil, c.homeOnly(), true)
+		c.sendTo(ch, f, nil, c.links.homeOnly(), true)
 		return nil
 	}
 	q, err := decodeQueueMethod(key, args)
@@ -254,7 +234,7 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		// passive declare names a queue that exists, wherever it lives,
 		// and the broker reads none of its other flags: its count is the
 		// master's, exclusive flag or not.
-		home := c.homeOnly()
+		home := c.links.homeOnly()
 		after := c.bindAtHome(ch, key, q, wantReply)
 		if key == frames.QueueDeclareKey && !q.passive && len(home) > 0 {
 			after = c.declaredAt(home[0], q, wantReply)
@@ -268,7 +248,7 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		if key != frames.QueueDeclareKey || q.passive {
 			// The home broker answers 404 as RabbitMQ would (or binds a
 			// queue it has that could not be located).
-			c.sendTo(ch, f, c.bindAtHome(ch, key, q, wantReply), c.homeOnly(), wantReply)
+			c.sendTo(ch, f, c.bindAtHome(ch, key, q, wantReply), c.links.homeOnly(), wantReply)
 			return nil
 		}
 		return c.declareNew(ch, f, q, wantReply)
@@ -331,7 +311,7 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 // must reach the home backend; nil for other methods. With no-wait it
 // records at once and returns nil.
 func (c *clientConn) bindAtHome(ch *channelState, key uint32, q queueMethod, wantReply bool) func([]byte) []byte {
-	home := c.home.Load()
+	home := c.links.home()
 	if home == nil || key != frames.QueueBindKey {
 		return nil
 	}
@@ -551,7 +531,7 @@ func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (t
 			return master[0], &ledger.QueueRef{ID: meta.ID}, true
 		}
 	}
-	home := c.homeOnly()
+	home := c.links.homeOnly()
 	if len(home) == 0 {
 		return nil, nil, false
 	}
@@ -627,9 +607,9 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 		return err
 	}
 	cons, known := ch.clientCancels(d.ConsumerTag)
-	targets := c.homeOnly()
+	targets := c.links.homeOnly()
 	if known {
-		if l := c.linkAt(cons.link); l != nil {
+		if l := c.links.at(cons.link); l != nil {
 			targets = []*link{l}
 		}
 	}
@@ -654,7 +634,7 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 func (c *clientConn) publish(ch *channelState, f frames.Frame, args []byte) error {
 	c.srv.stats.Publishes.Add(1)
 	if c.srv.opts.Mirror == nil {
-		ch.pub = publishing{targets: c.homeOnly()}
+		ch.pub = publishing{targets: c.links.homeOnly()}
 		if ch.confirming.Load() {
 			ch.numberPublish(ch.arrival())
 		}
@@ -682,13 +662,13 @@ func (c *clientConn) sendDeferred(ch *channelState, header []byte) error {
 	method := ch.heldPublish
 	ch.heldPublish = method[:0]
 	if header == nil {
-		if home := c.homeOnly(); len(home) > 0 {
+		if home := c.links.homeOnly(); len(home) > 0 {
 			if err := home[0].sock.WriteFrame(frames.FrameMethod, ch.id, method); err != nil {
 				c.writeFailed(home[0], err)
 			}
 		}
 		// Whatever content follows goes there too.
-		ch.pub = publishing{targets: c.homeOnly()}
+		ch.pub = publishing{targets: c.links.homeOnly()}
 		return nil
 	}
 	return c.sendPublish(ch, method, c.exchangeRoute(ch, &ch.clientPublish, header))
@@ -749,7 +729,7 @@ func (c *clientConn) sendPublish(ch *channelState, method []byte, r *publishRout
 // links the channel opens on later get it with the channel (ensureChannel).
 func (c *clientConn) selectOwnConfirms(ch *channelState) {
 	ch.ownConfirms.Store(true)
-	for _, l := range c.openLinks(ch) {
+	for _, l := range c.links.openOn(ch) {
 		if l.selectConfirm(ch.id) {
 			if err := l.sock.WriteMethod(ch.id, &frames.ConfirmSelect{NoWait: true}); err != nil {
 				c.writeFailed(l, err)
@@ -766,7 +746,7 @@ type publishRoute struct {
 	exchange, key string
 	version       uint64               // the queue's metadata version; 0 for an exchange
 	table         *mirror.RoutingTable // the routing table of an exchange's route
-	links         uint64               // clientConn.linkChanges when decided
+	links         uint64               // linkSet.changes when decided
 	confirming    bool
 	targets       []*link
 	identify      bool
@@ -792,7 +772,7 @@ func (c *clientConn) queueRoute(ch *channelState, p *frames.BasicPublish) *publi
 	r := &ch.route
 	meta, found := c.srv.opts.Mirror.Lookup(mirror.QueueID{VHost: c.terms.vhost, Name: p.RoutingKey})
 	if r.targets != nil && r.exchange == "" && r.key == p.RoutingKey && r.confirming == ch.confirming.Load() &&
-		r.links == c.linkChanges.Load() && found && meta.Version == r.version {
+		r.links == c.links.changes() && found && meta.Version == r.version {
 		return r
 	}
 	r = ch.route.begin(p, ch.confirming.Load())
@@ -801,7 +781,7 @@ func (c *clientConn) queueRoute(ch *channelState, p *frames.BasicPublish) *publi
 	}
 	if !found {
 		// Not kept: the queue may appear any moment.
-		return c.decided(r, c.homeOnly(), false)
+		return c.decided(r, c.links.homeOnly(), false)
 	}
 	targets := c.reach(ch, meta.Backends()...)
 	// Identified even without slaves: a policy may mirror the queue
@@ -842,7 +822,7 @@ func (c *clientConn) exchangeRoute(ch *channelState, p *frames.BasicPublish, hea
 	}
 	hasCC := bytes.Contains(headers, ccKey) || bytes.Contains(headers, bccKey)
 	if !hasCC && r.targets != nil && r.exchange == p.Exchange && r.key == p.RoutingKey && r.table == table &&
-		r.confirming == ch.confirming.Load() && r.links == c.linkChanges.Load() {
+		r.confirming == ch.confirming.Load() && r.links == c.links.changes() {
 		return r
 	}
 	r = ch.route.begin(p, ch.confirming.Load())
@@ -912,7 +892,7 @@ func (c *clientConn) decided(r *publishRoute, targets []*link, keep bool) *publi
 	if len(r.Quorum) == 0 && len(r.Unreached) == 0 && len(r.Extra) > 0 {
 		r.Quorum, r.Extra = r.Extra, r.Quorum
 	}
-	r.links = c.linkChanges.Load()
+	r.links = c.links.changes()
 	if len(r.Unreached) > 0 {
 		c.reportUnreached(r)
 	}

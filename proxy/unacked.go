@@ -27,14 +27,7 @@ func (s *Server) Unacked(vhost string) map[mirror.QueueID]int {
 
 // countUnacked adds the connection's unacknowledged deliveries to counts.
 func (c *clientConn) countUnacked(vhost string, counts map[mirror.QueueID]int) {
-	c.mu.Lock()
-	gens := make([]uint64, len(c.links)) // 0: no open link
-	for i, l := range c.links {
-		if l != nil {
-			gens[i] = l.gen
-		}
-	}
-	c.mu.Unlock()
+	gens := c.links.generations() // 0: no open link
 	live := func(backend int, gen uint64) bool {
 		return backend < len(gens) && gens[backend] == gen && gen != 0
 	}

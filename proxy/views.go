@@ -79,12 +79,7 @@ func (c *clientConn) view() (mirror.Connection, bool) {
 		return mirror.Connection{}, false
 	}
 	opened := c.opened
-	var backends []string
-	for _, l := range c.links {
-		if l != nil {
-			backends = append(backends, l.name)
-		}
-	}
+	backends := c.links.liveNames()
 	c.mu.Unlock()
 	conn := c.client.Conn()
 	peerHost, peerPort := hostPort(conn.RemoteAddr())
@@ -113,7 +108,7 @@ func (c *clientConn) view() (mirror.Connection, bool) {
 		FrameMax:    c.terms.frameMax,
 		ChannelMax:  c.terms.channelMax,
 		Timeout:     int(c.terms.clientHeartbeat / time.Second),
-		Backend:     c.homeName(),
+		Backend:     c.links.home().name,
 		Backends:    backends,
 	}, true
 }
