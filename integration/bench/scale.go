@@ -292,7 +292,7 @@ func startScaleLoad(ctx context.Context, url string, queues []string, rate float
 	if err == nil && pubErr == nil {
 		err = pub.Confirm(false)
 	}
-	if err = cmpErr(err, pubErr); err != nil {
+	if err = firstError(err, pubErr); err != nil {
 		l.close()
 		return nil, fmt.Errorf("scale load: %w", err)
 	}
@@ -313,7 +313,8 @@ func startScaleLoad(ctx context.Context, url string, queues []string, rate float
 	return l, nil
 }
 
-func cmpErr(errs ...error) error {
+// firstError is the first of errs that is not nil.
+func firstError(errs ...error) error {
 	for _, err := range errs {
 		if err != nil {
 			return err
