@@ -334,6 +334,24 @@ func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint
 	}
 }
 
+// confirmedAtPublish passes on the confirms a publish settled at once, the
+// links of its copies being lost (publishPath.settled): the client's, or
+// those of the proxy's own confirm mode.
+func (c *clientConn) confirmedAtPublish(ch *channelState, out []ledger.ClientConfirm) {
+	if !ch.confirming.Load() {
+		ch.outMu.Lock()
+		c.ownConfirmsAnswered(ch, out)
+		ch.outMu.Unlock()
+		return
+	}
+	for _, cc := range out {
+		ch.outMu.Lock()
+		c.writeConfirm(ch.id, cc)
+		ch.outMu.Unlock()
+		c.client.Flush()
+	}
+}
+
 // writeConfirm writes one confirm to the client; the caller holds outMu.
 func (c *clientConn) writeConfirm(channel uint16, cc ledger.ClientConfirm) {
 	if cc.Nack {

@@ -88,7 +88,7 @@ func (c *clientConn) runBoundaryLocked() {
 	q.mu.Unlock()
 	var kept []boundaryWork
 	for _, w := range work {
-		if w.ch.pub.inContent || waitsFor(kept, w.ch) {
+		if w.ch.publisher.inContent() || waitsFor(kept, w.ch) {
 			kept = append(kept, w)
 			continue
 		}

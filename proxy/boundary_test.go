@@ -33,7 +33,7 @@ func TestAtBoundary(t *testing.T) {
 	check("client loop done with its frame", "a1", "b1")
 
 	c.sendMu.Lock()
-	a.pub.inContent = true // a publish's method went out, its content not yet
+	a.publisher.current.inContent = true // a publish's method went out, its content not yet
 	c.sendMu.Unlock()
 	c.atBoundary(a, record("a2"))
 	c.atBoundary(b, record("b2"))
@@ -42,7 +42,7 @@ func TestAtBoundary(t *testing.T) {
 	c.sendMu.Lock()
 	c.runBoundaryLocked() // after a content frame that did not end it
 	check("channel a still in content", "a1", "b1", "b2")
-	a.pub.inContent = false // the last content frame
+	a.publisher.current.inContent = false // the last content frame
 	c.runBoundaryLocked()
 	c.unlockSend()
 	check("channel a's content ended", "a1", "b1", "b2", "a2", "a3")

@@ -30,15 +30,10 @@ type channelState struct {
 	// Client read loop only.
 	//
 	// dropContent is set while the content frames that follow belong to a
-	// method the proxy discarded; pub is the publish whose content frames
-	// are coming.
+	// method the proxy discarded; publisher is the channel's publishing
+	// side (publish.go).
 	dropContent bool
-	pub         publishing
-	// heldPublish is the method of a publish to an exchange, held until
-	// its content header says where it goes (empty otherwise; the buffer
-	// is kept for the next one).
-	heldPublish []byte
-	route       publishRoute
+	publisher   publisher
 	// timed is set when the client's publishes are timed to their acks
 	// (selectConfirms with an observer).
 	timed bool
@@ -98,7 +93,6 @@ type channelState struct {
 	clientReject  frames.BasicReject
 	clientConsume frames.BasicConsume
 	clientGet     frames.BasicGet
-	clientPublish frames.BasicPublish
 	clientQueue   queueMethod
 	acks          []ledger.BackendAck
 	trims         []ledger.Trimmed
@@ -125,7 +119,9 @@ type consumer struct {
 }
 
 func newChannelState(id uint16) *channelState {
-	return &channelState{id: id, consumers: make(map[string]consumer)}
+	ch := &channelState{id: id, consumers: make(map[string]consumer)}
+	ch.publisher.ch = ch
+	return ch
 }
 
 // selectConfirms puts the channel in confirm mode for the client; on a
@@ -434,16 +430,16 @@ func (ch *channelState) numberCopies(cs ledger.CopySet, arrived time.Time, prune
 }
 
 // identifyPublish records the identity the proxy gave the message of the
-// publish whose content is passing (ch.pub): for its returns from several
-// backends and for its confirm.
-func (ch *channelState) identifyPublish(id mirror.MessageID) {
+// publish whose content is passing (publishing): for its returns from
+// several backends and for its confirm.
+func (ch *channelState) identifyPublish(id mirror.MessageID, pub *publishing) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if ch.pub.returns > 1 {
-		ch.returns.expect(id, ch.pub.returns)
+	if pub.returns > 1 {
+		ch.returns.expect(id, pub.returns)
 	}
-	if ch.pub.seq != 0 {
-		ch.confirms.Identify(ch.pub.seq, id)
+	if pub.seq != 0 {
+		ch.confirms.Identify(pub.seq, id)
 	}
 }
 

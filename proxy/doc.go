@@ -23,7 +23,7 @@
 // sockets hold pooled buffers only while they have data.
 //
 // A client frame travels one way (client_loop.go, client_methods.go,
-// route.go): decoded as far as the proxy acts on it, applied to its
+// route.go, publish.go): decoded as far as the proxy acts on it, applied to its
 // channel's state, routed to the links the method must reach (a queue's
 // copies, every backend for an exchange, the master for a consume), and
 // written there. A synchronous method sent to several links gives the client
@@ -88,7 +88,10 @@
 // teardown; client_loop.go reads the client and dispatches each frame
 // (fromClient), client_methods.go has the handler of each client method it
 // acts on, and route.go, exchanges.go, replyto.go and txemulated.go the
-// routing of queue, exchange, reply-to and transactional traffic; link.go is
+// routing of queue, exchange, reply-to and transactional traffic;
+// publish.go is a channel's publishing side (publisher), which decides and
+// keeps a publish's route, numbers it for the confirms and sends its
+// frames, with what it uses of the connection (publishPath); link.go is
 // a backend link (link), how it logs in and its read loop, links.go the
 // connection's set of them (linkSet), backend_loop.go what a link's loop
 // does with each frame, delivery.go the assembly of messages, identity.go
@@ -137,12 +140,17 @@
 //     count of links opened and lost, read on every frame, are atomics
 //     that change only in its methods; one backend's link opens at a time
 //     (linkSet.opening). The client connection dials a link and starts its
-//     read loop (openLink, runLink), which it hands to ensure and rehome;
-//     the set's methods are in links.go.
-//   - The fields of channelState marked "client read loop only" (the publish
-//     in progress, qos, decode scratch), those of clientConn (identities,
-//     which numbers the published messages, and scratch) and a link's
-//     decode scratch belong to one goroutine and have no lock.
+//     read loop (openLink, runLink), which it hands to ensure (through
+//     publishPath.reach) and rehome; the set's methods are in links.go.
+//   - A channel's publisher (the publish in progress, the publish held for
+//     its content header, the kept route), the other fields of
+//     channelState marked "client read loop only" (qos, decode scratch),
+//     the identities in the connection's publishPath, which number the
+//     published messages, clientConn's scratch and a link's decode scratch
+//     belong to one goroutine and have no lock. Whoever holds
+//     clientConn.sendMu may read whether a channel is in a publish's
+//     content (publisher.inContent). The rest of publishPath is set before
+//     the connection serves and only read.
 //
 // One lock is taken outside its type's methods: channelState.outMu,
 // which whoever writes to the client on a channel holds, so that a

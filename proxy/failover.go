@@ -71,7 +71,7 @@ func (c *clientConn) checkMasters() {
 		if old == nil {
 			continue
 		}
-		if !locked || !old.channelOpen(o.ch.id) || o.ch.pub.inContent {
+		if !locked || !old.channelOpen(o.ch.id) || o.ch.publisher.inContent() {
 			// Between a publish's frames the channel takes nothing else;
 			// the old master's deliveries are dropped meanwhile anyway.
 			continue
@@ -182,7 +182,7 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 	// channel: a consume there would split its content.
 	c.sendMu.Lock()
 	defer c.unlockSend()
-	if o.ch.pub.inContent {
+	if o.ch.publisher.inContent() {
 		return moveWait
 	}
 	targets := c.reach(o.ch, meta.Master)

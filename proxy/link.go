@@ -375,7 +375,7 @@ func logIn(ctx context.Context, b Backend, t *terms, deadline time.Time) (*wire.
 // or transaction mode, a consumer of amq.rabbitmq.reply-to), swallowing the
 // replies. The client loop calls it, and the failover of consumers with the
 // client loop held (sendMu).
-func (c *clientConn) ensureChannel(ch *channelState, l *link) error {
+func ensureChannel(ch *channelState, l *link) error {
 	replyTag := ch.replyConsumerTag()
 	qos := ch.qos
 	tx := ch.transactional // the client loop's to write

@@ -110,26 +110,6 @@ func containsLink(links []*link, l *link) bool {
 	return false
 }
 
-// replyRoute decides where a publish to the default exchange with a direct
-// reply-to name as its routing key goes: the backend that owns the name,
-// nowhere when none does. A name that does not decode goes to the home
-// broker, which answers it as it would without the proxy.
-func (c *clientConn) replyRoute(ch *channelState, p *frames.BasicPublish) *publishRoute {
-	r := ch.route.begin(p, ch.confirming.Load())
-	node, ok := mirror.ReplyToNode(p.RoutingKey)
-	if !ok {
-		return c.decided(r, c.links.homeOnly(), false)
-	}
-	ctx, cancel := c.mirrorContext()
-	backend, ok := c.srv.opts.Mirror.ReplyBackend(ctx, node)
-	cancel()
-	if !ok {
-		c.log.Debug("a direct reply to a node no live backend runs is dropped", "node", node)
-		return c.decided(r, nil, false)
-	}
-	return c.decided(r, c.reach(ch, backend), false)
-}
-
 // replyQueueMethod routes a queue method on amq.rabbitmq.reply-to or a
 // name made of it. A passive declare of a made name asks whether its
 // consumer is still there: its owner answers, and the proxy answers 404
