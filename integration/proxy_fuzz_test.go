@@ -121,7 +121,7 @@ type rawClient struct {
 	tune *frames.ConnectionTune // the server's offer, once received
 }
 
-const rawTimeout = 10 * time.Second
+const rawTimeout = 20 * time.Second
 
 func dialRaw(t testing.TB, addr string) *rawClient {
 	t.Helper()
