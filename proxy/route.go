@@ -347,9 +347,8 @@ func (c *clientConn) reachMaster(ch *channelState, meta mirror.QueueMeta) (mirro
 	// be open (checkLinks drops it within masterCheckInterval), and a
 	// request sent there is lost with it: with a promotion on its way, the
 	// request waits for the new master instead.
-	pending := c.promotionPending(meta)
-	if !pending || !c.srv.opts.Mirror.BackendDown(meta.Master) {
-		if master := c.reach(ch, meta.Master); len(master) > 0 || !pending {
+	if m := c.srv.opts.Mirror; m == nil || !m.BackendDown(meta.Master) || !c.promotionPending(meta) {
+		if master := c.reach(ch, meta.Master); len(master) > 0 || !c.promotionPending(meta) {
 			return meta, master
 		}
 	}
