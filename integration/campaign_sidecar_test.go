@@ -235,16 +235,7 @@ func freezeMasterBroker(t *testing.T, nodes *killSidecars, _ *killLoad, queues [
 
 // declare declares a durable queue through proxy i.
 func (s *killSidecars) declare(i int, queue string) error {
-	conn, err := s.connect(i)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+	if err := declareDurable(s.connect(i))(queue); err != nil {
 		return fmt.Errorf("declaring %s through proxy %d: %w", queue, i+1, err)
 	}
 	return nil

@@ -65,16 +65,7 @@ func TestSidecarPartition(t *testing.T) {
 
 	// The queue through proxy 1, client-local: mastered on rabbit1, mirrored on all three.
 	awaitCondition(t, 60*time.Second, func() error {
-		conn, err := network.dial(0)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			return err
-		}
-		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		if err := declareDurable(network.dial(0))(queue); err != nil {
 			return err
 		}
 		row, err := queueStatus(t, proxies[0], queue)

@@ -459,19 +459,28 @@ func dialProxy(t testing.TB, p *cliProxy) *amqp.Connection {
 
 // declareThrough declares a durable queue through p on a connection of its own.
 func declareThrough(p *cliProxy, queue string) error {
-	conn, err := amqp.Dial(p.url("guest", "guest"))
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+	if err := declareDurable(amqp.Dial(p.url("guest", "guest")))(queue); err != nil {
 		return fmt.Errorf("declaring %s through %s: %w", queue, p.amqpAddr, err)
 	}
 	return nil
+}
+
+// declareDurable returns a function that declares a durable queue on a
+// channel of its own on conn and then closes conn; it fails with dialErr
+// when the dial that gave conn failed.
+func declareDurable(conn *amqp.Connection, dialErr error) func(queue string) error {
+	return func(queue string) error {
+		if dialErr != nil {
+			return dialErr
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		_, err = ch.QueueDeclare(queue, true, false, false, false, nil)
+		return err
+	}
 }
 
 // deleteThrough deletes a queue through p.
