@@ -25,8 +25,8 @@ func TestCampaignPartitions(t *testing.T) {
 	seed, rnd := campaignRandom(t)
 	network := newPartitionNetwork(t)
 	kinds := []sidecarNemesis{
-		{"cut a proxy off from the other two", network.isolateOneProxy},
-		{"cut a proxy off from another node's broker, the others still reach it", network.cutOneBroker},
+		{"cut a proxy off from the other two", network.isolateOneProxy, false},
+		{"cut a proxy off from another node's broker, the others still reach it", network.cutOneBroker, false},
 	}
 	faults := campaignFaults(t, len(kinds), 30)
 	t.Logf("partition campaign: %d faults, seed %d (%s=%d replays the order)", faults, seed, campaignSeedVariable, seed)

@@ -113,6 +113,10 @@ func (m *fixedPlacement) Settle(id mirror.QueueID, ids []mirror.MessageID) {
 
 func (m *fixedPlacement) BackendDown(string) bool { return false }
 
+// The placement never changes behind the proxy's back: always current.
+func (m *fixedPlacement) Current() bool                      { return true }
+func (m *fixedPlacement) AwaitCurrent(context.Context) error { return nil }
+
 // No backend is known to run a direct reply-to name's node: replies are
 // dropped.
 func (m *fixedPlacement) ReplyBackend(context.Context, string) (string, bool) { return "", false }

@@ -371,7 +371,10 @@ type killLoad struct {
 	received    map[string]int
 	deliveredBy map[string]proxyProcess // body → the proxy process of its first delivery
 	unflagged   []string                // repeats without redelivered through another proxy process
-	deliveries  []killDelivery
+	// unflaggedVia counts those repeats by the fault under way (0: none) and the proxy
+	// they came through.
+	unflaggedVia map[faultProxy]int
+	deliveries   []killDelivery
 	// settles, by body, is when a round trip on the channel that acked it completed after
 	// the ack, and when the delivery acked had arrived; faults, when each fault was
 	// injected and when the cluster was whole again.
@@ -389,6 +392,9 @@ var errMasterDown = errors.New("the queue's master is down, nobody promoted yet"
 // proxyProcess is one run of one node's proxy: its index, and how many times its process
 // had ended (killed or stopped) before.
 type proxyProcess struct{ node, run int }
+
+// faultProxy is a fault by its number and a proxy by its node's index.
+type faultProxy struct{ fault, node int }
 
 func (p proxyProcess) String() string {
 	return fmt.Sprintf("proxy %d (run %d)", p.node+1, p.run+1)
@@ -408,7 +414,7 @@ func newKillLoad(t *testing.T, nodes *killSidecars, queues []string) *killLoad {
 	l := &killLoad{
 		nodes: nodes, queues: queues, ctx: ctx, stop: stop, publishing: publishing, stopPublishing: stopPublishing,
 		publishedAt: map[string]time.Time{}, publishedTo: map[string]string{},
-		confirmed: map[string]bool{}, received: map[string]int{}, deliveredBy: map[string]proxyProcess{}, settles: map[string][]ackSettle{},
+		confirmed: map[string]bool{}, received: map[string]int{}, deliveredBy: map[string]proxyProcess{}, unflaggedVia: map[faultProxy]int{}, settles: map[string][]ackSettle{},
 	}
 	for range nodes.brokers {
 		l.homes = append(l.homes, make(chan struct{}))
@@ -610,6 +616,7 @@ func (l *killLoad) consume(name string, conn *amqp.Connection, via proxyProcess,
 					l.problems = append(l.problems, fmt.Sprintf("%s delivered again (to %s) without redelivered, both times through %s", body, name, via))
 				} else if !d.Redelivered {
 					l.unflagged = append(l.unflagged, fmt.Sprintf("%s (first through %s, again to %s through %s, fault %d)", body, first, name, via, fault))
+					l.unflaggedVia[faultProxy{fault, via.node}]++
 				}
 				l.received[body]++
 				at := time.Now()

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -179,6 +180,13 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		}
 		cons, stale := ch.deliveryConsumer(d.ConsumerTag, l.idx)
 		meta, inLog := c.queueMeta(cons.queue)
+		if inLog && !c.srv.opts.Mirror.Current() {
+			if !c.awaitCurrent(l) {
+				return
+			}
+			cons, stale = ch.deliveryConsumer(d.ConsumerTag, l.idx)
+			meta, inLog = c.queueMeta(cons.queue)
+		}
 		if stale || inLog && meta.Master != l.name {
 			// The consumer moved to a new master (or waits for one): what
 			// the old master still sends is not delivered, and, never
@@ -215,11 +223,20 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			c.linkFailed(l, err)
 			return
 		}
+		meta, inLog := c.queueMeta(m.get.queue)
+		if inLog && !c.srv.opts.Mirror.Current() {
+			if !c.awaitCurrent(l) {
+				return
+			}
+			meta, inLog = c.queueMeta(m.get.queue)
+		}
 		c.srv.stats.Deliveries.Add(1)
 		queue := c.trimmable(m.get.queue, m, hasID, &id)
-		meta, inLog := c.queueMeta(m.get.queue)
-		// Recorded even when the broker flags it, as a delivery is.
+		// Recorded even when the broker flags it, as a delivery is. A
+		// master deposed since it answered may have handed the message
+		// to another consumer meanwhile.
 		before := hasID && inLog && c.deliveredBefore(m.get.queue.ID, meta, id, header)
+		before = before || inLog && meta.Master != l.name
 		flagged := before && !g.Redelivered
 		if flagged {
 			g.Redelivered = true
@@ -264,6 +281,29 @@ func (c *clientConn) linkFailed(l *link, err error) bool {
 	}
 	c.linkLost(l, err)
 	return true
+}
+
+// staleHold bounds how long a link's read loop holds a delivery of a
+// mirrored queue while the metadata catches up after this proxy stood
+// still (Mirror.AwaitCurrent); past it the link is dropped, and its broker
+// requeues what it sent.
+const staleHold = 15 * time.Second
+
+// awaitCurrent holds a delivery that arrived on l while the metadata is
+// not known current, until it is: the delivery's queue may have a new
+// master by then. It reports false when the link was dropped instead (or
+// the connection ends), and the delivery must go no further.
+func (c *clientConn) awaitCurrent(l *link) bool {
+	ctx, cancel := context.WithTimeout(c.ctx, staleHold)
+	defer cancel()
+	err := c.srv.opts.Mirror.AwaitCurrent(ctx)
+	if err == nil {
+		return true
+	}
+	if c.ctx.Err() == nil {
+		c.linkFailed(l, fmt.Errorf("holding a delivery: the metadata log did not catch up within %v after this proxy stood still: %w", staleHold, err))
+	}
+	return false
 }
 
 // queueMeta returns what the metadata log says about the queue a delivery

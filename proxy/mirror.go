@@ -95,6 +95,14 @@ type Mirror interface {
 	// alive: a frozen broker's sockets stay open, and whatever it says after
 	// its queues were promoted away must not reach a client.
 	BackendDown(backend string) bool
+	// Current reports whether the metadata Lookup serves from is known
+	// current: false from a moment this proxy stood still (SIGSTOP, a
+	// paused VM, a starved host) until its metadata log has caught up with
+	// the other proxies', which may have moved masters meanwhile. It is on
+	// the delivery path and must not block.
+	Current() bool
+	// AwaitCurrent returns once Current holds, or with ctx's error.
+	AwaitCurrent(ctx context.Context) error
 	// ReplyBackend returns the backend whose broker runs node, the Erlang
 	// node of a direct reply-to name (mirror.ReplyToNode): the only broker
 	// that can deliver a reply to it. It may ask backends it has not asked

@@ -40,6 +40,8 @@
 //	replyNodes     each backend's Erlang node, for direct reply-to
 //	roles          which work falls to this proxy in a cluster; a value
 //	counters       what the parts count for the metrics; atomics only
+//	stallGuard     in a cluster, whether this proxy stood still since its
+//	               metadata was last known current (stall.go)
 //
 // # Goroutines and locks
 //
@@ -142,6 +144,7 @@ type Engine struct {
 	negative   *negativeCache // resolve.go
 	replies    *replyNodes    // replyto.go
 	metrics    *counters      // metrics.go
+	stall      *stallGuard    // stall.go; nil for a proxy alone
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -193,7 +196,10 @@ func New(opts Options) *Engine {
 	e.replies = &replyNodes{watcher: opts.Watcher, timeout: opts.OperationTimeout}
 	e.records = &recorder{store: opts.Store, writer: opts.Writer, peers: opts.Peers, view: e.view, log: log, life: e.life}
 	e.operator = &operator{watcher: opts.Watcher, backends: opts.Backends, store: opts.Store, log: log, timeout: opts.OperationTimeout}
-	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle}
+	if e.roles.clustered {
+		e.stall = newStallGuard(e.catchUp, log)
+	}
+	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle, stall: e.stall}
 	e.trimmers = &trimmers{
 		operator: e.operator, store: opts.Store, roles: e.roles, options: opts.Trimmer, logger: opts.Logger, log: log,
 		byQueue: make(map[mirror.QueueID]*queueTrimmers),
@@ -243,6 +249,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.view.rebuild()
 	changes, stopChanges := e.opts.Store.Changes()
 	policies, stopPolicies := e.opts.Policies.Subscribe()
+	if e.stall != nil {
+		e.wg.Go(func() { e.stall.run(e.ctx) })
+	}
 	e.wg.Add(3)
 	go func() {
 		defer e.wg.Done()

@@ -54,6 +54,9 @@ type liveness struct {
 	// resumed is when it last served again, in Unix nanoseconds.
 	paused  atomic.Bool
 	resumed atomic.Int64
+	// stall is the engine's stall guard (nil for a proxy alone): after a
+	// stall, as after a pause, promotions are left to the other proxies.
+	stall *stallGuard
 }
 
 // down is Engine.BackendDown.
@@ -131,8 +134,11 @@ func (l *liveness) setPaused(paused bool) {
 func (l *liveness) isPaused() bool { return l.paused.Load() }
 
 // settlingAfterPause reports whether the proxy served again less than
-// resumeSettle ago.
+// resumeSettle ago, after a pause or after it stood still (stall.go).
 func (l *liveness) settlingAfterPause() bool {
+	if l.stall.settling(l.resumeSettle) {
+		return true
+	}
 	at := l.resumed.Load()
 	return at != 0 && time.Since(time.Unix(0, at)) < l.resumeSettle
 }
