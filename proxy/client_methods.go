@@ -28,7 +28,7 @@ func (c *clientConn) contentFromClient(f frames.Frame) error {
 		_, err := c.fromClientInEmulatedTx(ch, f, 0)
 		return err
 	}
-	return ch.publisher.publishContent(&c.publishPath, f)
+	return ch.publisher.publishContent(&c.router, f)
 }
 
 // connectionMethod handles a method on channel 0: the home backend answers
@@ -64,7 +64,7 @@ func (c *clientConn) methodOnClosedChannel(f frames.Frame, key uint32) error {
 // closing channel takes only its close handshake, and a transaction the
 // proxy keeps holds what it must; dispatchChannelMethod has the rest.
 func (c *clientConn) channelMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
-	if err := ch.publisher.methodArrived(&c.publishPath); err != nil {
+	if err := ch.publisher.methodArrived(&c.router); err != nil {
 		return err
 	}
 	ch.dropContent = false
@@ -90,7 +90,7 @@ func (c *clientConn) channelMethod(ch *channelState, f frames.Frame, key uint32,
 func (c *clientConn) dispatchChannelMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
 	switch key {
 	case frames.BasicPublishKey:
-		return ch.publisher.publish(&c.publishPath, f, args)
+		return ch.publisher.publish(&c.router, f, args)
 	case frames.BasicAckKey, frames.BasicNackKey, frames.BasicRejectKey:
 		return c.settleMethod(ch, f, key, args)
 	case frames.BasicConsumeKey:

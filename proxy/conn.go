@@ -45,9 +45,10 @@ type clientConn struct {
 	started time.Time
 	// links are the connection's backend links, the home link among them.
 	links linkSet
-	// publishPath is what the channels' publishers use of the connection
-	// (publish.go), set before the connection serves.
-	publishPath publishPath
+	// router is what the connection's routing and the channels'
+	// publishers use of the connection (publish.go), set before the
+	// connection serves.
+	router router
 	// Client read loop only: scratch for trim.
 	trimIDs []mirror.MessageID
 	// unrecorded remembers where exclusive queues of other connections
@@ -117,7 +118,7 @@ func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 	}
 	c.ctx, c.cancelCtx = context.WithCancel(context.Background())
 	if srv.opts.Mirror != nil {
-		c.publishPath.identities = newIdentities()
+		c.router.identities = newIdentities()
 	}
 	c.log = srv.log.With("conn", id, "client", conn.RemoteAddr().String())
 	c.opening = newOpening(c.ctx, srv, c.client, c.log)
@@ -158,11 +159,11 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	c.links.begin(home, opened.failedAt)
 	c.mu.Unlock()
 	c.log = c.log.With("user", c.terms.user, "vhost", c.terms.vhost)
-	path := &c.publishPath
-	path.srv, path.mirror, path.links = c.srv, c.srv.opts.Mirror, &c.links
-	path.vhost, path.log, path.ctx = c.terms.vhost, c.log, c.ctx
-	path.dial, path.run, path.locate = c.openLink, c.runLink, c.locate
-	path.writeFailed, path.settled = c.writeFailed, c.confirmedAtPublish
+	rt := &c.router
+	rt.srv, rt.mirror, rt.links = c.srv, c.srv.opts.Mirror, &c.links
+	rt.vhost, rt.log, rt.ctx = c.terms.vhost, c.log, c.ctx
+	rt.dial, rt.run, rt.locate = c.openLink, c.runLink, c.locate
+	rt.writeFailed, rt.settled = c.writeFailed, c.confirmedAtPublish
 	c.log.Info("connection opened", "backend", home.name,
 		"frame_max", c.terms.frameMax, "heartbeat", c.terms.clientHeartbeat)
 	return true, ReasonUnknown

@@ -91,7 +91,7 @@
 // routing of queue, exchange, reply-to and transactional traffic;
 // publish.go is a channel's publishing side (publisher), which decides and
 // keeps a publish's route, numbers it for the confirms and sends its
-// frames, with what it uses of the connection (publishPath); link.go is
+// frames, with what it uses of the connection (router); link.go is
 // a backend link (link), how it logs in and its read loop, links.go the
 // connection's set of them (linkSet), backend_loop.go what a link's loop
 // does with each frame, delivery.go the assembly of messages, identity.go
@@ -141,15 +141,15 @@
 //     that change only in its methods; one backend's link opens at a time
 //     (linkSet.opening). The client connection dials a link and starts its
 //     read loop (openLink, runLink), which it hands to ensure (through
-//     publishPath.reach) and rehome; the set's methods are in links.go.
+//     router.reach) and rehome; the set's methods are in links.go.
 //   - A channel's publisher (the publish in progress, the publish held for
 //     its content header, the kept route), the other fields of
 //     channelState marked "client read loop only" (qos, decode scratch),
-//     the identities in the connection's publishPath, which number the
+//     the identities in the connection's router, which number the
 //     published messages, clientConn's scratch and a link's decode scratch
 //     belong to one goroutine and have no lock. Whoever holds
 //     clientConn.sendMu may read whether a channel is in a publish's
-//     content (publisher.inContent). The rest of publishPath is set before
+//     content (publisher.inContent). The rest of the router is set before
 //     the connection serves and only read.
 //
 // One lock is taken outside its type's methods: channelState.outMu,

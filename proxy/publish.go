@@ -24,7 +24,7 @@ import (
 // holds it by value; it belongs to the client loop (which holds
 // clientConn.sendMu while it handles a frame, so that others who hold
 // sendMu may read inContent). What it uses of its connection comes with
-// each call (publishPath).
+// each call: the connection's router.
 type publisher struct {
 	// ch is the channel it publishes on, whose confirms it numbers: the
 	// one pointer a publish follows from the publisher.
@@ -45,13 +45,13 @@ type publisher struct {
 // The client loop, or a goroutine holding clientConn.sendMu, reads it.
 func (p *publisher) inContent() bool { return p.current.inContent }
 
-// publishPath is what the publishers of a connection use of it: the
-// backends, the links and how to reach them, the Mirror. The connection
-// sets it once, before it serves (clientConn.open), and passes it by
-// pointer with each publish; it reaches links through it too
+// router is what a connection's routing uses of it: the backends, the
+// links and how to reach them, the Mirror. The connection sets it once,
+// before it serves (clientConn.open), and passes it by pointer to the
+// channels' publishers with each publish; it reaches links through it too
 // (clientConn.reach). identities belongs to the client loop; the rest is
 // only read.
-type publishPath struct {
+type router struct {
 	srv    *Server // the backends, their indexes and names, the counts
 	mirror Mirror  // nil without mirroring
 	links  *linkSet
@@ -78,19 +78,19 @@ type publishPath struct {
 // each, opening what is missing; a backend that cannot be reached is left
 // out (and logged by openLink). The client loop calls it, and the failover
 // of consumers holding clientConn.sendMu.
-func (path *publishPath) reach(ch *channelState, backends ...string) []*link {
+func (rt *router) reach(ch *channelState, backends ...string) []*link {
 	out := ch.reachable[:0]
 	for _, name := range backends {
-		i, ok := path.srv.backendIndex[name]
+		i, ok := rt.srv.backendIndex[name]
 		if !ok {
 			continue
 		}
-		l, err := path.links.ensure(i, path.dial, path.run)
+		l, err := rt.links.ensure(i, rt.dial, rt.run)
 		if err != nil {
 			continue
 		}
 		if err := ensureChannel(ch, l); err != nil {
-			path.writeFailed(l, err)
+			rt.writeFailed(l, err)
 			continue
 		}
 		out = append(out, l)
@@ -100,13 +100,13 @@ func (path *publishPath) reach(ch *channelState, backends ...string) []*link {
 }
 
 // toHome passes a frame to the home link as it came.
-func (path *publishPath) toHome(f frames.Frame) {
-	home := path.links.home()
+func (rt *router) toHome(f frames.Frame) {
+	home := rt.links.home()
 	if home == nil {
 		return
 	}
 	if err := home.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
-		path.writeFailed(home, err)
+		rt.writeFailed(home, err)
 	}
 }
 
@@ -130,15 +130,15 @@ type publishing struct {
 // (publishContent). A publish to an exchange waits for its content header:
 // where it goes may depend on the message's headers (a headers exchange,
 // the CC and BCC headers).
-func (p *publisher) publish(path *publishPath, f frames.Frame, args []byte) error {
+func (p *publisher) publish(rt *router, f frames.Frame, args []byte) error {
 	ch := p.ch
-	path.srv.stats.Publishes.Add(1)
-	if path.mirror == nil {
-		p.current = publishing{targets: path.links.homeOnly()}
+	rt.srv.stats.Publishes.Add(1)
+	if rt.mirror == nil {
+		p.current = publishing{targets: rt.links.homeOnly()}
 		if ch.confirming.Load() {
 			ch.numberPublish(ch.arrival())
 		}
-		path.toHome(f)
+		rt.toHome(f)
 		return nil
 	}
 	m := &p.decoded
@@ -150,43 +150,43 @@ func (p *publisher) publish(path *publishPath, f frames.Frame, args []byte) erro
 		p.held = append(p.held[:0], f.Payload...)
 		return nil
 	}
-	return p.sendPublish(path, f.Payload, p.queueRoute(path, m))
+	return p.sendPublish(rt, f.Payload, p.queueRoute(rt, m))
 }
 
 // methodArrived sends a publish to an exchange held for its content header
 // on to the home broker when a method comes where the header belongs.
-func (p *publisher) methodArrived(path *publishPath) error {
+func (p *publisher) methodArrived(rt *router) error {
 	if len(p.held) == 0 {
 		return nil
 	}
-	return p.sendDeferred(path, nil)
+	return p.sendDeferred(rt, nil)
 }
 
 // sendDeferred sends a publish to an exchange, held until its content
 // header came (header), or nil when a method or a body came instead: that
 // is the client's protocol error, and the home broker answers it as it
 // would have.
-func (p *publisher) sendDeferred(path *publishPath, header []byte) error {
+func (p *publisher) sendDeferred(rt *router, header []byte) error {
 	ch := p.ch
 	// The buffer is not written again before the next publish method.
 	method := p.held
 	p.held = method[:0]
 	if header == nil {
-		if home := path.links.homeOnly(); len(home) > 0 {
+		if home := rt.links.homeOnly(); len(home) > 0 {
 			if err := home[0].sock.WriteFrame(frames.FrameMethod, ch.id, method); err != nil {
-				path.writeFailed(home[0], err)
+				rt.writeFailed(home[0], err)
 			}
 		}
 		// Whatever content follows goes there too.
-		p.current = publishing{targets: path.links.homeOnly()}
+		p.current = publishing{targets: rt.links.homeOnly()}
 		return nil
 	}
-	return p.sendPublish(path, method, p.exchangeRoute(path, &p.decoded, header))
+	return p.sendPublish(rt, method, p.exchangeRoute(rt, &p.decoded, header))
 }
 
 // sendPublish numbers a publish for the confirms and sends its method to
 // the route's targets.
-func (p *publisher) sendPublish(path *publishPath, method []byte, r *publishRoute) error {
+func (p *publisher) sendPublish(rt *router, method []byte, r *publishRoute) error {
 	ch := p.ch
 	m := &p.decoded
 	targets, identify := r.targets, r.identify
@@ -196,7 +196,7 @@ func (p *publisher) sendPublish(path *publishPath, method []byte, r *publishRout
 	}
 	confirming := ch.confirming.Load()
 	if !confirming && len(targets) > 1 && !ch.ownConfirms.Load() && !ch.transactional {
-		p.selectOwnConfirms(path)
+		p.selectOwnConfirms(rt)
 	}
 	if confirming || ch.ownConfirms.Load() {
 		seq, out := ch.numberCopies(r.CopySet, ch.arrival(), func(cs *ledger.CopySet) time.Time {
@@ -206,7 +206,7 @@ func (p *publisher) sendPublish(path *publishPath, method []byte, r *publishRout
 			p.current.seq = seq
 		}
 		if len(out) > 0 {
-			path.settled(ch, out)
+			rt.settled(ch, out)
 		}
 	}
 	if len(targets) == 0 {
@@ -215,7 +215,7 @@ func (p *publisher) sendPublish(path *publishPath, method []byte, r *publishRout
 	}
 	for _, l := range targets {
 		if err := l.sock.WriteFrame(frames.FrameMethod, ch.id, method); err != nil {
-			path.writeFailed(l, err)
+			rt.writeFailed(l, err)
 		}
 	}
 	return nil
@@ -227,13 +227,13 @@ func (p *publisher) sendPublish(path *publishPath, method []byte, r *publishRout
 // breaks before it confirmed, may lack it and must not count as
 // synchronised. confirm.select goes with no-wait, so no reply comes back;
 // links the channel opens on later get it with the channel (ensureChannel).
-func (p *publisher) selectOwnConfirms(path *publishPath) {
+func (p *publisher) selectOwnConfirms(rt *router) {
 	ch := p.ch
 	ch.ownConfirms.Store(true)
-	for _, l := range path.links.openOn(ch) {
+	for _, l := range rt.links.openOn(ch) {
 		if l.selectConfirm(ch.id) {
 			if err := l.sock.WriteMethod(ch.id, &frames.ConfirmSelect{NoWait: true}); err != nil {
-				path.writeFailed(l, err)
+				rt.writeFailed(l, err)
 			}
 		}
 	}
@@ -266,26 +266,26 @@ func (r *publishRoute) begin(m *frames.BasicPublish, confirming bool) *publishRo
 
 // queueRoute decides, or recalls, where a publish to the default exchange
 // goes: every copy of the queue its routing key names.
-func (p *publisher) queueRoute(path *publishPath, m *frames.BasicPublish) *publishRoute {
+func (p *publisher) queueRoute(rt *router, m *frames.BasicPublish) *publishRoute {
 	ch := p.ch
 	if mirror.IsReplyTo(m.RoutingKey) {
-		return p.replyRoute(path, m)
+		return p.replyRoute(rt, m)
 	}
 	r := &p.route
-	meta, found := path.mirror.Lookup(mirror.QueueID{VHost: path.vhost, Name: m.RoutingKey})
+	meta, found := rt.mirror.Lookup(mirror.QueueID{VHost: rt.vhost, Name: m.RoutingKey})
 	if r.targets != nil && r.exchange == "" && r.key == m.RoutingKey && r.confirming == ch.confirming.Load() &&
-		r.links == path.links.changes() && found && meta.Version == r.version {
+		r.links == rt.links.changes() && found && meta.Version == r.version {
 		return r
 	}
 	r = p.route.begin(m, ch.confirming.Load())
 	if !found {
-		meta, found = path.locate(m.RoutingKey)
+		meta, found = rt.locate(m.RoutingKey)
 	}
 	if !found {
 		// Not kept: the queue may appear any moment.
-		return path.decided(r, path.links.homeOnly(), false)
+		return rt.decided(r, rt.links.homeOnly(), false)
 	}
-	targets := path.reach(ch, meta.Backends()...)
+	targets := rt.reach(ch, meta.Backends()...)
 	// Identified even without slaves: a policy may mirror the queue
 	// later, and its messages are then copied to the new slaves, whose
 	// trimmers tell them apart by this identity; by content alone, two
@@ -295,7 +295,7 @@ func (p *publisher) queueRoute(path *publishPath, m *frames.BasicPublish) *publi
 	if len(meta.Slaves) > 0 {
 		r.Queue = &mirror.QueueID{VHost: meta.ID.VHost, Name: meta.ID.Name}
 	}
-	r.Master = path.srv.backendIndex[meta.Master]
+	r.Master = rt.srv.backendIndex[meta.Master]
 	for _, l := range targets {
 		if i := meta.SlaveIndex(l.name); i >= 0 && !meta.Slaves[i].Synchronised {
 			r.Extra = append(r.Extra, l.idx)
@@ -304,9 +304,9 @@ func (p *publisher) queueRoute(path *publishPath, m *frames.BasicPublish) *publi
 		}
 	}
 	if r.Queue != nil {
-		r.Unreached = unreachedCopies(meta, targets, path.srv.backendIndex, r.Unreached)
+		r.Unreached = unreachedCopies(meta, targets, rt.srv.backendIndex, r.Unreached)
 	}
-	return path.decided(r, targets, len(targets) == 1+len(meta.Slaves))
+	return rt.decided(r, targets, len(targets) == 1+len(meta.Slaves))
 }
 
 // exchangeRoute decides, or recalls, where a publish to an exchange goes:
@@ -315,17 +315,17 @@ func (p *publisher) queueRoute(path *publishPath, m *frames.BasicPublish) *publi
 // header is the message's content header; its headers table is read only
 // when the route needs it (a headers exchange) or names more routing keys
 // (CC, BCC), and such a route is not kept.
-func (p *publisher) exchangeRoute(path *publishPath, m *frames.BasicPublish, header []byte) *publishRoute {
+func (p *publisher) exchangeRoute(rt *router, m *frames.BasicPublish, header []byte) *publishRoute {
 	ch := p.ch
 	r := &p.route
-	table := path.mirror.Routing()
+	table := rt.mirror.Routing()
 	var headers []byte // the encoded table, from its size
 	if start, end, present, err := frames.HeadersField(header); err == nil && present {
 		headers = header[start:end]
 	}
 	hasCC := bytes.Contains(headers, ccKey) || bytes.Contains(headers, bccKey)
 	if !hasCC && r.targets != nil && r.exchange == m.Exchange && r.key == m.RoutingKey && r.table == table &&
-		r.confirming == ch.confirming.Load() && r.links == path.links.changes() {
+		r.confirming == ch.confirming.Load() && r.links == rt.links.changes() {
 		return r
 	}
 	r = p.route.begin(m, ch.confirming.Load())
@@ -333,7 +333,7 @@ func (p *publisher) exchangeRoute(path *publishPath, m *frames.BasicPublish, hea
 	route := mirror.Route{All: true}
 	keep := !hasCC
 	if table != nil {
-		msg := mirror.RoutedMessage{VHost: path.vhost, Exchange: m.Exchange, RoutingKey: m.RoutingKey}
+		msg := mirror.RoutedMessage{VHost: rt.vhost, Exchange: m.Exchange, RoutingKey: m.RoutingKey}
 		if hasCC {
 			msg.Headers, msg.HeadersKnown = decodeHeaders(headers)
 		}
@@ -349,20 +349,20 @@ func (p *publisher) exchangeRoute(path *publishPath, m *frames.BasicPublish, hea
 	}
 	wanted := route.Backends
 	if route.All || route.NeedHeaders {
-		wanted = path.srv.backendNames
+		wanted = rt.srv.backendNames
 	}
-	targets := path.reach(ch, wanted...)
-	r.identify = len(path.srv.backends) > 1
-	if len(path.srv.backends) > 1 {
+	targets := rt.reach(ch, wanted...)
+	r.identify = len(rt.srv.backends) > 1
+	if len(rt.srv.backends) > 1 {
 		r.Queue = ledger.AnyQueue
 		for _, name := range wanted {
-			i := path.srv.backendIndex[name]
-			if !slices.ContainsFunc(targets, func(l *link) bool { return l.idx == i }) && path.mirror.Holds(name, nil) {
+			i := rt.srv.backendIndex[name]
+			if !slices.ContainsFunc(targets, func(l *link) bool { return l.idx == i }) && rt.mirror.Holds(name, nil) {
 				r.Unreached = append(r.Unreached, i)
 			}
 		}
 	}
-	return path.decided(r, targets, keep && len(targets) == len(wanted))
+	return rt.decided(r, targets, keep && len(targets) == len(wanted))
 }
 
 // The keys of the headers that add routing keys to a publish, as they
@@ -385,7 +385,7 @@ func decodeHeaders(encoded []byte) (frames.Table, bool) {
 // could not be reached: it is tried again with the next publish (a copy
 // that misses publishes must not stay unnoticed behind a remembered
 // route).
-func (path *publishPath) decided(r *publishRoute, targets []*link, keep bool) *publishRoute {
+func (rt *router) decided(r *publishRoute, targets []*link, keep bool) *publishRoute {
 	r.targets = append([]*link(nil), targets...) // reach's slice is scratch
 	if len(r.Quorum) == 0 && len(r.Extra) == 0 {
 		for _, l := range r.targets {
@@ -395,9 +395,9 @@ func (path *publishPath) decided(r *publishRoute, targets []*link, keep bool) *p
 	if len(r.Quorum) == 0 && len(r.Unreached) == 0 && len(r.Extra) > 0 {
 		r.Quorum, r.Extra = r.Extra, r.Quorum
 	}
-	r.links = path.links.changes()
+	r.links = rt.links.changes()
 	if len(r.Unreached) > 0 {
-		path.reportUnreached(r)
+		rt.reportUnreached(r)
 	}
 	if !keep {
 		route := *r
@@ -412,18 +412,18 @@ func (path *publishPath) decided(r *publishRoute, targets []*link, keep bool) *p
 // dialled again yet, or a backend this proxy counts down while the log
 // still has its slave synchronised (the engine handles that report once
 // the backend is up again, if the log still does). They miss the publish.
-func (path *publishPath) reportUnreached(r *publishRoute) {
-	m := path.mirror
+func (rt *router) reportUnreached(r *publishRoute) {
+	m := rt.mirror
 	queue := r.Queue
 	if queue == ledger.AnyQueue {
 		queue = nil // any queue with a slave there
 	}
 	for _, i := range r.Unreached {
-		name := path.srv.backends[i].Name
+		name := rt.srv.backends[i].Name
 		if i == r.Master {
 			continue
 		}
-		path.log.Debug("a publish cannot reach a slave copy", "backend", name, "queue", queueName(queue))
+		rt.log.Debug("a publish cannot reach a slave copy", "backend", name, "queue", queueName(queue))
 		m.Missed(name, queue)
 	}
 }
@@ -503,14 +503,14 @@ func unreachedCopies(meta mirror.QueueMeta, targets []*link, backendIndex map[st
 // publishContent sends a publish's content frame where its method went,
 // adding the identity header to the content header of a message with
 // several copies.
-func (p *publisher) publishContent(path *publishPath, f frames.Frame) error {
+func (p *publisher) publishContent(rt *router, f frames.Frame) error {
 	ch := p.ch
 	if len(p.held) > 0 {
 		var header []byte // nil for a body where the header belongs
 		if f.Type == frames.FrameHeader {
 			header = f.Payload
 		}
-		if err := p.sendDeferred(path, header); err != nil {
+		if err := p.sendDeferred(rt, header); err != nil {
 			return err
 		}
 		if ch.dropContent {
@@ -531,7 +531,7 @@ func (p *publisher) publishContent(path *publishPath, f frames.Frame) error {
 		p.current.remaining -= n
 	}
 	if f.Type == frames.FrameHeader && p.current.identify {
-		stamped, id, err := path.identities.stamp(f.Payload)
+		stamped, id, err := rt.identities.stamp(f.Payload)
 		if err != nil {
 			return err
 		}
@@ -542,7 +542,7 @@ func (p *publisher) publishContent(path *publishPath, f frames.Frame) error {
 	}
 	for _, l := range p.current.targets {
 		if err := l.sock.WriteFrame(f.Type, f.Channel, payload); err != nil {
-			path.writeFailed(l, err)
+			rt.writeFailed(l, err)
 		}
 	}
 	return nil
@@ -552,19 +552,19 @@ func (p *publisher) publishContent(path *publishPath, f frames.Frame) error {
 // reply-to name as its routing key goes: the backend that owns the name,
 // nowhere when none does. A name that does not decode goes to the home
 // broker, which answers it as it would without the proxy.
-func (p *publisher) replyRoute(path *publishPath, m *frames.BasicPublish) *publishRoute {
+func (p *publisher) replyRoute(rt *router, m *frames.BasicPublish) *publishRoute {
 	ch := p.ch
 	r := p.route.begin(m, ch.confirming.Load())
 	node, ok := mirror.ReplyToNode(m.RoutingKey)
 	if !ok {
-		return path.decided(r, path.links.homeOnly(), false)
+		return rt.decided(r, rt.links.homeOnly(), false)
 	}
-	ctx, cancel := context.WithTimeout(path.ctx, mirrorTimeout)
-	backend, ok := path.mirror.ReplyBackend(ctx, node)
+	ctx, cancel := context.WithTimeout(rt.ctx, mirrorTimeout)
+	backend, ok := rt.mirror.ReplyBackend(ctx, node)
 	cancel()
 	if !ok {
-		path.log.Debug("a direct reply to a node no live backend runs is dropped", "node", node)
-		return path.decided(r, nil, false)
+		rt.log.Debug("a direct reply to a node no live backend runs is dropped", "node", node)
+		return rt.decided(r, nil, false)
 	}
-	return path.decided(r, path.reach(ch, backend), false)
+	return rt.decided(r, rt.reach(ch, backend), false)
 }

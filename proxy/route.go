@@ -33,9 +33,9 @@ func (c *clientConn) mirrorContext() (context.Context, context.CancelFunc) {
 }
 
 // reach returns the links to the named backends with the channel open on
-// each, opening what is missing (publishPath.reach).
+// each, opening what is missing (router.reach).
 func (c *clientConn) reach(ch *channelState, backends ...string) []*link {
-	return c.publishPath.reach(ch, backends...)
+	return c.router.reach(ch, backends...)
 }
 
 // reachAll returns every backend's link with the channel open on it, in

@@ -174,7 +174,7 @@ func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
 		if ch.dropContent {
 			return nil
 		}
-		return ch.publisher.publishContent(&c.publishPath, f)
+		return ch.publisher.publishContent(&c.router, f)
 	}
 	ch.dropContent = false
 	classID, methodID, args, err := frames.ParseMethodID(f.Payload)
@@ -183,7 +183,7 @@ func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
 	}
 	switch frames.MethodKey(classID, methodID) {
 	case frames.BasicPublishKey:
-		return ch.publisher.publish(&c.publishPath, f, args)
+		return ch.publisher.publish(&c.router, f, args)
 	case frames.BasicAckKey:
 		if err := ch.clientAck.Decode(args); err != nil {
 			return err
