@@ -100,7 +100,7 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 		c.channels.remove(ch.id, ch)
 		return
 	}
-	c.send(ch, f, targets, true, func(reply []byte) []byte {
+	c.router.send(ch, f, targets, true, func(reply []byte) []byte {
 		c.channels.remove(ch.id, ch)
 		return reply
 	})

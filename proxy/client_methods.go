@@ -94,24 +94,24 @@ func (c *clientConn) dispatchChannelMethod(ch *channelState, f frames.Frame, key
 	case frames.BasicAckKey, frames.BasicNackKey, frames.BasicRejectKey:
 		return c.settleMethod(ch, f, key, args)
 	case frames.BasicConsumeKey:
-		return c.consume(ch, f, args)
+		return c.router.consume(ch, f, args)
 	case frames.BasicGetKey:
-		return c.get(ch, f, args)
+		return c.router.get(ch, f, args)
 	case frames.BasicCancelKey:
-		return c.cancel(ch, f, args)
+		return c.router.cancel(ch, f, args)
 	case frames.ChannelCloseKey:
 		c.clientClosesChannel(ch, f)
 		return nil
 	case frames.ChannelCloseOkKey:
 		// Not closing: nothing to answer. The home backend judges it.
-		c.sendTo(ch, f, nil, c.links.openOn(ch), false)
+		c.router.sendTo(ch, f, nil, c.links.openOn(ch), false)
 		return nil
 	case frames.QueueDeclareKey, frames.QueueBindKey, frames.QueueUnbindKey, frames.QueuePurgeKey, frames.QueueDeleteKey:
-		return c.queueMethod(ch, f, key, args)
+		return c.router.queueMethod(ch, f, key, args)
 	case frames.ExchangeDeclareKey, frames.ExchangeDeleteKey, frames.ExchangeBindKey, frames.ExchangeUnbindKey:
 		// Exchanges and their bindings exist on every backend, as in a
 		// RabbitMQ cluster.
-		return c.exchangeMethod(ch, f, key, args)
+		return c.router.exchangeMethod(ch, f, key, args)
 	case frames.BasicQosKey:
 		return c.qos(ch, f, args)
 	case frames.ConfirmSelectKey:
@@ -123,7 +123,7 @@ func (c *clientConn) dispatchChannelMethod(ch *channelState, f frames.Frame, key
 	case frames.BasicRecoverAsyncKey:
 		return c.recoverAsync(ch, f)
 	case frames.BasicRecoverKey, frames.ChannelFlowKey:
-		return c.onOpenLinks(ch, f, true, nil)
+		return c.router.onOpenLinks(ch, f, true, nil)
 	}
 	c.toBackend(f)
 	return nil
@@ -137,7 +137,7 @@ func (c *clientConn) qos(ch *channelState, f frames.Frame, args []byte) error {
 		return err
 	}
 	ch.qos = &qos
-	return c.onOpenLinks(ch, f, true, &frames.BasicQosOk{})
+	return c.router.onOpenLinks(ch, f, true, &frames.BasicQosOk{})
 }
 
 // confirmSelect puts the channel in confirm mode for the client.
@@ -151,7 +151,7 @@ func (c *clientConn) confirmSelect(ch *channelState, f frames.Frame, args []byte
 		observe = *o
 	}
 	ch.selectConfirms(observe)
-	return c.onOpenLinks(ch, f, !sel.NoWait, &frames.ConfirmSelectOk{})
+	return c.router.onOpenLinks(ch, f, !sel.NoWait, &frames.ConfirmSelectOk{})
 }
 
 // txSelect makes the channel transactional. On a channel in the proxy's
@@ -163,7 +163,7 @@ func (c *clientConn) txSelect(ch *channelState, f frames.Frame) error {
 		return nil
 	}
 	ch.selectTransactions()
-	return c.onOpenLinks(ch, f, true, &frames.TxSelectOk{})
+	return c.router.onOpenLinks(ch, f, true, &frames.TxSelectOk{})
 }
 
 // txEnd passes tx.commit or tx.rollback on. The broker applies the
@@ -172,14 +172,14 @@ func (c *clientConn) txSelect(ch *channelState, f frames.Frame) error {
 // unapplied, and those deliveries can be acked again at once.
 func (c *clientConn) txEnd(ch *channelState, f frames.Frame, rollback bool) error {
 	ch.endTransaction(rollback, c.trimSettled)
-	return c.onOpenLinks(ch, f, true, nil)
+	return c.router.onOpenLinks(ch, f, true, nil)
 }
 
 // recoverAsync passes basic.recover-async on: the brokers redeliver every
 // outstanding delivery with a new tag, so the old tags are void.
 func (c *clientConn) recoverAsync(ch *channelState, f frames.Frame) error {
 	ch.forgetDeliveries()
-	return c.onOpenLinks(ch, f, false, nil)
+	return c.router.onOpenLinks(ch, f, false, nil)
 }
 
 // settleMethod decodes basic.ack, basic.nack or basic.reject and settles
@@ -208,7 +208,7 @@ func (c *clientConn) settleMethod(ch *channelState, f frames.Frame, key uint32, 
 // when the channel first needs them (ensureChannel).
 func (c *clientConn) openChannel(ch *channelState, f frames.Frame, home *link) error {
 	home.openChannel(ch.id)
-	c.send(ch, f, []*link{home}, true, nil)
+	c.router.send(ch, f, []*link{home}, true, nil)
 	return nil
 }
 

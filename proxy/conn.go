@@ -45,18 +45,11 @@ type clientConn struct {
 	started time.Time
 	// links are the connection's backend links, the home link among them.
 	links linkSet
-	// router is what the connection's routing and the channels'
-	// publishers use of the connection (publish.go), set before the
-	// connection serves.
+	// router routes the client's methods and publishes to the links
+	// (route.go), set before the connection serves.
 	router router
 	// Client read loop only: scratch for trim.
 	trimIDs []mirror.MessageID
-	// unrecorded remembers where exclusive queues of other connections
-	// are (see locate).
-	unrecorded map[string]mirror.QueueMeta
-	// declared are the queues this connection declared that the log does
-	// not record, for list_queues.
-	declared declaredQueues
 	// linkLoops counts the link read loops running.
 	linkLoops sync.WaitGroup
 
@@ -162,8 +155,9 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	rt := &c.router
 	rt.srv, rt.mirror, rt.links = c.srv, c.srv.opts.Mirror, &c.links
 	rt.vhost, rt.log, rt.ctx = c.terms.vhost, c.log, c.ctx
-	rt.dial, rt.run, rt.locate = c.openLink, c.runLink, c.locate
+	rt.dial, rt.run = c.openLink, c.runLink
 	rt.writeFailed, rt.settled = c.writeFailed, c.confirmedAtPublish
+	rt.answer, rt.closeChannel, rt.atBoundary = c.toClientMethodOnChannel, c.closeChannelByProxy, c.atBoundary
 	c.log.Info("connection opened", "backend", home.name,
 		"frame_max", c.terms.frameMax, "heartbeat", c.terms.clientHeartbeat)
 	return true, ReasonUnknown

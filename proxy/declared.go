@@ -9,9 +9,10 @@ import (
 
 // declaredQueues are the queues a client connection declared on its home
 // link that the metadata log does not record: exclusive queues and
-// server-named ones (route.go sends both to the home link alone). The
-// engine lists the log's queues; these are the rest of what RabbitMQ's
-// list_queues shows, and only the connection knows them.
+// server-named ones, which the connection's router sends to the home link
+// alone and records here (router.declared). The engine lists the log's
+// queues; these are the rest of what RabbitMQ's list_queues shows, and
+// only the connection knows them.
 //
 // An entry lasts while the link it was declared on does (an exclusive
 // queue dies with its owner's connection to the broker), until the client
@@ -96,7 +97,7 @@ func (s *Server) UnrecordedQueues(vhost string) []mirror.UnrecordedQueue {
 		if !c.isOpen() || vhost != "" && c.terms.vhost != vhost {
 			continue
 		}
-		out = c.declared.appendLive(c.terms.vhost, c.links.snapshot(), out)
+		out = c.router.declared.appendLive(c.terms.vhost, c.links.snapshot(), out)
 	}
 	return out
 }
@@ -105,17 +106,17 @@ func (s *Server) UnrecordedQueues(vhost string) []mirror.UnrecordedQueue {
 // sent to the home link l alone, what remembers the queue once l answers
 // with its name; with no-wait it remembers the client's name at once and
 // returns nil.
-func (c *clientConn) declaredAt(l *link, q queueMethod, wantReply bool) func([]byte) []byte {
+func (rt *router) declaredAt(l *link, q queueMethod, wantReply bool) func([]byte) []byte {
 	if !wantReply {
 		if q.queue != "" {
-			c.declared.add(q.queue, l, q.exclusive)
+			rt.declared.add(q.queue, l, q.exclusive)
 		}
 		return nil
 	}
 	return func(reply []byte) []byte {
 		var ok frames.QueueDeclareOk
 		if isMethod(reply, frames.QueueDeclareOkKey) && decodeArgs(reply, &ok) == nil {
-			c.declared.add(ok.Queue, l, q.exclusive)
+			rt.declared.add(ok.Queue, l, q.exclusive)
 		}
 		return reply
 	}

@@ -24,9 +24,9 @@
 //
 // A client frame travels one way (client_loop.go, client_methods.go,
 // route.go, publish.go): decoded as far as the proxy acts on it, applied to its
-// channel's state, routed to the links the method must reach (a queue's
-// copies, every backend for an exchange, the master for a consume), and
-// written there. A synchronous method sent to several links gives the client
+// channel's state, routed by the connection's router to the links the method
+// must reach (a queue's copies, every backend for an exchange, the master for
+// a consume), and written there. A synchronous method sent to several links gives the client
 // one reply, the first link's, once all answered (rpc.go); a link's replies
 // are matched to requests by a queue per link and channel, since a broker
 // answers a channel's requests in order. Deliveries, gets and returns are
@@ -87,16 +87,20 @@
 // its terms); conn.go is the client connection (clientConn) and its
 // teardown; client_loop.go reads the client and dispatches each frame
 // (fromClient), client_methods.go has the handler of each client method it
-// acts on, and route.go, exchanges.go, replyto.go and txemulated.go the
-// routing of queue, exchange, reply-to and transactional traffic;
-// publish.go is a channel's publishing side (publisher), which decides and
-// keeps a publish's route, numbers it for the confirms and sends its
-// frames, with what it uses of the connection (router); link.go is
-// a backend link (link), how it logs in and its read loop, links.go the
-// connection's set of them (linkSet), backend_loop.go what a link's loop
-// does with each frame, delivery.go the assembly of messages, identity.go
-// the identity header a mirrored message carries between publish and
-// delivery (identities stamps it); rpc.go matches replies to requests;
+// acts on; route.go is the connection's router (router), which holds what
+// routing uses of the connection and routes queue and consume traffic,
+// exchanges.go and replyto.go its routing of exchange and direct reply-to
+// traffic, declared.go its record of the queues the metadata log does not
+// record (declaredQueues); txemulated.go keeps the transactions the proxy
+// emulates; publish.go is a channel's publishing side (publisher), which
+// decides and keeps a publish's route through the router, numbers it for
+// the confirms and sends its frames; link.go is a backend link (link), how
+// it logs in and its read loop, links.go the connection's set of them
+// (linkSet), backend_loop.go what a link's loop does with each frame,
+// delivery.go the assembly of messages, identity.go the identity header a
+// mirrored message carries between publish and delivery (identities stamps
+// it); rpc.go sends a routed request to its links (router.send) and
+// matches replies to requests;
 // channel.go is a client channel (channelState) and channel_table.go the
 // lock-free table of them; chanclose.go closes channels; failover.go and
 // lostcopies.go handle lost links and moved masters; views.go copies what
@@ -142,15 +146,24 @@
 //     (linkSet.opening). The client connection dials a link and starts its
 //     read loop (openLink, runLink), which it hands to ensure (through
 //     router.reach) and rehome; the set's methods are in links.go.
+//   - The connection's router (router) is used by the client loop, which
+//     routes every client method through it, by the link loops, which run
+//     what a routed request does once answered, and by the failover
+//     goroutine, which reaches links through it holding clientConn.sendMu.
+//     What it uses of the connection is set before the connection serves
+//     and only read. Its record of the queues the connection declared that
+//     the log does not record (declaredQueues) is guarded by
+//     declaredQueues.mu, taken only in its methods (declared.go); the rest
+//     of its state belongs to the client loop (below).
 //   - A channel's publisher (the publish in progress, the publish held for
 //     its content header, the kept route), the other fields of
 //     channelState marked "client read loop only" (qos, decode scratch),
-//     the identities in the connection's router, which number the
-//     published messages, clientConn's scratch and a link's decode scratch
-//     belong to one goroutine and have no lock. Whoever holds
+//     the router's identities, which number the published messages, and
+//     its memory of where other connections' exclusive queues are
+//     (router.unrecorded), clientConn's scratch and a link's decode
+//     scratch belong to one goroutine and have no lock. Whoever holds
 //     clientConn.sendMu may read whether a channel is in a publish's
-//     content (publisher.inContent). The rest of the router is set before
-//     the connection serves and only read.
+//     content (publisher.inContent).
 //
 // One lock is taken outside its type's methods: channelState.outMu,
 // which whoever writes to the client on a channel holds, so that a

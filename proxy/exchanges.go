@@ -11,10 +11,10 @@ import (
 // reaches only the backends holding a queue it routes to (exchangeRoute).
 
 // exchangeMethod sends an exchange method to every backend and records it.
-func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
-	m := c.srv.opts.Mirror
+func (rt *router) exchangeMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
+	m := rt.mirror
 	if m == nil {
-		c.sendTo(ch, f, nil, c.links.homeOnly(), true)
+		rt.sendTo(ch, f, nil, rt.links.homeOnly(), true)
 		return nil
 	}
 	var noWait bool
@@ -29,7 +29,7 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 		if d.Passive || d.Exchange == "" {
 			break
 		}
-		id := mirror.ExchangeID{VHost: c.terms.vhost, Name: d.Exchange}
+		id := mirror.ExchangeID{VHost: rt.vhost, Name: d.Exchange}
 		if known, ok := m.LookupExchange(id); ok && known.Type != "" {
 			break // declared through a proxy before: the record holds
 		}
@@ -43,11 +43,11 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 			}
 		}
 		// Asked before the declare: once it is made, every backend has it.
-		ctx, cancel := c.mirrorContext()
+		ctx, cancel := rt.mirrorContext()
 		x.Fresh = m.ExchangeAbsent(ctx, id)
 		cancel()
 		record = func() error {
-			ctx, cancel := c.mirrorContext()
+			ctx, cancel := rt.mirrorContext()
 			defer cancel()
 			m.ExchangeDeclared(ctx, x)
 			return nil
@@ -59,9 +59,9 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 		}
 		noWait = d.NoWait
 		record = func() error {
-			ctx, cancel := c.mirrorContext()
+			ctx, cancel := rt.mirrorContext()
 			defer cancel()
-			m.ExchangeDeleted(ctx, mirror.ExchangeID{VHost: c.terms.vhost, Name: d.Exchange})
+			m.ExchangeDeleted(ctx, mirror.ExchangeID{VHost: rt.vhost, Name: d.Exchange})
 			return nil
 		}
 	case frames.ExchangeBindKey, frames.ExchangeUnbindKey:
@@ -84,9 +84,9 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 			b = mirror.ExchangeBinding{Destination: d.Destination, RoutingKey: d.RoutingKey, Arguments: encodeTable(d.Arguments)}
 		}
 		record = func() error {
-			ctx, cancel := c.mirrorContext()
+			ctx, cancel := rt.mirrorContext()
 			defer cancel()
-			err := m.ExchangeBound(ctx, mirror.ExchangeID{VHost: c.terms.vhost, Name: source}, b, bound)
+			err := m.ExchangeBound(ctx, mirror.ExchangeID{VHost: rt.vhost, Name: source}, b, bound)
 			if !bound {
 				return nil // left in the log, a removed binding only widens routes
 			}
@@ -99,7 +99,7 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 		// routed by the record.
 		after = func(reply []byte) []byte {
 			if err := record(); err != nil {
-				c.bindingNotRecorded(ch, key, err)
+				rt.bindingNotRecorded(ch, key, err)
 				return nil
 			}
 			return reply
@@ -109,20 +109,20 @@ func (c *clientConn) exchangeMethod(ch *channelState, f frames.Frame, key uint32
 			after = nil
 		}
 	}
-	c.sendTo(ch, f, after, c.reachAll(ch), !noWait)
+	rt.sendTo(ch, f, after, rt.reachAll(ch), !noWait)
 	return nil
 }
 
 // boundUnrecorded notes, after a queue.bind of a queue the log does not
 // record (exclusive, server-named) on backend, that the exchange's
 // publishes must reach that backend.
-func (c *clientConn) boundUnrecorded(exchange, backend string) error {
+func (rt *router) boundUnrecorded(exchange, backend string) error {
 	if exchange == "" {
 		return nil
 	}
-	ctx, cancel := c.mirrorContext()
+	ctx, cancel := rt.mirrorContext()
 	defer cancel()
-	return c.srv.opts.Mirror.BoundUnrecorded(ctx, mirror.ExchangeID{VHost: c.terms.vhost, Name: exchange}, backend)
+	return rt.mirror.BoundUnrecorded(ctx, mirror.ExchangeID{VHost: rt.vhost, Name: exchange}, backend)
 }
 
 // bindingNotRecorded closes the channel of a binding the brokers made but
@@ -131,11 +131,11 @@ func (c *clientConn) boundUnrecorded(exchange, backend string) error {
 // bound; it may bind again on a new channel (binding is idempotent).
 // Called where a reply would go (a link's read loop, or the client loop
 // for no-wait), the close waits for the channel's message boundary.
-func (c *clientConn) bindingNotRecorded(ch *channelState, key uint32, err error) {
+func (rt *router) bindingNotRecorded(ch *channelState, key uint32, err error) {
 	classID, methodID := uint16(key>>16), uint16(key)
-	c.log.Warn("a binding is not recorded in the metadata log; closing its channel", "err", err)
-	c.atBoundary(ch, func() {
-		c.closeChannelByProxy(ch, frames.InternalError,
+	rt.log.Warn("a binding is not recorded in the metadata log; closing its channel", "err", err)
+	rt.atBoundary(ch, func() {
+		rt.closeChannel(ch, frames.InternalError,
 			"INTERNAL_ERROR - the binding could not be recorded in amqp-mirror's metadata: "+err.Error(), classID, methodID)
 	})
 }

@@ -147,7 +147,7 @@ func (c *clientConn) moveConsumers(lost string, orphans []orphan) {
 func (c *clientConn) cancelUnpromoted(lost string, orphans []orphan) []orphan {
 	waiting := orphans[:0]
 	for _, o := range orphans {
-		if meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.ID); ok && meta.Master == lost && c.promotionPending(meta) {
+		if meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.ID); ok && meta.Master == lost && c.router.promotionPending(meta) {
 			waiting = append(waiting, o)
 			continue
 		}
@@ -185,7 +185,7 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 	if o.ch.publisher.inContent() {
 		return moveWait
 	}
-	targets := c.reach(o.ch, meta.Master)
+	targets := c.router.reach(o.ch, meta.Master)
 	if len(targets) == 0 {
 		return moveWait
 	}

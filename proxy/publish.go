@@ -3,14 +3,12 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
-	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // This file is a channel's publishing side. A channel's publisher decides
@@ -44,60 +42,6 @@ type publisher struct {
 // its last content frame, when nothing else may be written on its links.
 // The client loop, or a goroutine holding clientConn.sendMu, reads it.
 func (p *publisher) inContent() bool { return p.current.inContent }
-
-// router is what a connection's routing uses of it: the backends, the
-// links and how to reach them, the Mirror. The connection sets it once,
-// before it serves (clientConn.open), and passes it by pointer to the
-// channels' publishers with each publish; it reaches links through it too
-// (clientConn.reach). identities belongs to the client loop; the rest is
-// only read.
-type router struct {
-	srv    *Server // the backends, their indexes and names, the counts
-	mirror Mirror  // nil without mirroring
-	links  *linkSet
-	vhost  string
-	log    *slog.Logger
-	ctx    context.Context // ends with the connection
-	// identities numbers the published messages.
-	identities identities
-	// The connection's own work, which a publish calls only when a route
-	// is decided, a link opens, a write fails, or a lost link settles
-	// confirms at the publish; a route kept for the next publish calls
-	// none of them. dial and run open a link (clientConn.openLink, runLink).
-	dial        func(i int) (*wire.Socket, error)
-	run         func(l *link)
-	locate      func(name string) (mirror.QueueMeta, bool)
-	writeFailed func(l *link, err error)
-	// settled passes on the confirms a publish settled at once, its
-	// copies' links being lost; the caller holds none of the channel's
-	// locks.
-	settled func(ch *channelState, out []ledger.ClientConfirm)
-}
-
-// reach returns the links to the named backends with the channel open on
-// each, opening what is missing; a backend that cannot be reached is left
-// out (and logged by openLink). The client loop calls it, and the failover
-// of consumers holding clientConn.sendMu.
-func (rt *router) reach(ch *channelState, backends ...string) []*link {
-	out := ch.reachable[:0]
-	for _, name := range backends {
-		i, ok := rt.srv.backendIndex[name]
-		if !ok {
-			continue
-		}
-		l, err := rt.links.ensure(i, rt.dial, rt.run)
-		if err != nil {
-			continue
-		}
-		if err := ensureChannel(ch, l); err != nil {
-			rt.writeFailed(l, err)
-			continue
-		}
-		out = append(out, l)
-	}
-	ch.reachable = out
-	return out
-}
 
 // toHome passes a frame to the home link as it came.
 func (rt *router) toHome(f frames.Frame) {

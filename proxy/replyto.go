@@ -31,19 +31,19 @@ import (
 // consumeReplyTo starts the client's consumer of amq.rabbitmq.reply-to. A
 // consume without a tag gets one made as RabbitMQ makes them, so that the
 // consumer has one tag on every link, the one the client learns.
-func (c *clientConn) consumeReplyTo(ch *channelState, f frames.Frame, d *frames.BasicConsume) error {
-	home := c.links.home()
+func (rt *router) consumeReplyTo(ch *channelState, f frames.Frame, d *frames.BasicConsume) error {
+	home := rt.links.home()
 	if home == nil {
 		return nil
 	}
-	targets := c.reach(ch, home.name)
+	targets := rt.reach(ch, home.name)
 	if len(targets) == 0 {
 		return nil
 	}
 	home = targets[0]
 	if !d.NoAck {
 		// The broker refuses it with 406 and closes the channel.
-		c.sendTo(ch, f, nil, []*link{home}, !d.NoWait)
+		rt.sendTo(ch, f, nil, []*link{home}, !d.NoWait)
 		return nil
 	}
 	if d.ConsumerTag == "" {
@@ -51,12 +51,12 @@ func (c *clientConn) consumeReplyTo(ch *channelState, f frames.Frame, d *frames.
 	}
 	ch.addReplyConsumer(d.ConsumerTag, home.idx)
 	client := frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: d.Append(nil)}
-	c.send(ch, client, []*link{home}, !d.NoWait, nil)
-	for _, l := range c.links.openOn(ch) {
+	rt.send(ch, client, []*link{home}, !d.NoWait, nil)
+	for _, l := range rt.links.openOn(ch) {
 		if l != home {
 			l.expect(ch.id, nil) // consume-ok
 			if err := l.sock.WriteMethod(ch.id, replyConsume(d.ConsumerTag)); err != nil {
-				c.writeFailed(l, err)
+				rt.writeFailed(l, err)
 			}
 		}
 	}
@@ -86,17 +86,17 @@ func (ch *channelState) isReplyConsumer(tag string) bool {
 // cancelReplyTo ends the consumer of amq.rabbitmq.reply-to on the links the
 // channel is open on other than targets, where the client's cancel goes,
 // when tag is that consumer's.
-func (c *clientConn) cancelReplyTo(ch *channelState, tag string, targets []*link) {
+func (rt *router) cancelReplyTo(ch *channelState, tag string, targets []*link) {
 	if !ch.takeReplyConsumer(tag) {
 		return
 	}
-	for _, l := range c.links.openOn(ch) {
+	for _, l := range rt.links.openOn(ch) {
 		if containsLink(targets, l) {
 			continue
 		}
 		l.expect(ch.id, nil) // cancel-ok
 		if err := l.sock.WriteMethod(ch.id, &frames.BasicCancel{ConsumerTag: tag}); err != nil {
-			c.writeFailed(l, err)
+			rt.writeFailed(l, err)
 		}
 	}
 }
@@ -115,26 +115,26 @@ func containsLink(links []*link, l *link) bool {
 // consumer is still there: its owner answers, and the proxy answers 404
 // when no live backend owns it. Everything else the home broker answers
 // (403 for a declare of an amq. name, 404 for a bind).
-func (c *clientConn) replyQueueMethod(ch *channelState, f frames.Frame, key uint32, q queueMethod, wantReply bool) error {
+func (rt *router) replyQueueMethod(ch *channelState, f frames.Frame, key uint32, q queueMethod, wantReply bool) error {
 	if key != frames.QueueDeclareKey || !q.passive || q.queue == mirror.ReplyToQueue {
-		c.sendTo(ch, f, nil, c.links.homeOnly(), wantReply)
+		rt.sendTo(ch, f, nil, rt.links.homeOnly(), wantReply)
 		return nil
 	}
 	var targets []*link
 	if node, ok := mirror.ReplyToNode(q.queue); ok {
-		ctx, cancel := c.mirrorContext()
-		backend, owned := c.srv.opts.Mirror.ReplyBackend(ctx, node)
+		ctx, cancel := rt.mirrorContext()
+		backend, owned := rt.mirror.ReplyBackend(ctx, node)
 		cancel()
 		if owned {
-			targets = c.reach(ch, backend)
+			targets = rt.reach(ch, backend)
 		}
 	}
 	if len(targets) == 0 {
-		c.closeChannelByProxy(ch, frames.NotFound,
-			fmt.Sprintf("NOT_FOUND - no queue '%s' in vhost '%s'", q.queue, c.terms.vhost), 50, 10)
+		rt.closeChannel(ch, frames.NotFound,
+			fmt.Sprintf("NOT_FOUND - no queue '%s' in vhost '%s'", q.queue, rt.vhost), 50, 10)
 		return nil
 	}
-	c.sendTo(ch, f, nil, targets, wantReply)
+	rt.sendTo(ch, f, nil, targets, wantReply)
 	return nil
 }
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
+	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
 // This file decides which links a client method reaches. Without mirroring
@@ -25,36 +27,110 @@ import (
 //   - channel-wide methods (qos, confirm.select, tx, recover, flow): every
 //     link the channel is open on, and repeated on links it opens on later.
 
+// router is a client connection's routing: where each client method goes
+// (this file, exchanges.go, replyto.go), where a publish goes (publish.go),
+// and how a request is sent to its links (rpc.go). It holds what routing
+// uses of the connection, the state routing keeps, and the connection's own
+// work it calls. The connection holds it by value and passes it by pointer
+// to each channel's publisher with every publish.
+//
+// The client loop routes every client method through it. The link read
+// loops run what a routed request does once answered (rpcGroup.after:
+// records in the Mirror and in declared, or bindingNotRecorded). The
+// failover of consumers reaches links (reach, holding clientConn.sendMu)
+// and asks promotionPending. Who touches what:
+//
+//   - everything but identities, unrecorded and declared is set once by
+//     clientConn.open, before the connection serves, and only read after;
+//   - identities and unrecorded belong to the client loop and have no lock;
+//   - declared keeps its own lock (declaredQueues.mu): the link loops and
+//     the client loop add to it, the views read it.
+type router struct {
+	srv    *Server // the backends, their indexes and names, the counts
+	mirror Mirror  // nil without mirroring
+	links  *linkSet
+	vhost  string
+	log    *slog.Logger
+	ctx    context.Context // ends with the connection
+	// identities numbers the published messages.
+	identities identities
+	// unrecorded remembers where exclusive queues of other connections
+	// are (see locate).
+	unrecorded map[string]mirror.QueueMeta
+	// declared are the queues this connection declared that the log does
+	// not record, for list_queues.
+	declared declaredQueues
+
+	// The connection's own work. A publish calls it only when a route is
+	// decided, a link opens, a write fails, or a lost link settles
+	// confirms at the publish; a route kept for the next publish calls
+	// none of it. dial and run open a link (clientConn.openLink, runLink).
+	dial        func(i int) (*wire.Socket, error)
+	run         func(l *link)
+	writeFailed func(l *link, err error)
+	// settled passes on the confirms a publish settled at once, its
+	// copies' links being lost; the caller holds none of the channel's
+	// locks.
+	settled func(ch *channelState, out []ledger.ClientConfirm)
+	// answer writes the proxy's own reply to the client on a channel
+	// (clientConn.toClientMethodOnChannel).
+	answer func(ch *channelState, m frames.Method)
+	// closeChannel closes a channel for a reason the proxy found
+	// (clientConn.closeChannelByProxy); atBoundary runs work once the
+	// client loop is between messages on a channel (clientConn.atBoundary).
+	closeChannel func(ch *channelState, code uint16, text string, classID, methodID uint16)
+	atBoundary   func(ch *channelState, run func())
+}
+
 // mirrorTimeout bounds a call to the engine made for a client request.
 const mirrorTimeout = 10 * time.Second
 
-func (c *clientConn) mirrorContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(c.ctx, mirrorTimeout)
+func (rt *router) mirrorContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(rt.ctx, mirrorTimeout)
 }
 
 // reach returns the links to the named backends with the channel open on
-// each, opening what is missing (router.reach).
-func (c *clientConn) reach(ch *channelState, backends ...string) []*link {
-	return c.router.reach(ch, backends...)
+// each, opening what is missing; a backend that cannot be reached is left
+// out (and logged by openLink). The client loop calls it, and the failover
+// of consumers holding clientConn.sendMu.
+func (rt *router) reach(ch *channelState, backends ...string) []*link {
+	out := ch.reachable[:0]
+	for _, name := range backends {
+		i, ok := rt.srv.backendIndex[name]
+		if !ok {
+			continue
+		}
+		l, err := rt.links.ensure(i, rt.dial, rt.run)
+		if err != nil {
+			continue
+		}
+		if err := ensureChannel(ch, l); err != nil {
+			rt.writeFailed(l, err)
+			continue
+		}
+		out = append(out, l)
+	}
+	ch.reachable = out
+	return out
 }
 
 // reachAll returns every backend's link with the channel open on it, in
 // backend order.
-func (c *clientConn) reachAll(ch *channelState) []*link {
-	return c.reach(ch, c.srv.backendNames...)
+func (rt *router) reachAll(ch *channelState) []*link {
+	return rt.reach(ch, rt.srv.backendNames...)
 }
 
 // sendTo sends f to targets (the home link when there are none).
-func (c *clientConn) sendTo(ch *channelState, f frames.Frame, after func([]byte) []byte, targets []*link, wantReply bool) {
+func (rt *router) sendTo(ch *channelState, f frames.Frame, after func([]byte) []byte, targets []*link, wantReply bool) {
 	if len(targets) == 0 {
-		if home := c.links.home(); home != nil {
-			targets = c.reach(ch, home.name)
+		if home := rt.links.home(); home != nil {
+			targets = rt.reach(ch, home.name)
 		}
 		if len(targets) == 0 {
 			return
 		}
 	}
-	c.send(ch, f, targets, wantReply, after)
+	rt.send(ch, f, targets, wantReply, after)
 }
 
 // onOpenLinks sends a channel-wide method to every link the channel is open
@@ -63,23 +139,23 @@ func (c *clientConn) sendTo(ch *channelState, f frames.Frame, after func([]byte)
 // tx.select: ensureChannel), nil for other methods: when no link can take
 // the setting now, or every link asked is lost before it answers, the
 // setting still holds, and the proxy answers it.
-func (c *clientConn) onOpenLinks(ch *channelState, f frames.Frame, wantReply bool, settingOk frames.Method) error {
-	targets := c.links.openOn(ch)
+func (rt *router) onOpenLinks(ch *channelState, f frames.Frame, wantReply bool, settingOk frames.Method) error {
+	targets := rt.links.openOn(ch)
 	if len(targets) > 1 && f.Type == frames.FrameMethod && isMethod(f.Payload, frames.ConfirmSelectKey) {
 		for _, l := range targets {
 			l.selectConfirm(ch.id)
 		}
 	}
 	if len(targets) == 0 {
-		if home := c.links.home(); home != nil {
-			targets = c.reach(ch, home.name)
+		if home := rt.links.home(); home != nil {
+			targets = rt.reach(ch, home.name)
 		}
 	}
 	switch {
 	case len(targets) > 0:
-		c.sendGroup(ch, f, targets, newGroup(targets, wantReply, nil, settingOk))
+		rt.sendGroup(ch, f, targets, newGroup(targets, wantReply, nil, settingOk))
 	case wantReply && settingOk != nil:
-		c.toClientMethodOnChannel(ch, settingOk)
+		rt.answer(ch, settingOk)
 	}
 	return nil
 }
@@ -146,33 +222,33 @@ func encodeTable(t frames.Table) []byte {
 
 // locate returns where a queue lives: from the metadata log, or found on
 // the backends (adopted). ok is false when no backend has it.
-func (c *clientConn) locate(name string) (mirror.QueueMeta, bool) {
+func (rt *router) locate(name string) (mirror.QueueMeta, bool) {
 	if mirror.IsReplyTo(name) {
 		// No backend holds it; a passive declare of it would count as found.
 		return mirror.QueueMeta{}, false
 	}
-	id := mirror.QueueID{VHost: c.terms.vhost, Name: name}
-	if m, ok := c.srv.opts.Mirror.Lookup(id); ok {
+	id := mirror.QueueID{VHost: rt.vhost, Name: name}
+	if m, ok := rt.mirror.Lookup(id); ok {
 		return m, true
 	}
-	if m, ok := c.unrecorded[name]; ok {
+	if m, ok := rt.unrecorded[name]; ok {
 		return m, true
 	}
-	ctx, cancel := c.mirrorContext()
+	ctx, cancel := rt.mirrorContext()
 	defer cancel()
-	m, ok, err := c.srv.opts.Mirror.Resolve(ctx, id)
+	m, ok, err := rt.mirror.Resolve(ctx, id)
 	if err != nil {
-		c.log.Warn("cannot locate queue", "queue", name, "err", err)
+		rt.log.Warn("cannot locate queue", "queue", name, "err", err)
 		return m, false
 	}
 	if ok && m.Version == 0 {
 		// An exclusive queue of some connection: never recorded, and it
 		// never moves, so this connection remembers where it is (an RPC
 		// server publishes every reply to one).
-		if c.unrecorded == nil || len(c.unrecorded) >= maxUnrecorded {
-			c.unrecorded = make(map[string]mirror.QueueMeta)
+		if rt.unrecorded == nil || len(rt.unrecorded) >= maxUnrecorded {
+			rt.unrecorded = make(map[string]mirror.QueueMeta)
 		}
-		c.unrecorded[name] = m
+		rt.unrecorded[name] = m
 	}
 	return m, ok
 }
@@ -181,9 +257,9 @@ func (c *clientConn) locate(name string) (mirror.QueueMeta, bool) {
 const maxUnrecorded = 1024
 
 // queueMethod routes queue.declare, bind, unbind, purge and delete.
-func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
-	if c.srv.opts.Mirror == nil {
-		c.sendTo(ch, f, nil, c.links.homeOnly(), true)
+func (rt *router) queueMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
+	if rt.mirror == nil {
+		rt.sendTo(ch, f, nil, rt.links.homeOnly(), true)
 		return nil
 	}
 	q, err := decodeQueueMethod(key, args)
@@ -192,35 +268,35 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 	}
 	wantReply := !q.noWait
 	if mirror.IsReplyTo(q.queue) {
-		return c.replyQueueMethod(ch, f, key, q, wantReply)
+		return rt.replyQueueMethod(ch, f, key, q, wantReply)
 	}
 	if q.queue == "" || q.exclusive && !q.passive {
 		// Server-named and exclusive queues live where the client is. A
 		// passive declare names a queue that exists, wherever it lives,
 		// and the broker reads none of its other flags: its count is the
 		// master's, exclusive flag or not.
-		home := c.links.homeOnly()
-		after := c.bindAtHome(ch, key, q, wantReply)
+		home := rt.links.homeOnly()
+		after := rt.bindAtHome(ch, key, q, wantReply)
 		if key == frames.QueueDeclareKey && !q.passive && len(home) > 0 {
-			after = c.declaredAt(home[0], q, wantReply)
+			after = rt.declaredAt(home[0], q, wantReply)
 		}
-		c.sendTo(ch, f, after, home, wantReply)
+		rt.sendTo(ch, f, after, home, wantReply)
 		return nil
 	}
-	id := mirror.QueueID{VHost: c.terms.vhost, Name: q.queue}
-	meta, found := c.locate(q.queue)
+	id := mirror.QueueID{VHost: rt.vhost, Name: q.queue}
+	meta, found := rt.locate(q.queue)
 	if !found {
 		if key != frames.QueueDeclareKey || q.passive {
 			// The home broker answers 404 as RabbitMQ would (or binds a
 			// queue it has that could not be located).
-			c.sendTo(ch, f, c.bindAtHome(ch, key, q, wantReply), c.links.homeOnly(), wantReply)
+			rt.sendTo(ch, f, rt.bindAtHome(ch, key, q, wantReply), rt.links.homeOnly(), wantReply)
 			return nil
 		}
-		return c.declareNew(ch, f, q, wantReply)
+		return rt.declareNew(ch, f, q, wantReply)
 	}
-	meta, master := c.reachMaster(ch, meta)
+	meta, master := rt.reachMaster(ch, meta)
 	if len(master) == 0 {
-		c.masterDown(ch, meta, f)
+		rt.masterDown(ch, meta, f)
 		return nil
 	}
 	masterLink := master[0]
@@ -229,34 +305,34 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 		var after func([]byte) []byte
 		if key == frames.QueuePurgeKey && len(meta.Slaves) > 0 {
 			after = func(reply []byte) []byte {
-				ctx, cancel := c.mirrorContext()
+				ctx, cancel := rt.mirrorContext()
 				defer cancel()
-				c.srv.opts.Mirror.Purged(ctx, id)
+				rt.mirror.Purged(ctx, id)
 				return reply
 			}
 		}
-		c.sendTo(ch, f, after, []*link{masterLink}, wantReply)
+		rt.sendTo(ch, f, after, []*link{masterLink}, wantReply)
 	case frames.QueueDeleteKey:
-		c.deleteQueue(ch, f, meta, masterLink, wantReply)
+		rt.deleteQueue(ch, f, meta, masterLink, wantReply)
 	default: // bind, unbind: every copy
-		targets := append([]*link{masterLink}, c.reach(ch, slaveNames(meta)...)...)
+		targets := append([]*link{masterLink}, rt.reach(ch, slaveNames(meta)...)...)
 		after := func(reply []byte) []byte {
-			ctx, cancel := c.mirrorContext()
+			ctx, cancel := rt.mirrorContext()
 			defer cancel()
 			var err error
 			switch {
 			case key == frames.QueueBindKey && meta.Version == 0:
 				// A queue the log does not record (exclusive, or
 				// server-named): its binding is not in the log either.
-				err = c.boundUnrecorded(q.binding.Exchange, meta.Master)
+				err = rt.boundUnrecorded(q.binding.Exchange, meta.Master)
 			case key == frames.QueueBindKey:
-				err = c.srv.opts.Mirror.Bound(ctx, id, q.binding, true)
+				err = rt.mirror.Bound(ctx, id, q.binding, true)
 			case key == frames.QueueUnbindKey:
 				// Left in the log, a removed binding only widens routes.
-				_ = c.srv.opts.Mirror.Bound(ctx, id, q.binding, false)
+				_ = rt.mirror.Bound(ctx, id, q.binding, false)
 			}
 			if err != nil {
-				c.bindingNotRecorded(ch, key, err)
+				rt.bindingNotRecorded(ch, key, err)
 				return nil
 			}
 			return reply
@@ -265,7 +341,7 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 			after(nil)
 			after = nil
 		}
-		c.sendTo(ch, f, after, targets, wantReply)
+		rt.sendTo(ch, f, after, targets, wantReply)
 	}
 	return nil
 }
@@ -275,14 +351,14 @@ func (c *clientConn) queueMethod(ch *channelState, f frames.Frame, key uint32, a
 // that could not be located), what records that the exchange's publishes
 // must reach the home backend; nil for other methods. With no-wait it
 // records at once and returns nil.
-func (c *clientConn) bindAtHome(ch *channelState, key uint32, q queueMethod, wantReply bool) func([]byte) []byte {
-	home := c.links.home()
+func (rt *router) bindAtHome(ch *channelState, key uint32, q queueMethod, wantReply bool) func([]byte) []byte {
+	home := rt.links.home()
 	if home == nil || key != frames.QueueBindKey {
 		return nil
 	}
 	after := func(reply []byte) []byte {
-		if err := c.boundUnrecorded(q.binding.Exchange, home.name); err != nil {
-			c.bindingNotRecorded(ch, key, err)
+		if err := rt.boundUnrecorded(q.binding.Exchange, home.name); err != nil {
+			rt.bindingNotRecorded(ch, key, err)
 			return nil
 		}
 		return reply
@@ -301,22 +377,22 @@ func (c *clientConn) bindAtHome(ch *channelState, key uint32, q queueMethod, wan
 // to every other backend, a slave or not: deleting a missing queue is
 // harmless in RabbitMQ, and a copy the engine was adding at that moment
 // goes too.
-func (c *clientConn) deleteQueue(ch *channelState, f frames.Frame, meta mirror.QueueMeta, master *link, wantReply bool) {
+func (rt *router) deleteQueue(ch *channelState, f frames.Frame, meta mirror.QueueMeta, master *link, wantReply bool) {
 	var others []*link
-	for _, l := range c.reachAll(ch) {
+	for _, l := range rt.reachAll(ch) {
 		if l != master {
 			others = append(others, l)
 		}
 	}
 	deleteCopies := func(reply []byte) []byte {
-		ctx, cancel := c.mirrorContext()
-		c.srv.opts.Mirror.Deleted(ctx, meta.ID)
+		ctx, cancel := rt.mirrorContext()
+		rt.mirror.Deleted(ctx, meta.ID)
 		cancel()
-		c.declared.forget(meta.ID.Name)
+		rt.declared.forget(meta.ID.Name)
 		for _, l := range others {
 			l.expect(ch.id, nil)
 			if err := l.sock.WriteMethod(ch.id, &frames.QueueDelete{Queue: meta.ID.Name}); err != nil {
-				c.writeFailed(l, err)
+				rt.writeFailed(l, err)
 				continue
 			}
 			l.sock.Flush()
@@ -324,11 +400,11 @@ func (c *clientConn) deleteQueue(ch *channelState, f frames.Frame, meta mirror.Q
 		return reply
 	}
 	if !wantReply {
-		c.sendTo(ch, f, nil, []*link{master}, false)
+		rt.sendTo(ch, f, nil, []*link{master}, false)
 		deleteCopies(nil)
 		return
 	}
-	c.sendTo(ch, f, deleteCopies, []*link{master}, true)
+	rt.sendTo(ch, f, deleteCopies, []*link{master}, true)
 }
 
 // promotionWait bounds how long a request for a queue whose master was
@@ -342,13 +418,13 @@ const promotionWait = 10 * time.Second
 // channel waits for a mirrored queue's new master instead of failing the
 // request. It returns the metadata it ends with, and no link when the
 // master stays unreachable.
-func (c *clientConn) reachMaster(ch *channelState, meta mirror.QueueMeta) (mirror.QueueMeta, []*link) {
+func (rt *router) reachMaster(ch *channelState, meta mirror.QueueMeta) (mirror.QueueMeta, []*link) {
 	// The link to a master's backend counted down a moment ago may still
 	// be open (checkLinks drops it within masterCheckInterval), and a
 	// request sent there is lost with it: with a promotion on its way, the
 	// request waits for the new master instead.
-	if m := c.srv.opts.Mirror; m == nil || !m.BackendDown(meta.Master) || !c.promotionPending(meta) {
-		if master := c.reach(ch, meta.Master); len(master) > 0 || !c.promotionPending(meta) {
+	if m := rt.mirror; m == nil || !m.BackendDown(meta.Master) || !rt.promotionPending(meta) {
+		if master := rt.reach(ch, meta.Master); len(master) > 0 || !rt.promotionPending(meta) {
 			return meta, master
 		}
 	}
@@ -357,28 +433,28 @@ func (c *clientConn) reachMaster(ch *channelState, meta mirror.QueueMeta) (mirro
 	deadline := time.After(promotionWait)
 	for {
 		select {
-		case <-c.ctx.Done():
+		case <-rt.ctx.Done():
 			return meta, nil
 		case <-deadline:
 			return meta, nil
 		case <-tick.C:
 		}
-		now, ok := c.srv.opts.Mirror.Lookup(meta.ID)
+		now, ok := rt.mirror.Lookup(meta.ID)
 		if !ok {
 			return meta, nil
 		}
 		// A new master, or the old one not (or no longer) counted down:
 		// one more try. A backend counted down is not dialled again.
-		if now.Master != meta.Master || !c.srv.opts.Mirror.BackendDown(now.Master) {
-			return now, c.reach(ch, now.Master)
+		if now.Master != meta.Master || !rt.mirror.BackendDown(now.Master) {
+			return now, rt.reach(ch, now.Master)
 		}
 	}
 }
 
 // promotionPending reports whether a synchronised slave of meta is live,
 // which the engine promotes when it counts the master down.
-func (c *clientConn) promotionPending(meta mirror.QueueMeta) bool {
-	m := c.srv.opts.Mirror
+func (rt *router) promotionPending(meta mirror.QueueMeta) bool {
+	m := rt.mirror
 	if m == nil {
 		return false
 	}
@@ -393,9 +469,9 @@ func (c *clientConn) promotionPending(meta mirror.QueueMeta) bool {
 // masterDown answers a request for a queue whose master cannot be reached
 // (its broker is down and no slave was promoted) as RabbitMQ answers for a
 // queue whose node is down.
-func (c *clientConn) masterDown(ch *channelState, meta mirror.QueueMeta, f frames.Frame) {
+func (rt *router) masterDown(ch *channelState, meta mirror.QueueMeta, f frames.Frame) {
 	classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
-	c.closeChannelByProxy(ch, frames.NotFound, fmt.Sprintf(
+	rt.closeChannel(ch, frames.NotFound, fmt.Sprintf(
 		"NOT_FOUND - home node '%s' of durable queue '%s' in vhost '%s' is down or inaccessible", meta.Master, meta.ID.Name, meta.ID.VHost),
 		classID, methodID)
 }
@@ -411,33 +487,33 @@ func slaveNames(m mirror.QueueMeta) []string {
 // declareNew places a new queue and declares it on its master and every
 // slave; the client gets the master's declare-ok once every copy exists and
 // the engine recorded the queue.
-func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod, wantReply bool) error {
+func (rt *router) declareNew(ch *channelState, f frames.Frame, q queueMethod, wantReply bool) error {
 	d := q.declare
 	meta := mirror.QueueMeta{
-		ID:         mirror.QueueID{VHost: c.terms.vhost, Name: q.queue},
+		ID:         mirror.QueueID{VHost: rt.vhost, Name: q.queue},
 		Durable:    d.Durable,
 		AutoDelete: d.AutoDelete,
 		Arguments:  encodeTable(d.Arguments),
 	}
-	ctx, cancel := c.mirrorContext()
-	placed, err := c.srv.opts.Mirror.Place(ctx, meta, c.srv.opts.ClientNode)
+	ctx, cancel := rt.mirrorContext()
+	placed, err := rt.mirror.Place(ctx, meta, rt.srv.opts.ClientNode)
 	cancel()
 	if err != nil {
 		code, text := uint16(frames.InternalError), "INTERNAL_ERROR - cannot place queue: "+err.Error()
 		if errors.Is(err, mirror.ErrUnknownLocator) {
 			code, text = frames.PreconditionFailed, "PRECONDITION_FAILED - "+err.Error()
 		}
-		c.closeChannelByProxy(ch, code, text, 50, 10)
+		rt.closeChannel(ch, code, text, 50, 10)
 		return nil
 	}
-	master := c.reach(ch, placed.Master)
+	master := rt.reach(ch, placed.Master)
 	if len(master) == 0 {
-		c.closeChannelByProxy(ch, frames.InternalError,
+		rt.closeChannel(ch, frames.InternalError,
 			"INTERNAL_ERROR - backend "+placed.Master+" for the queue's master is unreachable", 50, 10)
 		return nil
 	}
 	masterLink := master[0]
-	slaves := c.reach(ch, slaveNames(placed)...)
+	slaves := rt.reach(ch, slaveNames(placed)...)
 	// Slaves are never auto-delete: the proxy's own consumer on a slave
 	// comes and goes, and the engine removes slaves when the master goes.
 	slaveDecl := *d
@@ -454,10 +530,10 @@ func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod,
 	placed.Slaves = kept
 	var g *rpcGroup
 	g = &rpcGroup{pending: 1 + len(slaves), primary: masterLink.idx, after: func(reply []byte) []byte {
-		ctx, cancel := c.mirrorContext()
+		ctx, cancel := rt.mirrorContext()
 		defer cancel()
-		if _, err := c.srv.opts.Mirror.Declared(ctx, placed); err != nil {
-			c.log.Warn("queue declared but not recorded", "queue", q.queue, "err", err)
+		if _, err := rt.mirror.Declared(ctx, placed); err != nil {
+			rt.log.Warn("queue declared but not recorded", "queue", q.queue, "err", err)
 		}
 		if !wantReply {
 			return nil
@@ -468,12 +544,12 @@ func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod,
 	noWaitOff := *d
 	noWaitOff.NoWait = false
 	if err := masterLink.sock.WriteMethod(ch.id, &noWaitOff); err != nil {
-		c.writeFailed(masterLink, err)
+		rt.writeFailed(masterLink, err)
 	}
 	for _, l := range slaves {
 		l.expect(ch.id, g)
 		if err := l.sock.WriteMethod(ch.id, &slaveDecl); err != nil {
-			c.writeFailed(l, err)
+			rt.writeFailed(l, err)
 		}
 	}
 	return nil
@@ -484,18 +560,18 @@ func (c *clientConn) declareNew(ch *channelState, f frames.Frame, q queueMethod,
 // for a queue no backend has (the broker answers 404). ok is false when the
 // request was answered already (the master is down: 404) or there is no
 // link at all.
-func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (target *link, ref *ledger.QueueRef, ok bool) {
-	if c.srv.opts.Mirror != nil && queue != "" {
-		if meta, found := c.locate(queue); found {
-			meta, master := c.reachMaster(ch, meta)
+func (rt *router) masterOf(ch *channelState, queue string, f frames.Frame) (target *link, ref *ledger.QueueRef, ok bool) {
+	if rt.mirror != nil && queue != "" {
+		if meta, found := rt.locate(queue); found {
+			meta, master := rt.reachMaster(ch, meta)
 			if len(master) == 0 {
-				c.masterDown(ch, meta, f)
+				rt.masterDown(ch, meta, f)
 				return nil, nil, false
 			}
 			return master[0], &ledger.QueueRef{ID: meta.ID}, true
 		}
 	}
-	home := c.links.homeOnly()
+	home := rt.links.homeOnly()
 	if len(home) == 0 {
 		return nil, nil, false
 	}
@@ -503,15 +579,15 @@ func (c *clientConn) masterOf(ch *channelState, queue string, f frames.Frame) (t
 }
 
 // consume starts a consumer on the queue's master.
-func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) error {
+func (rt *router) consume(ch *channelState, f frames.Frame, args []byte) error {
 	d := &ch.clientConsume
 	if err := d.Decode(args); err != nil {
 		return err
 	}
-	if d.Queue == mirror.ReplyToQueue && c.srv.opts.Mirror != nil {
-		return c.consumeReplyTo(ch, f, d)
+	if d.Queue == mirror.ReplyToQueue && rt.mirror != nil {
+		return rt.consumeReplyTo(ch, f, d)
 	}
-	target, ref, ok := c.masterOf(ch, d.Queue, f)
+	target, ref, ok := rt.masterOf(ch, d.Queue, f)
 	if !ok {
 		return nil
 	}
@@ -542,38 +618,38 @@ func (c *clientConn) consume(ch *channelState, f frames.Frame, args []byte) erro
 			return reply
 		}
 	}
-	c.sendTo(ch, f, after, targets, !d.NoWait)
+	rt.sendTo(ch, f, after, targets, !d.NoWait)
 	return nil
 }
 
 // get asks the queue's master for a message.
-func (c *clientConn) get(ch *channelState, f frames.Frame, args []byte) error {
+func (rt *router) get(ch *channelState, f frames.Frame, args []byte) error {
 	d := &ch.clientGet
 	if err := d.Decode(args); err != nil {
 		return err
 	}
-	target, ref, ok := c.masterOf(ch, d.Queue, f)
+	target, ref, ok := rt.masterOf(ch, d.Queue, f)
 	if !ok {
 		return nil
 	}
 	g := &rpcGroup{pending: 1, primary: target.idx, get: &pendingGet{noAck: d.NoAck, queue: ref}}
 	target.expect(ch.id, g)
 	if err := target.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
-		c.writeFailed(target, err)
+		rt.writeFailed(target, err)
 	}
 	return nil
 }
 
 // cancel ends a consumer on the link it consumes on.
-func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error {
+func (rt *router) cancel(ch *channelState, f frames.Frame, args []byte) error {
 	var d frames.BasicCancel
 	if err := d.Decode(args); err != nil {
 		return err
 	}
 	cons, known := ch.clientCancels(d.ConsumerTag)
-	targets := c.links.homeOnly()
+	targets := rt.links.homeOnly()
 	if known {
-		if l := c.links.at(cons.link); l != nil {
+		if l := rt.links.at(cons.link); l != nil {
 			targets = []*link{l}
 		}
 	}
@@ -585,8 +661,8 @@ func (c *clientConn) cancel(ch *channelState, f frames.Frame, args []byte) error
 		forget(nil)
 		forget = nil
 	}
-	c.cancelReplyTo(ch, d.ConsumerTag, targets)
-	c.sendTo(ch, f, forget, targets, !d.NoWait)
+	rt.cancelReplyTo(ch, d.ConsumerTag, targets)
+	rt.sendTo(ch, f, forget, targets, !d.NoWait)
 	return nil
 }
 

@@ -67,12 +67,12 @@ func isReply(key uint32) bool {
 }
 
 // send writes a client request to the links at targets, which must be open
-// with the channel open on them (c.reach). With wantReply, the first target
+// with the channel open on them (reach). With wantReply, the first target
 // gives the client's reply, through a group, which it returns; after, when
 // set, runs first.
-func (c *clientConn) send(ch *channelState, f frames.Frame, targets []*link, wantReply bool, after func([]byte) []byte) *rpcGroup {
+func (rt *router) send(ch *channelState, f frames.Frame, targets []*link, wantReply bool, after func([]byte) []byte) *rpcGroup {
 	g := newGroup(targets, wantReply, after, nil)
-	c.sendGroup(ch, f, targets, g)
+	rt.sendGroup(ch, f, targets, g)
 	return g
 }
 
@@ -86,13 +86,13 @@ func newGroup(targets []*link, wantReply bool, after func([]byte) []byte, settin
 
 // sendGroup writes a client request to targets, each expecting g's reply
 // (none when g is nil).
-func (c *clientConn) sendGroup(ch *channelState, f frames.Frame, targets []*link, g *rpcGroup) {
+func (rt *router) sendGroup(ch *channelState, f frames.Frame, targets []*link, g *rpcGroup) {
 	for _, l := range targets {
 		if g != nil {
 			l.expect(ch.id, g)
 		}
 		if err := l.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
-			c.writeFailed(l, err)
+			rt.writeFailed(l, err)
 		}
 	}
 }
