@@ -375,7 +375,7 @@ func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint
 }
 
 // confirmedAtPublish passes on the confirms a publish settled at once, the
-// links of its copies being lost (publishPath.settled): the client's, or
+// links of its copies being lost (router.settled): the client's, or
 // those of the proxy's own confirm mode.
 func (c *clientConn) confirmedAtPublish(ch *channelState, out []ledger.ClientConfirm) {
 	if !ch.confirming.Load() {
