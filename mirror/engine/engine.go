@@ -202,7 +202,7 @@ func New(opts Options) *Engine {
 	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle, stall: e.stall}
 	e.trimmers = &trimmers{
 		operator: e.operator, store: opts.Store, roles: e.roles, options: opts.Trimmer, logger: opts.Logger, log: log,
-		byQueue: make(map[mirror.QueueID]*queueTrimmers),
+		lookup: e.view.lookup, byQueue: make(map[mirror.QueueID]*queueTrimmers), early: make(map[trimmerRef]*earlySettles),
 	}
 	e.syncs = &syncs{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, liveness: e.liveness, operator: e.operator,

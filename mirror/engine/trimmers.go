@@ -36,8 +36,13 @@ type trimmers struct {
 	// itself, so it is called without it.
 	gone func(m mirror.QueueMeta, backend string)
 
+	// lookup is Engine.Lookup: which slaves a queue's record has.
+	lookup func(mirror.QueueID) (mirror.QueueMeta, bool)
+
 	mu      sync.RWMutex
 	byQueue map[mirror.QueueID]*queueTrimmers
+	// early are the settles waiting for a trimmer to start (early.go).
+	early map[trimmerRef]*earlySettles
 }
 
 // queueTrimmers are one queue's trimmers and missing copies, by backend.
@@ -128,8 +133,11 @@ func (t *trimmers) ensure(m mirror.QueueMeta, backend string) {
 		}
 		return
 	}
-	q.runs[backend] = &trimmerRun{t: trimmer, generation: gen}
+	run := &trimmerRun{t: trimmer, generation: gen}
+	q.runs[backend] = run
+	early := t.takeEarlyLocked(m.ID, backend)
 	t.mu.Unlock()
+	handEarly(run, early)
 }
 
 func (t *trimmers) trimmerOptions(m mirror.QueueMeta) controllink.TrimmerOptions {
@@ -209,6 +217,7 @@ func (t *trimmers) closeAll() {
 		}
 	}
 	t.byQueue = make(map[mirror.QueueID]*queueTrimmers)
+	t.early = make(map[trimmerRef]*earlySettles)
 	t.mu.Unlock()
 	for _, tr := range runs {
 		tr.t.Close()
@@ -217,19 +226,21 @@ func (t *trimmers) closeAll() {
 
 // settle hands the settles (rejections with reject) of a queue's messages
 // to its trimmers; each queues them for its own goroutine.
+// Those for a slave this proxy trims whose trimmer is not running yet wait
+// for it (early.go).
 func (t *trimmers) settle(id mirror.QueueID, ids []mirror.MessageID, reject bool) {
+	var scratch [2]string
 	t.mu.RLock()
-	defer t.mu.RUnlock()
 	q := t.byQueue[id]
-	if q == nil {
-		return
-	}
-	for _, tr := range q.runs {
-		if reject {
-			tr.t.Reject(ids...)
-		} else {
-			tr.t.Settle(ids...)
+	if q != nil {
+		for _, tr := range q.runs {
+			settleRun(tr, ids, reject)
 		}
+	}
+	awaited := t.awaitedLocked(id, q, scratch[:0])
+	t.mu.RUnlock()
+	if len(awaited) > 0 {
+		t.keepEarly(id, awaited, ids, reject)
 	}
 }
 
@@ -239,7 +250,8 @@ type trimmerRef struct {
 	backend string
 }
 
-// sweep looks at every trimmer against the records in byID: it returns
+// sweep looks at every trimmer against the records in byID (and drops
+// the settles waiting for slaves they no longer have): it returns
 // those of slaves the records no longer have (stale), those whose copy is
 // missing, and the queues no longer recorded (unrecorded). It forgets the
 // missing marks of copies that are there, and ends a copy's expectation
@@ -268,6 +280,7 @@ func (t *trimmers) sweep(byID map[mirror.QueueID]mirror.QueueMeta, now time.Time
 			}
 		}
 	}
+	t.sweepEarlyLocked(byID, now)
 	return stale, missing, unrecorded
 }
 
