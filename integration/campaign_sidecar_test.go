@@ -38,6 +38,7 @@ var sidecarNemeses = []sidecarNemesis{
 	{"kill -9 a whole node, proxy and broker", killWholeNode, false},
 	{"kill -9 a master's broker, its proxy up", killMasterBroker, false},
 	{"SIGSTOP a master's broker past failover_grace, its proxy up", freezeMasterBroker, false},
+	{"restart a master's broker with its data wiped, its proxy up", wipeMasterBroker, false},
 }
 
 // TestCampaignSidecar: whatever the nemesis does to proxies and brokers,
@@ -58,6 +59,11 @@ func TestCampaignSidecar(t *testing.T) {
 	nodes := startKillSidecars(t, "^sidecarcampaign_")
 	runSidecarCampaign(t, nodes, queues, sidecarNemeses, mixed(rnd, sidecarNemeses, faults), rnd)
 }
+
+// settleMargin is how long after a client's ack settled on its channel the campaign
+// counts a fault as possibly in time to lose the settle on its way to the slaves'
+// trimmers (batched, and across the cluster best effort: docs/guarantees.md).
+const settleMargin = 3 * time.Second
 
 // runSidecarCampaign declares queues, starts the clients, injects the faults of
 // order one after another, each on a random node, healed, every proxy serving
@@ -86,6 +92,10 @@ func runSidecarCampaign(t *testing.T, nodes *killSidecars, queues []string, kind
 	nodes.beginFault() // the end of the last fault: the drain is no fault's
 	load.finish(t)
 	load.mu.Lock()
+	if again := load.ackedThenRedelivered(settleMargin); len(again) > 0 {
+		t.Errorf("%d delivered again although an ack of theirs settled %v or more before the next fault: %s",
+			len(again), settleMargin, abbreviate(again))
+	}
 	for i, n := range order {
 		if repeats := load.unflaggedVia[faultProxy{i + 1, victims[i]}]; repeats > 0 && n.wakes {
 			t.Errorf("fault %d (%s): the woken proxy %d delivered %d messages again without redelivered", i+1, n.name, victims[i]+1, repeats)
@@ -223,6 +233,19 @@ func killMasterBroker(t *testing.T, nodes *killSidecars, _ *killLoad, queues []s
 	killNode(t, nodes.brokers[m])
 	restartNode(t, nodes.brokers[m])
 	return fmt.Sprintf("%s, master of %s", nodes.brokers[m].Name, queue)
+}
+
+// wipeMasterBroker kills a master's broker, deletes its data (queues, messages,
+// definitions) and starts it empty: the proxies declare its copies again as new
+// slaves, which synchronise.
+func wipeMasterBroker(t *testing.T, nodes *killSidecars, _ *killLoad, queues []string, pick int) string {
+	queue := queues[pick%len(queues)]
+	m := masterOf(t, nodes, queue, pick)
+	if err := nodes.brokers[m].Wipe(); err != nil {
+		t.Fatal(err)
+	}
+	restartNode(t, nodes.brokers[m])
+	return fmt.Sprintf("%s, master of %s, killed, its data deleted, started empty", nodes.brokers[m].Name, queue)
 }
 
 func freezeMasterBroker(t *testing.T, nodes *killSidecars, _ *killLoad, queues []string, pick int) string {
