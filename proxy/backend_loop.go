@@ -31,7 +31,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 	lc, closing := l.channelSide(f.Channel)
 	if ch == nil || lc == nil {
 		if ch == nil && c.links.home() == l && !closing {
-			c.toClient(f) // a channel the proxy does not track
+			c.out.frame(f) // a channel the proxy does not track
 		}
 		return nil
 	}
@@ -95,7 +95,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		if !ch.brokerCancels(l.cancel.ConsumerTag, l.idx) {
 			return nil // the old master of a consumer that moved
 		}
-		c.toClientOnChannel(ch, f)
+		c.out.frameOnChannel(ch, f)
 		return nil
 	case frames.ChannelCloseKey: // a channel error
 		return c.linkClosesChannel(ch, l, f)
@@ -110,7 +110,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		c.replyArrived(ch, l, f)
 		return nil
 	}
-	c.toClientOnChannel(ch, f)
+	c.out.frameOnChannel(ch, f)
 	return nil
 }
 
@@ -169,8 +169,8 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		}
 		c.srv.stats.Returns.Add(1)
 		ch.outMu.Lock()
-		c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
-		c.writeContent(ch.id, m, header)
+		c.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+		c.out.content(ch.id, m, header)
 		ch.outMu.Unlock()
 	case frames.BasicDeliverKey:
 		d := &l.deliver
@@ -207,12 +207,12 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		ch.outMu.Lock()
 		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: d.DeliveryTag, Queue: queue, ID: id, From: cons.queue}, !cons.noAck)
 		if tag == d.DeliveryTag && !hasID {
-			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+			c.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
 		} else {
 			d.DeliveryTag = tag
-			c.toClientMethod(ch.id, d)
+			c.out.method(ch.id, d)
 		}
-		c.writeContent(ch.id, m, header)
+		c.out.content(ch.id, m, header)
 		ch.outMu.Unlock()
 		if cons.noAck && queue != nil {
 			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id})
@@ -244,12 +244,12 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		ch.outMu.Lock()
 		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: g.DeliveryTag, Queue: queue, ID: id, From: m.get.queue}, !m.get.noAck)
 		if tag == g.DeliveryTag && !flagged {
-			c.toClient(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+			c.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
 		} else {
 			g.DeliveryTag = tag
-			c.toClientMethod(ch.id, g)
+			c.out.method(ch.id, g)
 		}
-		c.writeContent(ch.id, m, header)
+		c.out.content(ch.id, m, header)
 		ch.outMu.Unlock()
 		if m.get.noAck && queue != nil {
 			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id})
@@ -366,11 +366,11 @@ func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint
 		return
 	}
 	if len(out) == 1 && out[0] == (ledger.ClientConfirm{Seq: seq, Multiple: multiple, Nack: nack}) {
-		c.toClient(f)
+		c.out.frame(f)
 		return
 	}
 	for _, cc := range out {
-		c.writeConfirm(ch.id, cc)
+		c.out.confirm(ch.id, cc)
 	}
 }
 
@@ -386,19 +386,10 @@ func (c *clientConn) confirmedAtPublish(ch *channelState, out []ledger.ClientCon
 	}
 	for _, cc := range out {
 		ch.outMu.Lock()
-		c.writeConfirm(ch.id, cc)
+		c.out.confirm(ch.id, cc)
 		ch.outMu.Unlock()
-		c.client.Flush()
+		c.out.flush()
 	}
-}
-
-// writeConfirm writes one confirm to the client; the caller holds outMu.
-func (c *clientConn) writeConfirm(channel uint16, cc ledger.ClientConfirm) {
-	if cc.Nack {
-		c.toClientMethod(channel, &frames.BasicNack{DeliveryTag: cc.Seq, Multiple: cc.Multiple})
-		return
-	}
-	c.toClientMethod(channel, &frames.BasicAck{DeliveryTag: cc.Seq, Multiple: cc.Multiple})
 }
 
 // fromLinkConnection handles channel-0 methods of a link other than the
@@ -432,7 +423,7 @@ func (c *clientConn) fromLinkConnection(l *link, f frames.Frame) error {
 // fromBackendConnection handles the home backend's channel-0 methods.
 func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 	if f.Type != frames.FrameMethod {
-		c.toClient(f)
+		c.out.frame(f)
 		return nil
 	}
 	classID, methodID, args, err := frames.ParseMethodID(f.Payload)
@@ -478,36 +469,8 @@ func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 			return errBackendDone
 		}
 	}
-	c.toClient(f)
+	c.out.frame(f)
 	return nil
-}
-
-// toClientOnChannel passes a frame to the client on its channel's output.
-func (c *clientConn) toClientOnChannel(ch *channelState, f frames.Frame) {
-	ch.outMu.Lock()
-	c.toClient(f)
-	ch.outMu.Unlock()
-}
-
-// toClientMethodOnChannel writes a method to the client on its channel's
-// output.
-func (c *clientConn) toClientMethodOnChannel(ch *channelState, m frames.Method) {
-	ch.outMu.Lock()
-	c.toClientMethod(ch.id, m)
-	ch.outMu.Unlock()
-}
-
-// toClient passes a frame to the client as it came.
-func (c *clientConn) toClient(f frames.Frame) {
-	if err := c.client.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
-		c.teardown(ReasonClientGone, fmt.Sprintf("writing to client: %v", err))
-	}
-}
-
-func (c *clientConn) toClientMethod(channel uint16, m frames.Method) {
-	if err := c.client.WriteMethod(channel, m); err != nil {
-		c.teardown(ReasonClientGone, fmt.Sprintf("writing to client: %v", err))
-	}
 }
 
 // isMethod reports whether a method frame's payload is one of keys.

@@ -73,13 +73,13 @@ func (c *clientConn) closeWaitDone(ch *channelState, o closeOutcome) {
 	}
 	switch {
 	case o.crossed:
-		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
+		c.out.methodOnChannel(ch, &frames.ChannelCloseOk{})
 		c.channels.remove(ch.id, ch)
 	case o.notice != nil:
-		c.toClientMethodOnChannel(ch, o.notice)
+		c.out.methodOnChannel(ch, o.notice)
 	}
 	// The client loop may get here too, and it flushes only the links.
-	c.client.Flush()
+	c.out.flush()
 }
 
 // clientClosesChannel sends the client's channel.close to every link where
@@ -95,8 +95,7 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 		}
 	}
 	if len(targets) == 0 {
-		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
-		c.client.Flush()
+		c.out.sendOnChannel(ch, &frames.ChannelCloseOk{})
 		c.channels.remove(ch.id, ch)
 		return
 	}
@@ -208,8 +207,7 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 			}
 			return
 		}
-		c.toClientMethodOnChannel(ch, &frames.ChannelCloseOk{})
-		c.client.Flush()
+		c.out.sendOnChannel(ch, &frames.ChannelCloseOk{})
 	}
 }
 
@@ -239,7 +237,7 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 		confirms = nil
 	}
 	for _, cc := range confirms {
-		c.writeConfirm(ch.id, cc)
+		c.out.confirm(ch.id, cc)
 	}
 	if len(missed) > 0 && !c.srv.opts.Mirror.BackendDown(l.name) {
 		// A backend counted down loses its slaves anyway; one still up
@@ -247,7 +245,7 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 		c.reportMissed(missed, "link lost")
 	}
 	for _, tag := range cancelled {
-		c.toClientMethod(ch.id, &frames.BasicCancel{ConsumerTag: tag, NoWait: true})
+		c.out.method(ch.id, &frames.BasicCancel{ConsumerTag: tag, NoWait: true})
 	}
 	ch.outMu.Unlock()
 	if ch.closing.Load() == chanBackendClosing {

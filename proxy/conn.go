@@ -22,13 +22,17 @@ import (
 // (client → backend, also the connection's main goroutine once open) and the
 // backend read loop (backend → client); a timer checks heartbeats
 // (startHeartbeats). Each read loop writes to the
-// opposite socket; see socket for how writes are shared, and the package
-// documentation for the lock order.
+// opposite socket (to the client through out); see wire.Socket for how
+// writes are shared, and the package documentation for the lock order.
 type clientConn struct {
-	srv    *Server
-	id     uint64
-	log    *slog.Logger
+	srv *Server
+	id  uint64
+	log *slog.Logger
+	// client is the client's socket: the client loop reads it, teardown
+	// closes it, and the connection's close handshake and heartbeats
+	// write to it; out is what the connection writes to it otherwise.
 	client *wire.Socket
+	out    clientOut
 
 	// ctx ends with the connection; calls to the engine run under it.
 	ctx       context.Context
@@ -109,6 +113,9 @@ func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 		done:   make(chan struct{}),
 		links:  newLinkSet(srv.backendNames, srv.opts.Mirror),
 	}
+	c.out = clientOut{sock: c.client, gone: func(err error) {
+		c.teardown(ReasonClientGone, fmt.Sprintf("writing to client: %v", err))
+	}}
 	c.ctx, c.cancelCtx = context.WithCancel(context.Background())
 	if srv.opts.Mirror != nil {
 		c.router.identities = newIdentities()
@@ -155,9 +162,10 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	rt := &c.router
 	rt.srv, rt.mirror, rt.links = c.srv, c.srv.opts.Mirror, &c.links
 	rt.vhost, rt.log, rt.ctx = c.terms.vhost, c.log, c.ctx
+	rt.out = &c.out
 	rt.dial, rt.run = c.openLink, c.runLink
 	rt.writeFailed, rt.settled = c.writeFailed, c.confirmedAtPublish
-	rt.answer, rt.closeChannel, rt.atBoundary = c.toClientMethodOnChannel, c.closeChannelByProxy, c.atBoundary
+	rt.closeChannel, rt.atBoundary = c.closeChannelByProxy, c.atBoundary
 	c.log.Info("connection opened", "backend", home.name,
 		"frame_max", c.terms.frameMax, "heartbeat", c.terms.clientHeartbeat)
 	return true, ReasonUnknown

@@ -50,19 +50,3 @@ func (m *message) content(f frames.Frame) (complete bool, err error) {
 	m.remaining -= uint64(len(f.Payload))
 	return false, nil
 }
-
-// writeContent writes the message's content frames to the client, with
-// header as its content header.
-func (c *clientConn) writeContent(ch uint16, m *message, header []byte) error {
-	if err := c.client.WriteFrame(frames.FrameHeader, ch, header); err != nil {
-		return err
-	}
-	off := 0
-	for _, n := range m.sizes {
-		if err := c.client.WriteFrame(frames.FrameBody, ch, m.body[off:off+n]); err != nil {
-			return err
-		}
-		off += n
-	}
-	return nil
-}

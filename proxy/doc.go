@@ -85,7 +85,8 @@
 // In proxy, by concern: server.go accepts connections; handshake.go opens
 // them (opening, the handshake, which hands the connection its home link and
 // its terms); conn.go is the client connection (clientConn) and its
-// teardown; client_loop.go reads the client and dispatches each frame
+// teardown, client_out.go what it writes to its client (clientOut);
+// client_loop.go reads the client and dispatches each frame
 // (fromClient), client_methods.go has the handler of each client method it
 // acts on; route.go is the connection's router (router), which holds what
 // routing uses of the connection and routes queue and consume traffic,
@@ -165,8 +166,15 @@
 //     clientConn.sendMu may read whether a channel is in a publish's
 //     content (publisher.inContent).
 //
+// What the connection writes to its client goes through clientOut, which
+// every goroutine that writes to the client uses: it is set before the
+// connection serves and keeps no state of its own, and the socket's writer
+// takes its own lock (internal/wire).
+//
 // One lock is taken outside its type's methods: channelState.outMu,
-// which whoever writes to the client on a channel holds, so that a
+// which whoever writes to the client on a channel holds (clientOut's
+// OnChannel methods take it; a message, a confirm and a channel's
+// settled confirms are numbered and written under it), so that a
 // message's frames, delivery tags and confirms go out in order.
 //
 // # Locks

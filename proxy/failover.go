@@ -228,6 +228,5 @@ func (c *clientConn) cancelConsumer(o orphan) {
 	if c.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
 		return
 	}
-	c.toClientMethodOnChannel(o.ch, &frames.BasicCancel{ConsumerTag: o.tag, NoWait: true})
-	c.client.Flush()
+	c.out.sendOnChannel(o.ch, &frames.BasicCancel{ConsumerTag: o.tag, NoWait: true})
 }

@@ -431,7 +431,7 @@ func (c *clientConn) linkLoop(l *link) {
 	defer c.linkLoops.Done()
 	defer close(l.done)
 	defer l.sock.Conn().Close()
-	l.sock.WhenDry(func() { c.client.Flush() })
+	l.sock.WhenDry(func() { c.out.flush() })
 	for {
 		f, err := l.sock.ReadFrame()
 		if err != nil {
@@ -502,7 +502,7 @@ func (c *clientConn) linkLost(l *link, err error) {
 	// What the loss settled (confirms, cancels) must leave now: the
 	// goroutine that noticed it may be no read loop, whose flush would
 	// follow.
-	c.client.Flush()
+	c.out.flush()
 }
 
 // markLinkClosed records that a link's connection ended its close handshake.

@@ -29,14 +29,14 @@ func (c *clientConn) releaseLostCopies() {
 		out := ch.releaseLostCopies(held, expired)
 		if ch.confirming.Load() {
 			for _, cc := range out {
-				c.writeConfirm(ch.id, cc)
+				c.out.confirm(ch.id, cc)
 			}
 		} else {
 			c.ownConfirmsAnswered(ch, out)
 		}
 		ch.outMu.Unlock()
 		if len(out) > 0 {
-			c.client.Flush()
+			c.out.flush()
 		}
 	})
 }

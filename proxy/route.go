@@ -52,6 +52,8 @@ type router struct {
 	vhost  string
 	log    *slog.Logger
 	ctx    context.Context // ends with the connection
+	// out writes the proxy's own replies to the client.
+	out *clientOut
 	// identities numbers the published messages.
 	identities identities
 	// unrecorded remembers where exclusive queues of other connections
@@ -72,9 +74,6 @@ type router struct {
 	// copies' links being lost; the caller holds none of the channel's
 	// locks.
 	settled func(ch *channelState, out []ledger.ClientConfirm)
-	// answer writes the proxy's own reply to the client on a channel
-	// (clientConn.toClientMethodOnChannel).
-	answer func(ch *channelState, m frames.Method)
 	// closeChannel closes a channel for a reason the proxy found
 	// (clientConn.closeChannelByProxy); atBoundary runs work once the
 	// client loop is between messages on a channel (clientConn.atBoundary).
@@ -155,7 +154,7 @@ func (rt *router) onOpenLinks(ch *channelState, f frames.Frame, wantReply bool, 
 	case len(targets) > 0:
 		rt.sendGroup(ch, f, targets, newGroup(targets, wantReply, nil, settingOk))
 	case wantReply && settingOk != nil:
-		rt.answer(ch, settingOk)
+		rt.out.methodOnChannel(ch, settingOk)
 	}
 	return nil
 }

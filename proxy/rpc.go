@@ -109,7 +109,7 @@ func (c *clientConn) replyArrived(ch *channelState, l *link, f frames.Frame) {
 	g, ok := l.nextReply(ch.id)
 	if !ok {
 		// Nothing the proxy sent asked for it: pass it on as it came.
-		c.toClientOnChannel(ch, f)
+		c.out.frameOnChannel(ch, f)
 		return
 	}
 	if g == nil {
@@ -120,7 +120,7 @@ func (c *clientConn) replyArrived(ch *channelState, l *link, f frames.Frame) {
 		return
 	}
 	if g.after == nil && primary {
-		c.toClientOnChannel(ch, f)
+		c.out.frameOnChannel(ch, f)
 		return
 	}
 	c.finishGroup(ch, g)
@@ -135,7 +135,7 @@ func (c *clientConn) finishGroup(ch *channelState, g *rpcGroup) {
 	if reply == nil {
 		return
 	}
-	c.toClientOnChannel(ch, frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: reply})
+	c.out.frameOnChannel(ch, frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: reply})
 }
 
 // abandonReply counts a reply that will never come (its link or channel
@@ -159,14 +159,14 @@ func (c *clientConn) settleLostReply(ch *channelState, g *rpcGroup, l *link) {
 	case lostReply:
 		c.finishGroup(ch, g)
 	case lostSetting:
-		c.toClientMethodOnChannel(ch, g.settingOk)
+		c.out.methodOnChannel(ch, g.settingOk)
 	case lostGet:
 		// The lost master never answers; the queue is promoted to a
 		// slave that still holds whatever message was on its way.
 		// RabbitMQ's channel retries a get on a mirrored queue against
 		// the new master rather than failing; get-empty is the answer
 		// that leaves the client to ask again.
-		c.toClientMethodOnChannel(ch, &frames.BasicGetEmpty{})
+		c.out.methodOnChannel(ch, &frames.BasicGetEmpty{})
 	case lostUnanswered:
 		c.closeChannelByProxy(ch, frames.InternalError,
 			"INTERNAL_ERROR - backend "+l.name+" connection lost", 0, 0)

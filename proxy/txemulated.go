@@ -72,10 +72,10 @@ func (c *clientConn) emulatedTxMethod(ch *channelState, key uint32) (handled boo
 	t := &ch.tx
 	switch key {
 	case frames.TxSelectKey:
-		c.answerOnChannel(ch, &frames.TxSelectOk{})
+		c.out.sendOnChannel(ch, &frames.TxSelectOk{})
 	case frames.TxRollbackKey:
 		t.drop()
-		c.answerOnChannel(ch, &frames.TxRollbackOk{})
+		c.out.sendOnChannel(ch, &frames.TxRollbackOk{})
 	case frames.TxCommitKey:
 		return true, c.commitEmulatedTx(ch)
 	case frames.ConfirmSelectKey:
@@ -90,7 +90,7 @@ func (c *clientConn) emulatedTxMethod(ch *channelState, key uint32) (handled boo
 // mode.
 func (c *clientConn) beginEmulatedTx(ch *channelState) {
 	ch.tx.on = true
-	c.answerOnChannel(ch, &frames.TxSelectOk{})
+	c.out.sendOnChannel(ch, &frames.TxSelectOk{})
 }
 
 // beginCommit starts the commit of the kept transaction: it waits for the
@@ -222,15 +222,7 @@ func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []ledger.ClientCo
 			"INTERNAL_ERROR - a backend refused a message of the transaction; the transaction's other messages may have been delivered",
 			frames.ClassTx, 20)
 	default:
-		c.toClientMethod(ch.id, &frames.TxCommitOk{})
-		c.client.Flush()
+		c.out.method(ch.id, &frames.TxCommitOk{})
+		c.out.flush()
 	}
-}
-
-// answerOnChannel writes the proxy's own answer to a client's request.
-func (c *clientConn) answerOnChannel(ch *channelState, m frames.Method) {
-	ch.outMu.Lock()
-	c.toClientMethod(ch.id, m)
-	ch.outMu.Unlock()
-	c.client.Flush()
 }
