@@ -80,13 +80,13 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		if err := l.backAck.Decode(args); err != nil {
 			return err
 		}
-		c.confirm(ch, l, f, l.backAck.DeliveryTag, l.backAck.Multiple, false)
+		c.settler.confirm(ch, l, f, l.backAck.DeliveryTag, l.backAck.Multiple, false)
 		return nil
 	case frames.BasicNackKey:
 		if err := l.backNack.Decode(args); err != nil {
 			return err
 		}
-		c.confirm(ch, l, f, l.backNack.DeliveryTag, l.backNack.Multiple, true)
+		c.settler.confirm(ch, l, f, l.backNack.DeliveryTag, l.backNack.Multiple, true)
 		return nil
 	case frames.BasicCancelKey: // the server cancelled a consumer (queue deleted)
 		if err := l.cancel.Decode(args); err != nil {
@@ -344,54 +344,6 @@ func (c *clientConn) trimmable(q *ledger.QueueRef, m *message, hasID bool, id *m
 	return q
 }
 
-// confirm turns a backend's publisher confirm into the client's; in the
-// proxy's own confirm mode (ownConfirms) it tells the client nothing.
-func (c *clientConn) confirm(ch *channelState, l *link, f frames.Frame, seq uint64, multiple, nack bool) {
-	own := !ch.confirming.Load()
-	if own && !ch.ownConfirms.Load() {
-		return
-	}
-	ch.outMu.Lock()
-	defer ch.outMu.Unlock()
-	out, missed, refused := ch.applyConfirm(l.idx, seq, multiple, nack, l.confirmed[:0], l.missed[:0], l.refused[:0])
-	l.confirmed, l.missed, l.refused = out, missed, refused
-	if len(missed) > 0 {
-		c.reportMissed(missed, "nacked")
-	}
-	if len(refused) > 0 {
-		c.dropRefused(refused)
-	}
-	if own {
-		c.ownConfirmsAnswered(ch, out)
-		return
-	}
-	if len(out) == 1 && out[0] == (ledger.ClientConfirm{Seq: seq, Multiple: multiple, Nack: nack}) {
-		c.out.frame(f)
-		return
-	}
-	for _, cc := range out {
-		c.out.confirm(ch.id, cc)
-	}
-}
-
-// confirmedAtPublish passes on the confirms a publish settled at once, the
-// links of its copies being lost (router.settled): the client's, or
-// those of the proxy's own confirm mode.
-func (c *clientConn) confirmedAtPublish(ch *channelState, out []ledger.ClientConfirm) {
-	if !ch.confirming.Load() {
-		ch.outMu.Lock()
-		c.ownConfirmsAnswered(ch, out)
-		ch.outMu.Unlock()
-		return
-	}
-	for _, cc := range out {
-		ch.outMu.Lock()
-		c.out.confirm(ch.id, cc)
-		ch.outMu.Unlock()
-		c.out.flush()
-	}
-}
-
 // fromLinkConnection handles channel-0 methods of a link other than the
 // home link. A broker that closes it with 320 (it is shutting down) loses
 // the link and the client's connection goes on; another connection error is
@@ -486,58 +438,4 @@ func isMethod(payload []byte, keys ...uint32) bool {
 		}
 	}
 	return false
-}
-
-// dropRefused removes from the slaves the copies of publishes their
-// queue's master nacked. The master's broker refused them (an overflow of
-// reject-publish or reject-publish-dlx: RabbitMQ counts only ready
-// messages towards x-max-length, and a slave's trimmer holds every copy
-// unacknowledged, so the slaves' brokers never refuse), and the client
-// heard the nack: kept, a slave's copy would stay for ever, and be
-// delivered after a promotion. Under reject-publish-dlx the master's broker
-// dead-letters the refused publish, so the slaves' copies are rejected, for
-// each broker to dead-letter its own into its copies of the targets.
-func (c *clientConn) dropRefused(refused []ledger.RefusedPublish) {
-	m := c.srv.opts.Mirror
-	for len(refused) > 0 {
-		queue := refused[0].Queue
-		ids := make([]mirror.MessageID, 0, len(refused))
-		rest := refused[:0]
-		for _, r := range refused {
-			if *r.Queue == *queue {
-				ids = append(ids, r.ID)
-			} else {
-				rest = append(rest, r)
-			}
-		}
-		refused = rest
-		if meta, ok := m.Lookup(*queue); ok && mirror.RefusalDeadLettered(meta.Arguments) {
-			m.Reject(*queue, ids)
-		} else {
-			m.Settle(*queue, ids)
-		}
-	}
-}
-
-// reportMissed tells the engine which slave copies may lack a publish, so
-// that they stop counting as synchronised (they rejoin as the youngest
-// slave and synchronise again, as a RabbitMQ mirror that missed messages
-// would restart). why is "nacked" or "link lost".
-func (c *clientConn) reportMissed(missed []ledger.MissedCopy, why string) {
-	for _, m := range missed {
-		backend := c.srv.backends[m.Backend].Name
-		var queue *mirror.QueueID // nil: any queue with a slave there
-		if m.Queue != ledger.AnyQueue {
-			queue = m.Queue
-		}
-		c.log.Warn("a slave copy may lack publishes; it synchronises again", "backend", backend, "queue", queueName(queue), "why", why)
-		c.srv.opts.Mirror.Missed(backend, queue)
-	}
-}
-
-func queueName(q *mirror.QueueID) string {
-	if q == nil {
-		return "(any reached by an exchange publish)"
-	}
-	return q.Name
 }

@@ -232,17 +232,11 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 	var confirms []ledger.ClientConfirm
 	var missed []ledger.MissedCopy
 	c.orphans, cancelled, confirms, missed = ch.lostLink(l.idx, c.srv.opts.Mirror != nil, time.Now(), c.orphans)
-	if !ch.confirming.Load() { // the proxy's own confirm mode
-		c.ownConfirmsAnswered(ch, confirms)
-		confirms = nil
-	}
-	for _, cc := range confirms {
-		c.out.confirm(ch.id, cc)
-	}
+	c.settler.passConfirms(ch, confirms)
 	if len(missed) > 0 && !c.srv.opts.Mirror.BackendDown(l.name) {
 		// A backend counted down loses its slaves anyway; one still up
 		// kept its copies while this client's link to it broke.
-		c.reportMissed(missed, "link lost")
+		c.settler.reportMissed(missed, "link lost")
 	}
 	for _, tag := range cancelled {
 		c.out.method(ch.id, &frames.BasicCancel{ConsumerTag: tag, NoWait: true})

@@ -4,7 +4,6 @@ import (
 	"fmt"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
-	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // What the proxy does with each client frame that fromClient dispatches:
@@ -92,7 +91,7 @@ func (c *clientConn) dispatchChannelMethod(ch *channelState, f frames.Frame, key
 	case frames.BasicPublishKey:
 		return ch.publisher.publish(&c.router, f, args)
 	case frames.BasicAckKey, frames.BasicNackKey, frames.BasicRejectKey:
-		return c.settleMethod(ch, f, key, args)
+		return c.settler.settleMethod(ch, f, key, args)
 	case frames.BasicConsumeKey:
 		return c.router.consume(ch, f, args)
 	case frames.BasicGetKey:
@@ -171,7 +170,7 @@ func (c *clientConn) txSelect(ch *channelState, f frames.Frame) error {
 // already see the outcome: a rollback leaves the transaction's acks
 // unapplied, and those deliveries can be acked again at once.
 func (c *clientConn) txEnd(ch *channelState, f frames.Frame, rollback bool) error {
-	ch.endTransaction(rollback, c.trimSettled)
+	ch.endTransaction(rollback, c.settler.trimSettled)
 	return c.router.onOpenLinks(ch, f, true, nil)
 }
 
@@ -182,141 +181,10 @@ func (c *clientConn) recoverAsync(ch *channelState, f frames.Frame) error {
 	return c.router.onOpenLinks(ch, f, false, nil)
 }
 
-// settleMethod decodes basic.ack, basic.nack or basic.reject and settles
-// the deliveries it names.
-func (c *clientConn) settleMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
-	switch key {
-	case frames.BasicAckKey:
-		if err := ch.clientAck.Decode(args); err != nil {
-			return err
-		}
-		return c.settle(ch, f, key, ch.clientAck.DeliveryTag, ch.clientAck.Multiple, false)
-	case frames.BasicNackKey:
-		if err := ch.clientNack.Decode(args); err != nil {
-			return err
-		}
-		return c.settle(ch, f, key, ch.clientNack.DeliveryTag, ch.clientNack.Multiple, ch.clientNack.Requeue)
-	default:
-		if err := ch.clientReject.Decode(args); err != nil {
-			return err
-		}
-		return c.settle(ch, f, key, ch.clientReject.DeliveryTag, false, ch.clientReject.Requeue)
-	}
-}
-
 // openChannel opens a client channel on the home link; other links open it
 // when the channel first needs them (ensureChannel).
 func (c *clientConn) openChannel(ch *channelState, f frames.Frame, home *link) error {
 	home.openChannel(ch.id)
 	c.router.send(ch, f, []*link{home}, true, nil)
 	return nil
-}
-
-// trimKind is what settling a delivery does to the slave copies of its
-// message.
-type trimKind uint8
-
-const (
-	trimNone   trimKind = iota // requeued: the copies stay
-	trimAck                    // acked: the copies are acked
-	trimReject                 // rejected without requeue: the copies are rejected too, to be dead-lettered
-)
-
-// settle passes a client's basic.ack, basic.nack or basic.reject to the
-// backends of the deliveries it settles, with their own delivery tags; the
-// slave copies of the messages it removes from their masters are trimmed.
-func (c *clientConn) settle(ch *channelState, f frames.Frame, key uint32, tag uint64, multiple, requeue bool) error {
-	kind := trimNone
-	switch {
-	case key == frames.BasicAckKey:
-		kind = trimAck
-	case !requeue:
-		kind = trimReject
-	}
-	var trims *[]ledger.Trimmed
-	if c.srv.opts.Mirror != nil && kind != trimNone {
-		ch.trims = ch.trims[:0]
-		trims = &ch.trims
-	}
-	acks, trims, settled, ok := ch.settleDeliveries(tag, multiple, kind, trims)
-	if kind == trimAck && settled > 0 {
-		c.srv.stats.Acks.Add(uint64(settled))
-	}
-	if !ok {
-		classID, methodID := uint16(key>>16), uint16(key)
-		c.closeChannelByProxy(ch, frames.PreconditionFailed,
-			fmt.Sprintf("PRECONDITION_FAILED - unknown delivery tag %d", tag), classID, methodID)
-		return nil
-	}
-	if trims != nil && len(*trims) > 0 {
-		c.trim(*trims, kind == trimReject)
-	}
-	if len(acks) == 1 && acks[0].BackendTag == tag && acks[0].Multiple == multiple {
-		if l := c.links.at(acks[0].Backend); l != nil && l.gen == acks[0].Gen {
-			if err := l.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
-				c.writeFailed(l, err)
-			}
-		}
-		return nil
-	}
-	for _, a := range acks {
-		l := c.links.at(a.Backend)
-		if l == nil || l.gen != a.Gen {
-			continue // the delivery's link is gone, and its broker requeued it
-		}
-		var m frames.Method
-		switch key {
-		case frames.BasicAckKey:
-			m = &frames.BasicAck{DeliveryTag: a.BackendTag, Multiple: a.Multiple}
-		case frames.BasicNackKey:
-			m = &frames.BasicNack{DeliveryTag: a.BackendTag, Multiple: a.Multiple, Requeue: requeue}
-		default:
-			m = &frames.BasicReject{DeliveryTag: a.BackendTag, Requeue: requeue}
-		}
-		if err := l.sock.WriteMethod(f.Channel, m); err != nil {
-			c.writeFailed(l, err)
-		}
-	}
-	return nil
-}
-
-// trimSettled trims the mirrored messages among tx-settled entries, at
-// commit, each as kinds says.
-func (c *clientConn) trimSettled(entries []ledger.TagEntry, kinds []trimKind) {
-	if c.srv.opts.Mirror == nil {
-		return
-	}
-	for _, kind := range []trimKind{trimAck, trimReject} {
-		var trims []ledger.Trimmed
-		for i, e := range entries {
-			if e.Queue != nil && kinds[i] == kind {
-				trims = append(trims, ledger.Trimmed{Queue: e.Queue, ID: e.ID})
-			}
-		}
-		c.trim(trims, kind == trimReject)
-	}
-}
-
-// trim tells the engine which messages left their masters, one call per
-// queue: rejected without requeue (reject) or acked.
-func (c *clientConn) trim(trims []ledger.Trimmed, reject bool) {
-	for len(trims) > 0 {
-		q := trims[0].Queue
-		ids := c.trimIDs[:0]
-		rest := trims[:0]
-		for _, t := range trims {
-			if t.Queue == q {
-				ids = append(ids, t.ID)
-			} else {
-				rest = append(rest, t)
-			}
-		}
-		if reject {
-			c.srv.opts.Mirror.Reject(q.ID, ids)
-		} else {
-			c.srv.opts.Mirror.Settle(q.ID, ids)
-		}
-		c.trimIDs = ids
-		trims = rest
-	}
 }

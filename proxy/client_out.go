@@ -8,16 +8,16 @@ import (
 
 // clientOut is what a connection writes to its client while it serves: the
 // frames the links send on (replies, deliveries, returns, confirms,
-// cancels), whole messages, and the proxy's own answers. clientConn holds
-// it by value and the router a pointer to it.
+// cancels), whole messages, and the proxy's own answers. Its fields are
+// set by newClientConn and only read after, and it keeps no state of its
+// own, so clientConn, its router and its settler each hold a copy.
 //
 // Every goroutine that writes to the client uses it: the link read loops,
 // the client loop (the proxy's own answers and channel closes), the
 // failover goroutine (cancelled consumers), the server's watcher (released
-// confirms) and whoever loses a link. Its fields are set by newClientConn
-// and only read after; it keeps no state of its own. The client socket's
-// writer (internal/wire) takes its lock inside each write and never holds
-// it over a system call, so any goroutine may write.
+// confirms) and whoever loses a link. The client socket's writer
+// (internal/wire) takes its lock inside each write and never holds it
+// over a system call, so any goroutine may write.
 //
 // What goes out on a channel goes under the channel's outMu, so that a
 // message's frames, its delivery tag and the confirms reach the client in

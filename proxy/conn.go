@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
@@ -52,8 +51,9 @@ type clientConn struct {
 	// router routes the client's methods and publishes to the links
 	// (route.go), set before the connection serves.
 	router router
-	// Client read loop only: scratch for trim.
-	trimIDs []mirror.MessageID
+	// settler settles the client's acks and the backends' confirms
+	// (settle.go), set before the connection serves.
+	settler settler
 	// linkLoops counts the link read loops running.
 	linkLoops sync.WaitGroup
 
@@ -162,10 +162,12 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	rt := &c.router
 	rt.srv, rt.mirror, rt.links = c.srv, c.srv.opts.Mirror, &c.links
 	rt.vhost, rt.log, rt.ctx = c.terms.vhost, c.log, c.ctx
-	rt.out = &c.out
+	writeFailed, closeChannel := c.writeFailed, c.closeChannelByProxy
+	c.settler = settler{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, log: c.log, out: c.out,
+		writeFailed: writeFailed, closeChannel: closeChannel}
+	rt.out, rt.settler = c.out, &c.settler
 	rt.dial, rt.run = c.openLink, c.runLink
-	rt.writeFailed, rt.settled = c.writeFailed, c.confirmedAtPublish
-	rt.closeChannel, rt.atBoundary = c.closeChannelByProxy, c.atBoundary
+	rt.writeFailed, rt.closeChannel, rt.atBoundary = writeFailed, closeChannel, c.atBoundary
 	c.log.Info("connection opened", "backend", home.name,
 		"frame_max", c.terms.frameMax, "heartbeat", c.terms.clientHeartbeat)
 	return true, ReasonUnknown

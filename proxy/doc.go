@@ -88,7 +88,9 @@
 // teardown, client_out.go what it writes to its client (clientOut);
 // client_loop.go reads the client and dispatches each frame
 // (fromClient), client_methods.go has the handler of each client method it
-// acts on; route.go is the connection's router (router), which holds what
+// acts on; settle.go settles the client's acks and the backends' confirms
+// (settler), and tells the engine what they mean for the slave copies;
+// route.go is the connection's router (router), which holds what
 // routing uses of the connection and routes queue and consume traffic,
 // exchanges.go and replyto.go its routing of exchange and direct reply-to
 // traffic, declared.go its record of the queues the metadata log does not
@@ -156,13 +158,20 @@
 //     the log does not record (declaredQueues) is guarded by
 //     declaredQueues.mu, taken only in its methods (declared.go); the rest
 //     of its state belongs to the client loop (below).
+//   - The connection's settler (settler) is used by the client loop,
+//     which settles the client's acks through it, by the link loops,
+//     which pass the backends' confirms on through it, and by whoever
+//     loses a link or releases lost copies. What it uses of the
+//     connection is set before the connection serves and only read; the
+//     state it settles is the channel's (channelState.mu), and its trim
+//     scratch the client loop's (below).
 //   - A channel's publisher (the publish in progress, the publish held for
 //     its content header, the kept route), the other fields of
 //     channelState marked "client read loop only" (qos, decode scratch),
 //     the router's identities, which number the published messages, and
 //     its memory of where other connections' exclusive queues are
-//     (router.unrecorded), clientConn's scratch and a link's decode
-//     scratch belong to one goroutine and have no lock. Whoever holds
+//     (router.unrecorded), the settler's trim scratch and a link's
+//     decode scratch belong to one goroutine and have no lock. Whoever holds
 //     clientConn.sendMu may read whether a channel is in a publish's
 //     content (publisher.inContent).
 //

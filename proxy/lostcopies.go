@@ -27,13 +27,7 @@ func (c *clientConn) releaseLostCopies() {
 		}
 		ch.outMu.Lock()
 		out := ch.releaseLostCopies(held, expired)
-		if ch.confirming.Load() {
-			for _, cc := range out {
-				c.out.confirm(ch.id, cc)
-			}
-		} else {
-			c.ownConfirmsAnswered(ch, out)
-		}
+		c.settler.passConfirms(ch, out)
 		ch.outMu.Unlock()
 		if len(out) > 0 {
 			c.out.flush()

@@ -150,7 +150,7 @@ func (p *publisher) sendPublish(rt *router, method []byte, r *publishRoute) erro
 			p.current.seq = seq
 		}
 		if len(out) > 0 {
-			rt.settled(ch, out)
+			rt.settler.confirmedAtPublish(ch, out)
 		}
 	}
 	if len(targets) == 0 {

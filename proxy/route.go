@@ -52,8 +52,12 @@ type router struct {
 	vhost  string
 	log    *slog.Logger
 	ctx    context.Context // ends with the connection
-	// out writes the proxy's own replies to the client.
-	out *clientOut
+	// out writes the proxy's own replies to the client (a copy of the
+	// connection's). settler is the connection's: a publish calls it only
+	// to pass on the confirms it settled at once, its copies' links being
+	// lost.
+	out     clientOut
+	settler *settler
 	// identities numbers the published messages.
 	identities identities
 	// unrecorded remembers where exclusive queues of other connections
@@ -64,16 +68,11 @@ type router struct {
 	declared declaredQueues
 
 	// The connection's own work. A publish calls it only when a route is
-	// decided, a link opens, a write fails, or a lost link settles
-	// confirms at the publish; a route kept for the next publish calls
-	// none of it. dial and run open a link (clientConn.openLink, runLink).
+	// decided, a link opens or a write fails; a route kept for the next
+	// publish calls none of it. dial and run open a link (clientConn.openLink, runLink).
 	dial        func(i int) (*wire.Socket, error)
 	run         func(l *link)
 	writeFailed func(l *link, err error)
-	// settled passes on the confirms a publish settled at once, its
-	// copies' links being lost; the caller holds none of the channel's
-	// locks.
-	settled func(ch *channelState, out []ledger.ClientConfirm)
 	// closeChannel closes a channel for a reason the proxy found
 	// (clientConn.closeChannelByProxy); atBoundary runs work once the
 	// client loop is between messages on a channel (clientConn.atBoundary).

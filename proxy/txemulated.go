@@ -162,7 +162,7 @@ func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 	}
 	ch.commitSent()
 	ch.outMu.Lock()
-	c.ownConfirmsAnswered(ch, nil)
+	c.settler.ownConfirmsAnswered(ch, nil)
 	ch.outMu.Unlock()
 	return nil
 }
@@ -181,24 +181,11 @@ func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
 	if err != nil {
 		return err
 	}
-	switch frames.MethodKey(classID, methodID) {
+	switch key := frames.MethodKey(classID, methodID); key {
 	case frames.BasicPublishKey:
 		return ch.publisher.publish(&c.router, f, args)
-	case frames.BasicAckKey:
-		if err := ch.clientAck.Decode(args); err != nil {
-			return err
-		}
-		return c.settle(ch, f, frames.BasicAckKey, ch.clientAck.DeliveryTag, ch.clientAck.Multiple, false)
-	case frames.BasicNackKey:
-		if err := ch.clientNack.Decode(args); err != nil {
-			return err
-		}
-		return c.settle(ch, f, frames.BasicNackKey, ch.clientNack.DeliveryTag, ch.clientNack.Multiple, ch.clientNack.Requeue)
-	case frames.BasicRejectKey:
-		if err := ch.clientReject.Decode(args); err != nil {
-			return err
-		}
-		return c.settle(ch, f, frames.BasicRejectKey, ch.clientReject.DeliveryTag, false, ch.clientReject.Requeue)
+	case frames.BasicAckKey, frames.BasicNackKey, frames.BasicRejectKey:
+		return c.settler.settleMethod(ch, f, key, args)
 	}
 	return nil
 }
@@ -207,7 +194,7 @@ func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
 // that out answers, and a commit of an emulated transaction whose publishes
 // are all answered now gets its commit-ok, or, if a master refused one of
 // them, the channel is closed with 541. The caller holds outMu.
-func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []ledger.ClientConfirm) {
+func (s *settler) ownConfirmsAnswered(ch *channelState, out []ledger.ClientConfirm) {
 	t := &ch.tx
 	if !t.committing.Load() {
 		return
@@ -216,13 +203,13 @@ func (c *clientConn) ownConfirmsAnswered(ch *channelState, out []ledger.ClientCo
 	switch {
 	case !done:
 	case nacked:
-		// closeChannelByProxy writes to the client on this channel, which
+		// closeChannel writes to the client on this channel, which
 		// needs outMu, held here.
-		go c.closeChannelByProxy(ch, frames.InternalError,
+		go s.closeChannel(ch, frames.InternalError,
 			"INTERNAL_ERROR - a backend refused a message of the transaction; the transaction's other messages may have been delivered",
 			frames.ClassTx, 20)
 	default:
-		c.out.method(ch.id, &frames.TxCommitOk{})
-		c.out.flush()
+		s.out.method(ch.id, &frames.TxCommitOk{})
+		s.out.flush()
 	}
 }
