@@ -107,7 +107,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		}
 	}
 	if isReply(key) {
-		c.replyArrived(ch, l, f)
+		c.router.replyArrived(ch, l, f)
 		return nil
 	}
 	c.out.frameOnChannel(ch, f)
@@ -137,11 +137,11 @@ func (c *clientConn) fromLinkOnClosingChannel(ch *channelState, l *link, f frame
 				g.after(nil)
 				return nil
 			}
-			c.abandonReply(ch, g)
+			c.router.abandonReply(ch, g)
 		}
 	case isReply(key):
 		g, _ := l.nextReply(ch.id)
-		c.abandonReply(ch, g)
+		c.router.abandonReply(ch, g)
 	}
 	return nil
 }
@@ -281,6 +281,12 @@ func (c *clientConn) linkFailed(l *link, err error) bool {
 	}
 	c.linkLost(l, err)
 	return true
+}
+
+// writeFailed handles a failed write to a link: the home link's loss ends
+// the connection; another link's loss is noticed by its read loop too.
+func (c *clientConn) writeFailed(l *link, err error) {
+	c.linkFailed(l, err)
 }
 
 // staleHold bounds how long a link's read loop holds a delivery of a

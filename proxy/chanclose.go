@@ -115,7 +115,7 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	if crossed {
 		// Our close or the client's crossed the broker's (link.brokerCloses).
 		for _, g := range abandoned {
-			c.abandonReply(ch, g)
+			c.router.abandonReply(ch, g)
 		}
 		return nil
 	}
@@ -125,7 +125,7 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 			g.after(nil) // a close of the proxy's: this close answers it
 			continue
 		}
-		c.abandonReply(ch, g)
+		c.router.abandonReply(ch, g)
 	}
 	// With several links, what this read loop writes on the channel waits
 	// until the client loop is not between a publish's frames (boundary.go).
@@ -224,7 +224,7 @@ func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel)
 		case g.own:
 			g.after(nil)
 		default:
-			c.settleLostReply(ch, g, l)
+			c.router.settleLostReply(ch, g, l)
 		}
 	}
 	ch.outMu.Lock()

@@ -103,7 +103,7 @@
 // delivery.go the assembly of messages, identity.go the identity header a
 // mirrored message carries between publish and delivery (identities stamps
 // it); rpc.go sends a routed request to its links (router.send) and
-// matches replies to requests;
+// matches the links' replies to it (router.replyArrived);
 // channel.go is a client channel (channelState) and channel_table.go the
 // lock-free table of them; chanclose.go closes channels; failover.go and
 // lostcopies.go handle lost links and moved masters; views.go copies what
@@ -150,9 +150,11 @@
 //     read loop (openLink, runLink), which it hands to ensure (through
 //     router.reach) and rehome; the set's methods are in links.go.
 //   - The connection's router (router) is used by the client loop, which
-//     routes every client method through it, by the link loops, which run
-//     what a routed request does once answered, and by the failover
-//     goroutine, which reaches links through it holding clientConn.sendMu.
+//     routes every client method through it, by the link loops, which
+//     match replies to routed requests through it and run what a request
+//     does once answered, by whoever loses a link, which settles the
+//     replies the link owed, and by the failover goroutine, which reaches
+//     links through it holding clientConn.sendMu.
 //     What it uses of the connection is set before the connection serves
 //     and only read. Its record of the queues the connection declared that
 //     the log does not record (declaredQueues) is guarded by

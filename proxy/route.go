@@ -29,16 +29,19 @@ import (
 
 // router is a client connection's routing: where each client method goes
 // (this file, exchanges.go, replyto.go), where a publish goes (publish.go),
-// and how a request is sent to its links (rpc.go). It holds what routing
-// uses of the connection, the state routing keeps, and the connection's own
-// work it calls. The connection holds it by value and passes it by pointer
-// to each channel's publisher with every publish.
+// and how a request is sent to its links and their replies matched to it
+// (rpc.go). It holds what routing uses of the connection, the state
+// routing keeps, and the connection's own work it calls. The connection
+// holds it by value and passes it by pointer to each channel's publisher
+// with every publish.
 //
 // The client loop routes every client method through it. The link read
-// loops run what a routed request does once answered (rpcGroup.after:
-// records in the Mirror and in declared, or bindingNotRecorded). The
-// failover of consumers reaches links (reach, holding clientConn.sendMu)
-// and asks promotionPending. Who touches what:
+// loops match the links' replies to routed requests through it
+// (replyArrived, abandonReply) and run what a request does once answered
+// (rpcGroup.after: records in the Mirror and in declared, or
+// bindingNotRecorded); whoever loses a link settles the replies it owed
+// (settleLostReply). The failover of consumers reaches links (reach,
+// holding clientConn.sendMu) and asks promotionPending. Who touches what:
 //
 //   - everything but identities, unrecorded and declared is set once by
 //     clientConn.open, before the connection serves, and only read after;
@@ -52,10 +55,10 @@ type router struct {
 	vhost  string
 	log    *slog.Logger
 	ctx    context.Context // ends with the connection
-	// out writes the proxy's own replies to the client (a copy of the
-	// connection's). settler is the connection's: a publish calls it only
-	// to pass on the confirms it settled at once, its copies' links being
-	// lost.
+	// out writes to the client the replies to routed requests and the
+	// proxy's own (a copy of the connection's). settler is the
+	// connection's: a publish calls it only to pass on the confirms it
+	// settled at once, its copies' links being lost.
 	out     clientOut
 	settler *settler
 	// identities numbers the published messages.

@@ -97,19 +97,13 @@ func (rt *router) sendGroup(ch *channelState, f frames.Frame, targets []*link, g
 	}
 }
 
-// writeFailed handles a failed write to a link: the home link's loss ends
-// the connection; another link's loss is noticed by its read loop too.
-func (c *clientConn) writeFailed(l *link, err error) {
-	c.linkFailed(l, err)
-}
-
 // replyArrived matches a broker's reply to the request it answers and passes
 // the group's reply to the client once every link answered.
-func (c *clientConn) replyArrived(ch *channelState, l *link, f frames.Frame) {
+func (rt *router) replyArrived(ch *channelState, l *link, f frames.Frame) {
 	g, ok := l.nextReply(ch.id)
 	if !ok {
 		// Nothing the proxy sent asked for it: pass it on as it came.
-		c.out.frameOnChannel(ch, f)
+		rt.out.frameOnChannel(ch, f)
 		return
 	}
 	if g == nil {
@@ -120,14 +114,14 @@ func (c *clientConn) replyArrived(ch *channelState, l *link, f frames.Frame) {
 		return
 	}
 	if g.after == nil && primary {
-		c.out.frameOnChannel(ch, f)
+		rt.out.frameOnChannel(ch, f)
 		return
 	}
-	c.finishGroup(ch, g)
+	rt.finishGroup(ch, g)
 }
 
 // finishGroup runs a complete group's after and passes its reply on.
-func (c *clientConn) finishGroup(ch *channelState, g *rpcGroup) {
+func (rt *router) finishGroup(ch *channelState, g *rpcGroup) {
 	reply := g.reply
 	if g.after != nil {
 		reply = g.after(reply)
@@ -135,18 +129,18 @@ func (c *clientConn) finishGroup(ch *channelState, g *rpcGroup) {
 	if reply == nil {
 		return
 	}
-	c.out.frameOnChannel(ch, frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: reply})
+	rt.out.frameOnChannel(ch, frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: reply})
 }
 
 // abandonReply counts a reply that will never come (its link or channel
 // closed) towards its group, and completes the group without it; a group
 // whose primary reply is lost gives the client nothing.
-func (c *clientConn) abandonReply(ch *channelState, g *rpcGroup) {
+func (rt *router) abandonReply(ch *channelState, g *rpcGroup) {
 	if g == nil {
 		return
 	}
 	if ch.groupAbandoned(g) && g.reply != nil {
-		c.finishGroup(ch, g)
+		rt.finishGroup(ch, g)
 	}
 }
 
@@ -154,21 +148,21 @@ func (c *clientConn) abandonReply(ch *channelState, g *rpcGroup) {
 // answer of another copy, the proxy's answer to a setting, get-empty for a
 // basic.get on a mirrored queue, or a 541 close when no copy can answer;
 // or nothing yet, while other links still owe their replies.
-func (c *clientConn) settleLostReply(ch *channelState, g *rpcGroup, l *link) {
+func (rt *router) settleLostReply(ch *channelState, g *rpcGroup, l *link) {
 	switch ch.groupLinkLost(g, l.idx) {
 	case lostReply:
-		c.finishGroup(ch, g)
+		rt.finishGroup(ch, g)
 	case lostSetting:
-		c.out.methodOnChannel(ch, g.settingOk)
+		rt.out.methodOnChannel(ch, g.settingOk)
 	case lostGet:
 		// The lost master never answers; the queue is promoted to a
 		// slave that still holds whatever message was on its way.
 		// RabbitMQ's channel retries a get on a mirrored queue against
 		// the new master rather than failing; get-empty is the answer
 		// that leaves the client to ask again.
-		c.out.methodOnChannel(ch, &frames.BasicGetEmpty{})
+		rt.out.methodOnChannel(ch, &frames.BasicGetEmpty{})
 	case lostUnanswered:
-		c.closeChannelByProxy(ch, frames.InternalError,
+		rt.closeChannel(ch, frames.InternalError,
 			"INTERNAL_ERROR - backend "+l.name+" connection lost", 0, 0)
 	}
 }
