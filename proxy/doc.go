@@ -15,12 +15,13 @@
 // repeats on it what the client set (prefetch, confirm or transaction mode).
 // One goroutine reads the client (the client loop) and one reads each link;
 // heartbeats are checked from a timer. A read loop queues frames on the
-// sockets it writes to (wire.Socket, the socket layer in internal/wire) and
-// flushes them when its own socket runs dry, so a burst of frames costs one
-// system call, and flushes that meet a write in flight join it. A slow
-// reader on either side slows the other side through TCP flow control: the
-// proxy buffers at most two write buffers and one frame per direction, and
-// sockets hold pooled buffers only while they have data.
+// sockets it writes to (wire.Socket, the socket layer in internal/wire;
+// the client's through the connection's clientOut) and flushes them when
+// its own socket runs dry, so a burst of frames costs one system call,
+// and flushes that meet a write in flight join it. A slow reader on either
+// side slows the other side through TCP flow control: the proxy buffers at
+// most two write buffers and one frame per direction, and sockets hold
+// pooled buffers only while they have data.
 //
 // A client frame travels one way (client_loop.go, client_methods.go,
 // route.go, publish.go): decoded as far as the proxy acts on it, applied to its
@@ -37,12 +38,13 @@
 //
 // The client sees the proxy's own delivery tags and confirm sequence numbers
 // (ledger.DeliveryTags, ledger.PublisherConfirms), each mapped to a link,
-// its generation and the backend's number. A client's ack is split per link;
-// an ack of a delivery whose link was lost settles nothing (the broker
-// requeued it). A publish to a mirrored queue carries an identity header,
-// added at publish and removed at delivery; the client's ack of a message
-// from a master tells the engine, which trims the slaves. The client's
-// confirm waits for the master and the synchronised slaves.
+// its generation and the backend's number; the connection's settler
+// (settle.go) carries acks and confirms across. A client's ack is split
+// per link; an ack of a delivery whose link was lost settles nothing (the
+// broker requeued it). A publish to a mirrored queue carries an identity
+// header, added at publish and removed at delivery; the client's ack of a
+// message from a master tells the engine, which trims the slaves. The
+// client's confirm waits for the master and the synchronised slaves.
 //
 // When a link is lost the client connection goes on (failover.go): a lost
 // home link hands channel 0 to another backend's link, and consumers of
@@ -173,9 +175,9 @@
 //     the router's identities, which number the published messages, and
 //     its memory of where other connections' exclusive queues are
 //     (router.unrecorded), the settler's trim scratch and a link's
-//     decode scratch belong to one goroutine and have no lock. Whoever holds
-//     clientConn.sendMu may read whether a channel is in a publish's
-//     content (publisher.inContent).
+//     decode scratch belong to one goroutine and have no lock. Whoever
+//     holds clientConn.sendMu may read whether a channel is in a
+//     publish's content (publisher.inContent).
 //
 // What the connection writes to its client goes through clientOut, which
 // every goroutine that writes to the client uses: it is set before the
