@@ -8,7 +8,9 @@ import (
 
 // What the proxy does with each client frame that fromClient dispatches:
 // one handler per method it acts on, named after the method; the state
-// they change belongs to the channel (channelState's methods).
+// they change belongs to the channel (channelState's methods). The methods
+// routed to the links are the router's (route.go), and the acks, nacks
+// and rejects the settler's (settle.go).
 
 // contentFromClient handles a content frame (header or body). A publish's
 // content goes where its method went: the broker assembles content even on
