@@ -185,6 +185,16 @@ func (h *ContentHeader) Append(buf []byte) ([]byte, error) {
 	return buf, nil
 }
 
+// HasExpiration reports whether a content header payload sets the
+// expiration property, without decoding it: it is on the delivery path.
+// A payload too short to hold the property flags has none.
+func HasExpiration(payload []byte) bool {
+	// The first property-flags word, after class-id, weight and body-size,
+	// holds expiration's bit.
+	const flagsAt = propertiesStart - 2
+	return len(payload) >= propertiesStart && binary.BigEndian.Uint16(payload[flagsAt:])&FlagExpiration != 0
+}
+
 // HeaderBodySize reads the body size of a content header payload without
 // decoding any property: all a forwarding proxy needs to count body frames.
 func HeaderBodySize(payload []byte) (uint64, error) {

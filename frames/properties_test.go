@@ -188,3 +188,33 @@ func TestHeadersFieldAndReplaceHeaders(t *testing.T) {
 		})
 	}
 }
+
+func TestHasExpiration(t *testing.T) {
+	encode := func(p Properties) []byte {
+		t.Helper()
+		h := ContentHeader{ClassID: 60, BodySize: 3, Properties: p}
+		b, err := h.Append(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	tests := []struct {
+		name    string
+		payload []byte
+		want    bool
+	}{
+		{name: "every property", payload: encode(allProperties().Properties), want: true},
+		{name: "expiration alone", payload: encode(Properties{Flags: FlagExpiration, Expiration: "100"}), want: true},
+		{name: "no properties", payload: encode(Properties{}), want: false},
+		{name: "others but expiration", payload: encode(Properties{Flags: FlagDeliveryMode | FlagPriority, DeliveryMode: 2, Priority: 1}), want: false},
+		{name: "too short", payload: []byte{0, 60, 0, 0}, want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := HasExpiration(tt.payload); got != tt.want {
+				t.Errorf("HasExpiration = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

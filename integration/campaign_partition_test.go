@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -11,27 +12,40 @@ import (
 // shared ones, reached through the bridge namespace), with the clients and the checker
 // of TestCampaignSidecar, and a nemesis that cuts one proxy off from the other two (serf
 // gossip and raft; every proxy still reaches every broker), or one proxy off from another
-// node's broker while the other proxies still reach that broker: a partial partition.
+// node's broker while the other proxies still reach that broker: a partial partition. The
+// sidecar campaign's kills, freezes and wipes are mixed in.
 
-// TestCampaignPartitions: whatever the partitions, every confirmed message is received,
-// no message nobody published is, and a message delivered again through the proxy
-// process that delivered it first carries redelivered. A proxy cut off from the other
-// two pauses (pause_minority), closing its clients with 320, which reconnect to another
-// proxy until it serves again; a proxy cut off from one broker is hit by nothing: its
-// clients, as every other proxy's, never see their connection or a consumer end.
+// TestCampaignPartitions: whatever the partitions, mixed with the sidecar campaign's
+// faults, every confirmed message is received, no message nobody published is, and a
+// message delivered again through the proxy process that delivered it first carries
+// redelivered. A proxy cut off from the other two pauses (pause_minority), closing its
+// clients with 320, which reconnect to another proxy until it serves again; a proxy cut
+// off from one broker is hit by nothing: its clients, as every other proxy's, never see
+// their connection or a consumer end. The default tier injects each partition and two of
+// the sidecar campaign's faults, chosen at random; AMQP_MIRROR_CAMPAIGN_FAULTS more, of
+// every kind.
 func TestCampaignPartitions(t *testing.T) {
 	queues := []string{"partition_campaign_1", "partition_campaign_2", "partition_campaign_3"}
 	t.Cleanup(func() { removeLeftovers(t, queues...) })
+	restoreClusterOnCleanup(t)
 	seed, rnd := campaignRandom(t)
 	network := newPartitionNetwork(t)
-	kinds := []sidecarNemesis{
+	partitions := []sidecarNemesis{
 		{"cut a proxy off from the other two", network.isolateOneProxy, false},
 		{"cut a proxy off from another node's broker, the others still reach it", network.cutOneBroker, false},
 	}
-	faults := campaignFaults(t, len(kinds), 30)
-	t.Logf("partition campaign: %d faults, seed %d (%s=%d replays the order)", faults, seed, campaignSeedVariable, seed)
+	kinds := append(slices.Clone(partitions), sidecarNemeses...)
+	faults := campaignFaults(t, len(partitions)+2, 100)
+	var order []sidecarNemesis
+	if faults < len(kinds) {
+		order = append(slices.Clone(partitions), mixed(rnd, sidecarNemeses, 0)[:max(0, faults-len(partitions))]...)
+		rnd.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	} else {
+		order = mixed(rnd, kinds, faults)
+	}
+	t.Logf("partition campaign: %d faults, seed %d (%s=%d replays the order)", len(order), seed, campaignSeedVariable, seed)
 	nodes := newKillSidecars(cluster.Nodes(), network.startProxies(t), network.dialer)
-	runSidecarCampaign(t, nodes, queues, kinds, mixed(rnd, kinds, faults), rnd)
+	runSidecarCampaign(t, nodes, queues, kinds, order, rnd)
 }
 
 // isolateOneProxy cuts proxy victim off from the other two, holds the cut until it has

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"text/tabwriter"
 	"time"
 )
 
@@ -92,16 +95,26 @@ func runSidecarCampaign(t *testing.T, nodes *killSidecars, queues []string, kind
 	nodes.beginFault() // the end of the last fault: the drain is no fault's
 	load.finish(t)
 	load.mu.Lock()
-	if again := load.ackedThenRedelivered(settleMargin); len(again) > 0 {
+	again := load.ackedThenRedelivered(settleMargin)
+	if len(again) > 0 {
 		t.Errorf("%d delivered again although an ack of theirs settled %v or more before the next fault: %s",
 			len(again), settleMargin, abbreviate(again))
 	}
+	woken := 0
 	for i, n := range order {
 		if repeats := load.unflaggedVia[faultProxy{i + 1, victims[i]}]; repeats > 0 && n.wakes {
+			woken += repeats
 			t.Errorf("fault %d (%s): the woken proxy %d delivered %d messages again without redelivered", i+1, n.name, victims[i]+1, repeats)
 		}
 	}
+	report := sidecarCampaignReport(kinds, injected, load, woken, len(again))
 	load.mu.Unlock()
+	t.Log("\n" + report)
+	if path := os.Getenv("AMQP_MIRROR_CAMPAIGN_REPORT"); path != "" {
+		if err := os.WriteFile(path, []byte(report), 0o644); err != nil {
+			t.Errorf("write the report: %v", err)
+		}
+	}
 	for _, q := range queues {
 		if err := nodes.deleteQueue(0, q); err != nil {
 			t.Errorf("deleting %s through proxy 1: %v", q, err)
@@ -203,6 +216,58 @@ func killWholeNode(t *testing.T, nodes *killSidecars, load *killLoad, _ []string
 	nodes.restart(t, victim)
 	load.comeHome(victim)
 	return fmt.Sprintf("node %d (%s and its proxy)", victim+1, nodes.brokers[victim].Name)
+}
+
+// sidecarCampaignReport is the table of a sidecar campaign: the faults injected by kind,
+// then what the clients saw (load.mu held). woken counts the repeats without
+// redelivered through a proxy woken from a freeze, acked the messages delivered again
+// after an ack of theirs settled with no fault within settleMargin.
+func sidecarCampaignReport(kinds []sidecarNemesis, injected map[string]int, load *killLoad, woken, acked int) string {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "fault\tinjected")
+	total := 0
+	for _, n := range kinds {
+		fmt.Fprintf(tw, "%s\t%d\n", n.name, injected[n.name])
+		total += injected[n.name]
+	}
+	fmt.Fprintf(tw, "all\t%d\n", total)
+	tw.Flush()
+	b.WriteString("\n")
+	lost := 0
+	for body := range load.confirmed {
+		if load.received[body] == 0 {
+			lost++
+		}
+	}
+	repeated := 0
+	for _, n := range load.received {
+		if n > 1 {
+			repeated++
+		}
+	}
+	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, row := range []struct {
+		name  string
+		value any
+	}{
+		{"published", len(load.publishedAt)},
+		{"confirmed", len(load.confirmed)},
+		{"nacked", load.nacked},
+		{"received", len(load.received)},
+		{"lost (confirmed, never received)", lost},
+		{"unexpected and other client problems", len(load.problems)},
+		{"received more than once", repeated},
+		{"again without redelivered through a proxy woken from a freeze", woken},
+		{"again without redelivered through another proxy (not guaranteed)", len(load.unflagged) - woken},
+		{fmt.Sprintf("again after an ack settled, no fault within %v", settleMargin), acked},
+		{"again after an ack settled, a fault within it (best effort)", len(load.ackedThenRedelivered(0)) - acked},
+		{"client reconnects (clients of a proxy hit by the fault)", load.reconnects},
+	} {
+		fmt.Fprintf(tw, "%s\t%v\n", row.name, row.value)
+	}
+	tw.Flush()
+	return b.String()
 }
 
 // masterOf is the index of the broker that masters queue, as proxy asked

@@ -198,3 +198,88 @@ func consumeDeadLettered(t *testing.T, conn *amqp.Connection, target string, cou
 		}
 	}
 }
+
+// TestMirrorDeadLetteringAfterTTLWhileDelivered: a message of a mirrored queue with
+// x-message-ttl and a dead-letter exchange, delivered by its master before its TTL passed
+// (to a consumer or a basic.get) and settled after it, is dead-lettered by no broker when
+// the client acks it (a broker never expires a delivery waiting for its ack, and the
+// slaves' copies wait for the client too), and by every broker, once, when the client
+// requeues it (the master's broker expires it at the requeue, the slaves' brokers when
+// their trimmers give their copies back).
+func TestMirrorDeadLetteringAfterTTLWhileDelivered(t *testing.T) {
+	t.Parallel()
+	const (
+		messages = 3
+		ttl      = 3 * time.Second
+	)
+	consume := func(t *testing.T, conn *amqp.Connection, queue string) (*amqp.Channel, []amqp.Delivery) {
+		return takeDeliveries(t, conn, queue, messages)
+	}
+	get := func(t *testing.T, conn *amqp.Connection, queue string) (*amqp.Channel, []amqp.Delivery) {
+		ch := openChannel(t, conn)
+		t.Cleanup(func() { ch.Close() })
+		var got []amqp.Delivery
+		for len(got) < messages {
+			d, ok, err := ch.Get(queue, false)
+			if err != nil {
+				t.Fatalf("basic.get %s: %v", queue, err)
+			}
+			if !ok {
+				t.Fatalf("basic.get %s: empty after %d of %d messages", queue, len(got), messages)
+			}
+			got = append(got, d)
+		}
+		return ch, got
+	}
+	ack := func(deliveries []amqp.Delivery) error { return deliveries[len(deliveries)-1].Ack(true) }
+	requeue := func(deliveries []amqp.Delivery) error { return deliveries[len(deliveries)-1].Nack(true, true) }
+	tests := []struct {
+		name       string
+		take       func(t *testing.T, conn *amqp.Connection, queue string) (*amqp.Channel, []amqp.Delivery)
+		settle     func(deliveries []amqp.Delivery) error
+		deadLetter int // messages on every copy of the target at the end
+	}{
+		{"consumed, acked after the TTL", consume, ack, 0},
+		{"consumed, requeued after the TTL", consume, requeue, messages},
+		{"got, acked after the TTL", get, ack, 0},
+	}
+	backends := mirrorBackends()
+	p := startMirrorProxy(t, "")
+	conn := dialURL(t, p.url("guest", "guest"))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			prefix := queueName(t)
+			source, target := prefix+"-source", prefix+"-target"
+			setPolicy(t, p, prefix, exactly(source, target), `{"ha-mode":"all"}`)
+			declareMirrored(t, p, conn, target, true, nil)
+			declareMirrored(t, p, conn, source, true, amqp.Table{
+				"x-message-ttl":             int32(ttl.Milliseconds()),
+				"x-dead-letter-exchange":    "",
+				"x-dead-letter-routing-key": target,
+			})
+			published := time.Now()
+			publishConfirmed(t, conn, source, messages, func(i int) amqp.Publishing {
+				return amqp.Publishing{Body: fmt.Appendf(nil, "expiring %d", i)}
+			})
+			awaitHeld(t, 30*time.Second, map[string]map[string]int{source: onEvery(messages, backends...)})
+			_, deliveries := tt.take(t, conn, source)
+			if taken := time.Since(published); taken >= ttl {
+				t.Fatalf("the deliveries took %v, past the TTL (%v): the test needs them before it", taken, ttl)
+			}
+			// Past the TTL, and past the moment the slaves' trimmers would give back what
+			// they hold.
+			time.Sleep(time.Until(published.Add(ttl + 2*time.Second)))
+			if err := tt.settle(deliveries); err != nil {
+				t.Fatalf("settling the deliveries: %v", err)
+			}
+			awaitHeld(t, 30*time.Second, map[string]map[string]int{
+				source: onEvery(0, backends...),
+				target: onEvery(tt.deadLetter, backends...),
+			})
+			if tt.deadLetter > 0 {
+				consumeDeadLettered(t, conn, target, tt.deadLetter, func(d amqp.Delivery) { checkDeath(t, d, source, "expired") })
+				awaitHeld(t, 30*time.Second, map[string]map[string]int{target: onEvery(0, backends...)})
+			}
+		})
+	}
+}

@@ -103,9 +103,10 @@ func (m *fixedPlacement) Bound(_ context.Context, id mirror.QueueID, b mirror.Bi
 	return nil
 }
 
-func (m *fixedPlacement) Reject(id mirror.QueueID, ids []mirror.MessageID) { m.Settle(id, ids) }
-
-func (m *fixedPlacement) Settle(id mirror.QueueID, ids []mirror.MessageID) {
+func (m *fixedPlacement) Settle(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome) {
+	if outcome != mirror.Acked && outcome != mirror.Rejected {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.settled[id] = append(m.settled[id], ids...)

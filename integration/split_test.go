@@ -50,7 +50,8 @@ var integrationParts = [][]string{
 		// mirror_routing_test.go
 		"TestExchangeRoutingAlternateExchangeCopiesStayEqual", "TestExchangeRoutingReachesEveryKindOfDestination",
 		// mirror_deadletter_test.go, mirror_clients_test.go
-		"TestMirrorDeadLetteringAcrossMasters", "TestMirrorTransactionalRequeueKeepsSlaves",
+		"TestMirrorDeadLetteringAcrossMasters",
+		"TestMirrorDeadLetteringAfterTTLWhileDelivered", "TestMirrorTransactionalRequeueKeepsSlaves",
 		// proxy_errors_test.go
 		"TestProxyErrorsBackendGoesAway", "TestProxyErrorsClientVanishes", "TestProxyErrorsHeartbeats", "TestProxyErrorsRefusedLogin",
 		// mirror_vhost_test.go

@@ -115,6 +115,12 @@
 //   - expired (x-message-ttl, expiration): every broker expires its own
 //     copy; the trimmers give back the copies they hold once the TTL has
 //     passed (a broker never expires a delivery it waits an ack for).
+//     The master's broker does not expire what it delivered to a client
+//     either: the proxy tells the trimmers of such a delivery
+//     (mirror.Delivered) before the client sees it, and they hold those
+//     copies past the TTL until the client acks (mirror.Acked) or
+//     requeues (mirror.Requeued: the copies whose TTL passed are given
+//     back then), at most until their recycle.
 //   - rejected (basic.reject, basic.nack without requeue, also inside a
 //     transaction at its commit): the master's broker dead-letters the
 //     client's rejection; the proxy tells the slaves' trimmers, which

@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 )
@@ -107,3 +108,12 @@ type Binding struct {
 	// Arguments is the field table as it came on the wire, or nil.
 	Arguments []byte `json:"arguments,omitempty"`
 }
+
+// messageTTLKey is x-message-ttl as a field table key on the wire: a
+// shortstr, its length byte first.
+var messageTTLKey = []byte("\x0dx-message-ttl")
+
+// SetsMessageTTL reports whether queue.declare arguments as they came on
+// the wire (QueueMeta.Arguments) set x-message-ttl. It looks for the key
+// without decoding the table: it is on the delivery path.
+func SetsMessageTTL(arguments []byte) bool { return bytes.Contains(arguments, messageTTLKey) }

@@ -36,3 +36,32 @@ func TestRefusalDeadLettered(t *testing.T) {
 		})
 	}
 }
+
+func TestSetsMessageTTL(t *testing.T) {
+	encode := func(table frames.Table) []byte {
+		t.Helper()
+		b, err := frames.AppendTable(nil, table)
+		if err != nil {
+			t.Fatalf("encoding %v: %v", table, err)
+		}
+		return b
+	}
+	tests := []struct {
+		name      string
+		arguments []byte
+		want      bool
+	}{
+		{name: "no arguments", arguments: nil, want: false},
+		{name: "x-message-ttl", arguments: encode(frames.Table{{Key: "x-message-ttl", Value: int32(3000)}}), want: true},
+		{name: "x-message-ttl among others", arguments: encode(frames.Table{{Key: "x-max-length", Value: int32(5)}, {Key: "x-message-ttl", Value: int64(10)}}), want: true},
+		{name: "x-expires only", arguments: encode(frames.Table{{Key: "x-expires", Value: int32(3000)}}), want: false},
+		{name: "the name as a value", arguments: encode(frames.Table{{Key: "x-queue-mode", Value: "x-message-ttlish"}}), want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := SetsMessageTTL(tt.arguments); got != tt.want {
+				t.Errorf("SetsMessageTTL = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

@@ -204,6 +204,9 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		if hasID && inLog && c.deliveredBefore(cons.queue.ID, meta, id, header) {
 			d.Redelivered = true
 		}
+		if !cons.noAck {
+			c.lent(queue, meta, id, hasID, header)
+		}
 		ch.outMu.Lock()
 		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: d.DeliveryTag, Queue: queue, ID: id, From: cons.queue}, !cons.noAck)
 		if tag == d.DeliveryTag && !hasID {
@@ -215,7 +218,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		c.out.content(ch.id, m, header)
 		ch.outMu.Unlock()
 		if cons.noAck && queue != nil {
-			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id})
+			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
 		}
 	case frames.BasicGetOkKey:
 		g := &l.getOk
@@ -241,6 +244,9 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		if flagged {
 			g.Redelivered = true
 		}
+		if !m.get.noAck {
+			c.lent(queue, meta, id, hasID, header)
+		}
 		ch.outMu.Lock()
 		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: g.DeliveryTag, Queue: queue, ID: id, From: m.get.queue}, !m.get.noAck)
 		if tag == g.DeliveryTag && !flagged {
@@ -252,7 +258,7 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		c.out.content(ch.id, m, header)
 		ch.outMu.Unlock()
 		if m.get.noAck && queue != nil {
-			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id})
+			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
 		}
 	}
 }
@@ -287,6 +293,19 @@ func (c *clientConn) linkFailed(l *link, err error) bool {
 // the connection; another link's loss is noticed by its read loop too.
 func (c *clientConn) writeFailed(l *link, err error) {
 	c.linkFailed(l, err)
+}
+
+// lent tells the engine that the master delivered an expiring message of a
+// mirrored queue to a client that will settle it: the slaves' copies are
+// not given back to their brokers at the message's TTL meanwhile (the
+// master's broker never expires a delivery waiting for its ack). It is
+// told before the client sees the message, so that the client's ack
+// reaches the trimmers after it.
+func (c *clientConn) lent(queue *ledger.QueueRef, meta mirror.QueueMeta, id mirror.MessageID, hasID bool, header []byte) {
+	if queue == nil || !hasID || !mirror.SetsMessageTTL(meta.Arguments) && !frames.HasExpiration(header) {
+		return
+	}
+	c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Delivered)
 }
 
 // staleHold bounds how long a link's read loop holds a delivery of a

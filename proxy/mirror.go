@@ -65,17 +65,16 @@ type Mirror interface {
 	// same value until it changes; nil routes every exchange publish to
 	// every backend. It is on the publish path and must not block.
 	Routing() *mirror.RoutingTable
-	// Settle says that the master's copies of these messages are gone
-	// (acked, or rejected without requeue): the slaves drop theirs. It is
-	// on the ack path and must not block on the network; ids is valid only
-	// during the call.
-	Settle(id mirror.QueueID, ids []mirror.MessageID)
-	// Reject is Settle for messages a client rejected (basic.reject,
-	// basic.nack) without requeue: the master's broker dead-letters its
-	// copies, and the slaves reject theirs the same way, so that each
-	// broker dead-letters its own copy into its own copies of the target
-	// queues.
-	Reject(id mirror.QueueID, ids []mirror.MessageID)
+	// Settle says what became of the master's copies of these messages:
+	// acked (the slaves drop theirs); rejected without requeue (basic.reject,
+	// basic.nack: the master's broker dead-letters its copies, and the
+	// slaves reject theirs the same way, so that each broker dead-letters
+	// its own copy into its own copies of the target queues); delivered to
+	// a client that has not settled them, or requeued (a slave's copy of an
+	// expiring message is given back to its broker at its TTL only while
+	// the master's is in its queue). It is on the ack and delivery paths
+	// and must not block on the network; ids is valid only during the call.
+	Settle(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome)
 	// Missed says that the slave copy on backend of queue (of every queue
 	// with a synchronised slave there, when queue is nil: a publish to an
 	// exchange) may lack a publish: the backend nacked it, the client's

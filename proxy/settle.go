@@ -58,10 +58,21 @@ type settler struct {
 type trimKind uint8
 
 const (
-	trimNone   trimKind = iota // requeued: the copies stay
+	trimNone   trimKind = iota // requeued: the copies stay, their TTL runs again
 	trimAck                    // acked: the copies are acked
 	trimReject                 // rejected without requeue: the copies are rejected too, to be dead-lettered
 )
+
+// outcome is what the engine is told of the master's copies.
+func (k trimKind) outcome() mirror.Outcome {
+	switch k {
+	case trimAck:
+		return mirror.Acked
+	case trimReject:
+		return mirror.Rejected
+	}
+	return mirror.Requeued
+}
 
 // settleMethod decodes basic.ack, basic.nack or basic.reject and settles
 // the deliveries it names.
@@ -97,7 +108,7 @@ func (s *settler) settle(ch *channelState, f frames.Frame, key uint32, tag uint6
 		kind = trimReject
 	}
 	var trims *[]ledger.Trimmed
-	if s.mirror != nil && kind != trimNone {
+	if s.mirror != nil {
 		ch.trims = ch.trims[:0]
 		trims = &ch.trims
 	}
@@ -112,7 +123,7 @@ func (s *settler) settle(ch *channelState, f frames.Frame, key uint32, tag uint6
 		return nil
 	}
 	if trims != nil && len(*trims) > 0 {
-		s.trim(*trims, kind == trimReject)
+		s.trim(*trims, kind.outcome())
 	}
 	if len(acks) == 1 && acks[0].BackendTag == tag && acks[0].Multiple == multiple {
 		if l := s.links.at(acks[0].Backend); l != nil && l.gen == acks[0].Gen {
@@ -149,20 +160,20 @@ func (s *settler) trimSettled(entries []ledger.TagEntry, kinds []trimKind) {
 	if s.mirror == nil {
 		return
 	}
-	for _, kind := range []trimKind{trimAck, trimReject} {
+	for _, kind := range []trimKind{trimAck, trimReject, trimNone} {
 		var trims []ledger.Trimmed
 		for i, e := range entries {
 			if e.Queue != nil && kinds[i] == kind {
 				trims = append(trims, ledger.Trimmed{Queue: e.Queue, ID: e.ID})
 			}
 		}
-		s.trim(trims, kind == trimReject)
+		s.trim(trims, kind.outcome())
 	}
 }
 
-// trim tells the engine which messages left their masters, one call per
-// queue: rejected without requeue (reject) or acked.
-func (s *settler) trim(trims []ledger.Trimmed, reject bool) {
+// trim tells the engine what became of messages at their masters (acked,
+// rejected without requeue, or requeued), one call per queue.
+func (s *settler) trim(trims []ledger.Trimmed, outcome mirror.Outcome) {
 	for len(trims) > 0 {
 		q := trims[0].Queue
 		ids := s.trimIDs[:0]
@@ -174,11 +185,7 @@ func (s *settler) trim(trims []ledger.Trimmed, reject bool) {
 				rest = append(rest, t)
 			}
 		}
-		if reject {
-			s.mirror.Reject(q.ID, ids)
-		} else {
-			s.mirror.Settle(q.ID, ids)
-		}
+		s.mirror.Settle(q.ID, ids, outcome)
 		s.trimIDs = ids
 		trims = rest
 	}
@@ -268,11 +275,11 @@ func (s *settler) dropRefused(refused []ledger.RefusedPublish) {
 			}
 		}
 		refused = rest
+		outcome := mirror.Acked
 		if meta, ok := m.Lookup(*queue); ok && mirror.RefusalDeadLettered(meta.Arguments) {
-			m.Reject(*queue, ids)
-		} else {
-			m.Settle(*queue, ids)
+			outcome = mirror.Rejected
 		}
+		m.Settle(*queue, ids, outcome)
 	}
 }
 

@@ -98,7 +98,6 @@ func startMirroring(ctx context.Context, cfg *config.Config, backends *backends,
 	}
 	if m.cluster != nil {
 		m.cluster.Peers().HandleSettles(m.engine.SettleLocal)
-		m.cluster.Peers().HandleRejects(m.engine.RejectLocal)
 		m.cluster.Peers().HandlePurges(m.engine.PurgeLocal)
 		m.cluster.Peers().HandleSyncs(m.engine.SyncLocal)
 		m.cluster.Peers().HandleWaitApplied(m.engine.WaitApplied)

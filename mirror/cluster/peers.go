@@ -39,13 +39,14 @@ const peerBatch = 512
 
 // peerMessage is one message on the wire. A batch is a JSON array of them.
 type peerMessage struct {
-	// Settles: the messages of queue (VHost, Name) whose master copies are
-	// gone; IDs are their identities, 16 bytes each, concatenated. Reject:
-	// a client rejected them without requeue.
-	VHost  string `json:"v,omitempty"`
-	Name   string `json:"q,omitempty"`
-	IDs    []byte `json:"ids,omitempty"`
-	Reject bool   `json:"r,omitempty"`
+	// Settles: what became of the master's copies (Outcome: acked,
+	// rejected without requeue, delivered, requeued) of messages of queue
+	// (VHost, Name); IDs are their identities, 16 bytes each,
+	// concatenated.
+	VHost   string         `json:"v,omitempty"`
+	Name    string         `json:"q,omitempty"`
+	IDs     []byte         `json:"ids,omitempty"`
+	Outcome mirror.Outcome `json:"o,omitempty"`
 	// Or a message of Kind for a handler set with Handle.
 	Kind    string          `json:"k,omitempty"`
 	From    string          `json:"f,omitempty"`
@@ -81,8 +82,7 @@ type Peers struct {
 	// replaced as a whole after membership events.
 	addrs    atomic.Pointer[map[string]string]
 	backends atomic.Pointer[map[string]string]
-	settle   atomic.Pointer[func(mirror.QueueID, []mirror.MessageID)]
-	reject   atomic.Pointer[func(mirror.QueueID, []mirror.MessageID)]
+	settle   atomic.Pointer[func(mirror.QueueID, []mirror.MessageID, mirror.Outcome)]
 	handlers sync.Map // kind -> func(from string, payload []byte)
 	calls    sync.Map // kind -> callHandler
 	dropped  atomic.Uint64
@@ -91,14 +91,8 @@ type Peers struct {
 // HandleSettles sets the function that receives the settles other proxies
 // send for this node's slave copies (engine.SettleLocal). Settles arriving
 // before it is set are dropped.
-func (p *Peers) HandleSettles(f func(mirror.QueueID, []mirror.MessageID)) {
+func (p *Peers) HandleSettles(f func(mirror.QueueID, []mirror.MessageID, mirror.Outcome)) {
 	p.settle.Store(&f)
-}
-
-// HandleRejects is HandleSettles for the messages clients rejected without
-// requeue (engine.RejectLocal).
-func (p *Peers) HandleRejects(f func(mirror.QueueID, []mirror.MessageID)) {
-	p.reject.Store(&f)
 }
 
 // Handle sets the function that receives peer messages of kind sent with
@@ -107,22 +101,13 @@ func (p *Peers) Handle(kind string, f func(from string, payload []byte)) {
 	p.handlers.Store(kind, f)
 }
 
-// SendSettles hands the settles of the slave copy on backend to the proxy
-// beside that backend, batched with others for it. It never blocks and
-// does not keep ids; settles for a backend with no alive proxy are
-// dropped (that proxy's trimmer is gone with it, and its channel's
+// SendSettles hands what became of the master's copies of ids (acked,
+// rejected without requeue, delivered, requeued) to the proxy beside
+// backend, for its slave copy, batched with others for it. It never
+// blocks and does not keep ids; settles for a backend with no alive proxy
+// are dropped (that proxy's trimmer is gone with it, and its channel's
 // unacknowledged messages are back in the copy).
-func (p *Peers) SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID) {
-	p.sendSettles(backend, id, ids, false)
-}
-
-// SendRejects is SendSettles for messages a client rejected without
-// requeue: the proxy beside backend rejects its slave's copies.
-func (p *Peers) SendRejects(backend string, id mirror.QueueID, ids []mirror.MessageID) {
-	p.sendSettles(backend, id, ids, true)
-}
-
-func (p *Peers) sendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID, reject bool) {
+func (p *Peers) SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome) {
 	node := (*p.backends.Load())[backend]
 	if node == "" || node == p.node {
 		return
@@ -131,7 +116,7 @@ func (p *Peers) sendSettles(backend string, id mirror.QueueID, ids []mirror.Mess
 	for _, m := range ids {
 		raw = append(raw, m[:]...)
 	}
-	p.enqueue(node, peerMessage{VHost: id.VHost, Name: id.Name, IDs: raw, Reject: reject})
+	p.enqueue(node, peerMessage{VHost: id.VHost, Name: id.Name, IDs: raw, Outcome: outcome})
 }
 
 // Send sends a message of kind to the proxy named node, best effort. It
@@ -263,9 +248,6 @@ func (p *Peers) servePeer(conn net.Conn) {
 				continue
 			}
 			f := p.settle.Load()
-			if m.Reject {
-				f = p.reject.Load()
-			}
 			if f == nil || len(m.IDs)%len(mirror.MessageID{}) != 0 {
 				continue
 			}
@@ -273,7 +255,7 @@ func (p *Peers) servePeer(conn net.Conn) {
 			for i := range ids {
 				copy(ids[i][:], m.IDs[i*len(mirror.MessageID{}):])
 			}
-			(*f)(mirror.QueueID{VHost: m.VHost, Name: m.Name}, ids)
+			(*f)(mirror.QueueID{VHost: m.VHost, Name: m.Name}, ids, m.Outcome)
 		}
 	}
 }

@@ -26,18 +26,18 @@ func TestSettlesReachTheProxyBesideTheSlave(t *testing.T) {
 	queue := mirror.QueueID{VHost: "/", Name: "queue_1"}
 	for _, n := range nodes {
 		name := n.cfg.NodeName
-		record := func(into map[string][]mirror.MessageID) func(mirror.QueueID, []mirror.MessageID) {
-			return func(id mirror.QueueID, ids []mirror.MessageID) {
-				if id != queue {
-					t.Errorf("%s: settles for %v, want queue_1 in /", name, id)
-				}
-				mu.Lock()
-				into[name] = append(into[name], ids...)
-				mu.Unlock()
+		n.Peers().HandleSettles(func(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome) {
+			if id != queue {
+				t.Errorf("%s: settles for %v, want queue_1 in /", name, id)
 			}
-		}
-		n.Peers().HandleSettles(record(settled))
-		n.Peers().HandleRejects(record(rejected))
+			into := settled
+			if outcome == mirror.Rejected {
+				into = rejected
+			}
+			mu.Lock()
+			into[name] = append(into[name], ids...)
+			mu.Unlock()
+		})
 	}
 	var wantSettled, wantRejected []mirror.MessageID
 	for i := 0; i < 1000; i += 10 {
@@ -47,11 +47,11 @@ func TestSettlesReachTheProxyBesideTheSlave(t *testing.T) {
 		}
 		reject := i%30 == 0
 		for _, backend := range []string{"rabbit1", "rabbit2", "rabbit3"} {
+			outcome := mirror.Acked
 			if reject {
-				nodes[0].Peers().SendRejects(backend, queue, batch)
-			} else {
-				nodes[0].Peers().SendSettles(backend, queue, batch)
+				outcome = mirror.Rejected
 			}
+			nodes[0].Peers().SendSettles(backend, queue, batch, outcome)
 		}
 		if reject {
 			wantRejected = append(wantRejected, batch...)

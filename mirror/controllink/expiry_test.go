@@ -204,10 +204,14 @@ func TestTrimmerGivesBackExpiredMessages(t *testing.T) {
 		queueTTL   int32         // the slave copy's x-message-ttl, ms; 0 for none
 		trimmerTTL time.Duration // what the trimmer is told
 		expiration func(n int) string
-		settle     []int       // settled at the master before they expire
-		want       map[int]int // dead-lettered, by identity
-		wantHeld   int
-		retried    bool // some are given back more than once
+		settle     []int // settled at the master before they expire
+		// delivered are delivered by the master to a client before they
+		// expire; the client acks lateAcked and requeues lateRequeued
+		// after they expired.
+		delivered, lateAcked, lateRequeued []int
+		want                               map[int]int // dead-lettered, by identity
+		wantHeld                           int
+		retried                            bool // some are given back more than once
 	}{
 		{
 			name:     "queue TTL",
@@ -232,6 +236,26 @@ func TestTrimmerGivesBackExpiredMessages(t *testing.T) {
 			want:       map[int]int{0: 1, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1},
 			retried:    true,
 		},
+		{
+			// The master's broker never expires what it delivered: acked
+			// after its TTL, a message is dead-lettered nowhere.
+			name:     "delivered before the TTL, acked after it",
+			queueTTL: 300, trimmerTTL: 300 * time.Millisecond,
+			expiration: func(int) string { return "" },
+			delivered:  []int{0, 1, 2, 3, 4},
+			lateAcked:  []int{0, 1, 2, 3, 4},
+			want:       map[int]int{5: 1, 6: 1, 7: 1, 8: 1, 9: 1},
+		},
+		{
+			// Requeued after its TTL, the master's copy expires at once:
+			// so do the slaves'.
+			name:     "delivered before the TTL, requeued after it",
+			queueTTL: 300, trimmerTTL: 300 * time.Millisecond,
+			expiration:   func(int) string { return "" },
+			delivered:    []int{0, 1, 2, 3, 4},
+			lateRequeued: []int{0, 1, 2, 3, 4},
+			want:         map[int]int{0: 1, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -250,6 +274,30 @@ func TestTrimmerGivesBackExpiredMessages(t *testing.T) {
 			publishExpiring(t, conn, source, 0, total, tt.expiration)
 			for _, n := range tt.settle {
 				tr.Settle(messageID(n))
+			}
+			for _, n := range tt.delivered {
+				tr.Delivered(messageID(n))
+			}
+			if len(tt.lateAcked)+len(tt.lateRequeued) > 0 {
+				// Past the TTL: the rest are given back and dead-lettered,
+				// the delivered ones held.
+				testutil.Eventually(t, 20*time.Second, func() error {
+					ready, err := readyCount(conn, target)
+					if err != nil {
+						return err
+					}
+					if held, _ := tr.Stats(); held != len(tt.delivered) || ready != total-len(tt.delivered) {
+						return fmt.Errorf("trimmer holds %d, %d dead-lettered; want %d, %d", held, ready, len(tt.delivered), total-len(tt.delivered))
+					}
+					return nil
+				})
+				time.Sleep(2 * tt.trimmerTTL) // nothing more is given back
+				for _, n := range tt.lateAcked {
+					tr.Settle(messageID(n))
+				}
+				for _, n := range tt.lateRequeued {
+					tr.Requeued(messageID(n))
+				}
 			}
 			testutil.Eventually(t, 20*time.Second, func() error {
 				ready, err := readyCount(conn, target)

@@ -163,6 +163,11 @@ type Trimmer struct {
 	// its clock, or the channel was replaced) keeps its first expiry
 	// instead of starting a new TTL.
 	deadlines map[mirror.MessageID]time.Time
+	// out are the identities whose master copy a client holds delivered
+	// and unsettled (Delivered), and since when: their copies here are not
+	// given back at their TTL until the master's is settled or requeued,
+	// or until Recycle has passed (the recycle gives them back anyway).
+	out map[mirror.MessageID]time.Time
 
 	// channelsLost counts channels the broker closed under the trimmer
 	// (consumer_timeout, a channel error), recycles not included.
@@ -241,6 +246,7 @@ func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Tr
 		settled:   make(map[mirror.MessageID]settlement),
 		byContent: make(map[mirror.MessageID][]uint64),
 		deadlines: make(map[mirror.MessageID]time.Time),
+		out:       make(map[mirror.MessageID]time.Time),
 		channels:  make(map[uint64]*amqp.Channel),
 		wake:      make(chan struct{}, 1),
 		copies:    make(chan *copyJob),
@@ -268,11 +274,56 @@ func (t *Trimmer) Settle(ids ...mirror.MessageID) { t.settle(ids, false) }
 // drops the message as an ack would).
 func (t *Trimmer) Reject(ids ...mirror.MessageID) { t.settle(ids, true) }
 
+// Delivered records that the master delivered its copies of ids to a
+// client that has not settled them yet. A broker never expires a message
+// it delivered unacknowledged, and the master's broker dead-letters it only
+// if it is requeued after its TTL: so the copies held here are not given
+// back at their TTL until the master's copies are settled (Settle, Reject)
+// or requeued (Requeued), or Recycle has passed. Without it, the slaves'
+// brokers would expire, and dead-letter, a message its client acked late.
+func (t *Trimmer) Delivered(ids ...mirror.MessageID) {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range ids {
+		t.out[id] = now
+	}
+}
+
+// Requeued records that the master's copies of ids are back in its queue,
+// where their TTL applies again: a copy held here whose TTL has passed is
+// given back now, for the slave's broker to expire it as the master's
+// does.
+func (t *Trimmer) Requeued(ids ...mirror.MessageID) {
+	now := time.Now()
+	due := false
+	t.mu.Lock()
+	for _, id := range ids {
+		if _, out := t.out[id]; !out {
+			continue
+		}
+		delete(t.out, id)
+		tag, held := t.held[id]
+		if at, expires := t.deadlines[id]; held && expires && !at.After(now) {
+			t.expiries.add(expiring{at: now, tag: tag, id: id})
+			due = true
+		}
+	}
+	t.mu.Unlock()
+	if due {
+		select {
+		case t.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
 func (t *Trimmer) settle(ids []mirror.MessageID, reject bool) {
 	t.mu.Lock()
 	before := len(t.toAck)
 	for _, id := range ids {
 		delete(t.deadlines, id)
+		delete(t.out, id)
 		if tag, ok := t.held[id]; ok {
 			delete(t.held, id)
 			t.toAck = append(t.toAck, pendingAck{tag: tag, id: id, reject: reject})
@@ -776,6 +827,13 @@ func (t *Trimmer) forgetStale(now time.Time) {
 			delete(t.deadlines, id)
 		}
 	}
+	// A delivery the master's broker still holds for a client by now
+	// went back with the recycles since.
+	for id, since := range t.out {
+		if now.Sub(since) >= t.opts.Recycle {
+			delete(t.out, id)
+		}
+	}
 }
 
 // scheduleExpiry records when a delivery just held expires, if it does:
@@ -838,6 +896,13 @@ func (t *Trimmer) expireDue(now time.Time) int {
 			if tag, ok := t.held[e.id]; !ok || tag != e.tag {
 				continue // trimmed meanwhile
 			}
+			if since, out := t.out[e.id]; out && now.Sub(since) < t.opts.Recycle {
+				// Its master copy is with a client: held until that is
+				// settled or requeued (Requeued schedules it again).
+				t.expiries.add(expiring{at: since.Add(t.opts.Recycle), tag: e.tag, id: e.id})
+				continue
+			}
+			delete(t.out, e.id)
 			delete(t.held, e.id)
 		}
 		t.toNack = append(t.toNack, e.tag)
@@ -1138,6 +1203,7 @@ func (t *Trimmer) runPurge() {
 	t.mu.Lock()
 	clear(t.settled)
 	clear(t.deadlines)
+	clear(t.out)
 	t.missed = 0
 	t.mu.Unlock()
 	ch, err := t.conn.Channel()

@@ -39,13 +39,11 @@ type MetaWriter interface {
 // Peers are the other proxies of a sidecar cluster as the engine sees
 // them.
 type Peers interface {
-	// SendSettles hands settles of the slave copy on backend to the proxy
-	// beside that backend. It never blocks (it is on the client's ack
-	// path) and does not keep ids.
-	SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID)
-	// SendRejects is SendSettles for messages a client rejected without
-	// requeue (RejectLocal there).
-	SendRejects(backend string, id mirror.QueueID, ids []mirror.MessageID)
+	// SendSettles hands what became of the master's copies of ids (acked,
+	// rejected, delivered or requeued) to the proxy beside backend, for its
+	// slave copy (SettleLocal there). It never blocks (it is on the
+	// client's ack and delivery paths) and does not keep ids.
+	SendSettles(backend string, id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome)
 	// PurgeSlave asks the proxy beside backend to empty its slave copy
 	// of the queue through its trimmer (PurgeLocal there), and waits.
 	PurgeSlave(ctx context.Context, backend string, id mirror.QueueID) error
@@ -114,13 +112,8 @@ func (r roles) syncTargets(targets []string, live mirror.LiveSet) []string {
 
 // SettleLocal is Settle for the slave copies this proxy trims: what the
 // proxies of other nodes send for this node's slaves.
-func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID) {
-	e.trimmers.settle(id, ids, false)
-}
-
-// RejectLocal is Reject for the slave copies this proxy trims.
-func (e *Engine) RejectLocal(id mirror.QueueID, ids []mirror.MessageID) {
-	e.trimmers.settle(id, ids, true)
+func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome) {
+	e.trimmers.settle(id, ids, outcome)
 }
 
 // SyncLocal starts synchronising the slave beside this proxy (another
@@ -143,16 +136,12 @@ func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
 	return e.operator.purgeCopy(e.roles.node, id)
 }
 
-// handSettles hands the settles (rejections with reject) of the slaves of
-// m on other nodes than node to their proxies.
-func handSettles(peers Peers, node string, m mirror.QueueMeta, ids []mirror.MessageID, reject bool) {
+// handSettles hands the outcome of ids to the proxies of m's slaves on
+// other nodes than node.
+func handSettles(peers Peers, node string, m mirror.QueueMeta, ids []mirror.MessageID, outcome mirror.Outcome) {
 	for _, s := range m.Slaves {
-		switch {
-		case s.Backend == node:
-		case reject:
-			peers.SendRejects(s.Backend, m.ID, ids)
-		default:
-			peers.SendSettles(s.Backend, m.ID, ids)
+		if s.Backend != node {
+			peers.SendSettles(s.Backend, m.ID, ids, outcome)
 		}
 	}
 }

@@ -9,11 +9,10 @@ import (
 
 type noPeers struct{}
 
-func (noPeers) SendSettles(string, mirror.QueueID, []mirror.MessageID)   {}
-func (noPeers) SendRejects(string, mirror.QueueID, []mirror.MessageID)   {}
-func (noPeers) PurgeSlave(context.Context, string, mirror.QueueID) error { return nil }
-func (noPeers) SyncSlave(context.Context, string, mirror.QueueID) error  { return nil }
-func (noPeers) WaitApplied(context.Context, uint64) error                { return nil }
+func (noPeers) SendSettles(string, mirror.QueueID, []mirror.MessageID, mirror.Outcome) {}
+func (noPeers) PurgeSlave(context.Context, string, mirror.QueueID) error               { return nil }
+func (noPeers) SyncSlave(context.Context, string, mirror.QueueID) error                { return nil }
+func (noPeers) WaitApplied(context.Context, uint64) error                              { return nil }
 func (noPeers) Unrecorded(context.Context, string) ([]mirror.UnrecordedQueue, error) {
 	return nil, nil
 }

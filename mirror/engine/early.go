@@ -34,8 +34,8 @@ type earlySettles struct {
 }
 
 type earlySettle struct {
-	id     mirror.MessageID
-	reject bool
+	id      mirror.MessageID
+	outcome mirror.Outcome
 }
 
 // awaitedLocked returns the slaves of the queue, as its record has them,
@@ -59,7 +59,7 @@ func (t *trimmers) awaitedLocked(id mirror.QueueID, q *queueTrimmers, out []stri
 
 // keepEarly keeps settles for the slaves on backends until their trimmers
 // start, or hands them to a trimmer that started meanwhile.
-func (t *trimmers) keepEarly(id mirror.QueueID, backends []string, ids []mirror.MessageID, reject bool) {
+func (t *trimmers) keepEarly(id mirror.QueueID, backends []string, ids []mirror.MessageID, outcome mirror.Outcome) {
 	var started []*trimmerRun
 	now := time.Now()
 	t.mu.Lock()
@@ -81,12 +81,12 @@ func (t *trimmers) keepEarly(id mirror.QueueID, backends []string, ids []mirror.
 				"queue", id.Name, "vhost", id.VHost, "backend", b, "waiting", earlyCap)
 		}
 		for _, mid := range ids[:min(room, len(ids))] {
-			e.settles = append(e.settles, earlySettle{id: mid, reject: reject})
+			e.settles = append(e.settles, earlySettle{id: mid, outcome: outcome})
 		}
 	}
 	t.mu.Unlock()
 	for _, tr := range started {
-		settleRun(tr, ids, reject)
+		settleRun(tr, ids, outcome)
 	}
 }
 
@@ -108,19 +108,24 @@ func handEarly(tr *trimmerRun, e *earlySettles) {
 	var ids []mirror.MessageID
 	for i, s := range e.settles {
 		ids = append(ids, s.id)
-		if i == len(e.settles)-1 || e.settles[i+1].reject != s.reject {
-			settleRun(tr, ids, s.reject)
+		if i == len(e.settles)-1 || e.settles[i+1].outcome != s.outcome {
+			settleRun(tr, ids, s.outcome)
 			ids = ids[:0]
 		}
 	}
 }
 
-// settleRun hands settles (rejections with reject) to one trimmer.
-func settleRun(tr *trimmerRun, ids []mirror.MessageID, reject bool) {
-	if reject {
-		tr.t.Reject(ids...)
-	} else {
+// settleRun hands the outcome of ids at the master to one trimmer.
+func settleRun(tr *trimmerRun, ids []mirror.MessageID, outcome mirror.Outcome) {
+	switch outcome {
+	case mirror.Acked:
 		tr.t.Settle(ids...)
+	case mirror.Rejected:
+		tr.t.Reject(ids...)
+	case mirror.Delivered:
+		tr.t.Delivered(ids...)
+	case mirror.Requeued:
+		tr.t.Requeued(ids...)
 	}
 }
 

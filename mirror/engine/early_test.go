@@ -49,7 +49,7 @@ func TestSettlesWaitForTheTrimmer(t *testing.T) {
 	}
 
 	h.engine.trimmers.stop(id, "rabbit3")
-	h.engine.Settle(id, ids)
+	h.engine.Settle(id, ids, mirror.Acked)
 	if n := held(h.engine, id, "rabbit3"); n != -1 {
 		t.Logf("rabbit3's trimmer restarted before the settles (holds %d): this run does not test the wait", n)
 	}

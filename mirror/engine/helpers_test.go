@@ -307,7 +307,7 @@ func consumeAndSettle(t *testing.T, e *Engine, m mirror.QueueMeta, count int) []
 		ids = append(ids, id)
 		pending = append(pending, id)
 		if len(pending) == 50 || len(ids) == count {
-			e.Settle(m.ID, pending)
+			e.Settle(m.ID, pending, mirror.Acked)
 			pending = nil
 		}
 	}

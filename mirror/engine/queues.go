@@ -172,29 +172,20 @@ func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding,
 	return nil
 }
 
-// Settle tells the trimmers of a queue's slaves that the master's copies
-// of ids are gone. It never waits on the network: each trimmer queues the
-// acks for its own goroutine.
-func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID) {
-	e.SettleLocal(id, ids)
+// Settle tells the trimmers of a queue's slaves what became of the
+// master's copies of ids: acked (the slaves' copies are acked), rejected
+// without requeue (rejected the same way, so that every copy is
+// dead-lettered by its own broker: see "Dead-lettering" in mirror/doc.go),
+// delivered to a client or requeued (which decide when an expiring copy is
+// given back to its broker). It never waits on the network: each trimmer
+// queues the work for its own goroutine, and the slaves on other nodes are
+// told through Peers.
+func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome) {
+	e.SettleLocal(id, ids, outcome)
 	if !e.roles.clustered {
 		return
 	}
 	if m, ok := e.Lookup(id); ok {
-		handSettles(e.opts.Peers, e.roles.node, m, ids, false) // cluster.go
-	}
-}
-
-// Reject tells the trimmers of a queue's slaves that a client rejected
-// the master's copies of ids without requeue: they reject their copies
-// the same way, so that every copy is dead-lettered by its own broker
-// (see "Dead-lettering" in mirror/doc.go). It never waits on the network.
-func (e *Engine) Reject(id mirror.QueueID, ids []mirror.MessageID) {
-	e.RejectLocal(id, ids)
-	if !e.roles.clustered {
-		return
-	}
-	if m, ok := e.Lookup(id); ok {
-		handSettles(e.opts.Peers, e.roles.node, m, ids, true)
+		handSettles(e.opts.Peers, e.roles.node, m, ids, outcome) // cluster.go
 	}
 }

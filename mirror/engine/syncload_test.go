@@ -57,7 +57,7 @@ func TestSyncFromMasterUnderLoad(t *testing.T) {
 				value, _ := d.Headers[mirror.IdentityHeader].(string)
 				id, _ := mirror.ParseMessageID(value)
 				if d.Ack(false) == nil {
-					h.engine.Settle(m.ID, []mirror.MessageID{id})
+					h.engine.Settle(m.ID, []mirror.MessageID{id}, mirror.Acked)
 					consumed.Add(1)
 				}
 				time.Sleep(200 * time.Microsecond) // slower than the copy

@@ -224,23 +224,23 @@ func (t *trimmers) closeAll() {
 	}
 }
 
-// settle hands the settles (rejections with reject) of a queue's messages
-// to its trimmers; each queues them for its own goroutine.
+// settle hands the outcome of a queue's messages at its master to its
+// trimmers; each queues the work for its own goroutine.
 // Those for a slave this proxy trims whose trimmer is not running yet wait
 // for it (early.go).
-func (t *trimmers) settle(id mirror.QueueID, ids []mirror.MessageID, reject bool) {
+func (t *trimmers) settle(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome) {
 	var scratch [2]string
 	t.mu.RLock()
 	q := t.byQueue[id]
 	if q != nil {
 		for _, tr := range q.runs {
-			settleRun(tr, ids, reject)
+			settleRun(tr, ids, outcome)
 		}
 	}
 	awaited := t.awaitedLocked(id, q, scratch[:0])
 	t.mu.RUnlock()
 	if len(awaited) > 0 {
-		t.keepEarly(id, awaited, ids, reject)
+		t.keepEarly(id, awaited, ids, outcome)
 	}
 }
 

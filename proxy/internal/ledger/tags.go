@@ -86,7 +86,7 @@ func (d *DeliveryTags) Deliver(m Delivered, needsAck bool) uint64 {
 // restores them); and false when the tag is not an outstanding delivery:
 // RabbitMQ answers that with PRECONDITION_FAILED - unknown delivery tag.
 // With trims non-nil, the settled messages of mirrored queues are appended
-// to *trims (their master copies are gone: the slaves drop theirs).
+// to *trims, for the slaves' trimmers to hear what became of them.
 func (d *DeliveryTags) Settle(proxyTag uint64, multiple bool, out []BackendAck, keep bool, settled []TagEntry, trims *[]Trimmed) ([]BackendAck, []TagEntry, bool) {
 	if multiple && proxyTag == 0 {
 		proxyTag = d.next
