@@ -224,16 +224,11 @@ func killWholeNode(t *testing.T, nodes *killSidecars, load *killLoad, _ []string
 // after an ack of theirs settled with no fault within settleMargin.
 func sidecarCampaignReport(kinds []sidecarNemesis, injected map[string]int, load *killLoad, woken, acked int) string {
 	var b strings.Builder
-	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "fault\tinjected")
-	total := 0
-	for _, n := range kinds {
-		fmt.Fprintf(tw, "%s\t%d\n", n.name, injected[n.name])
-		total += injected[n.name]
+	names := make([]string, len(kinds))
+	for i, n := range kinds {
+		names[i] = n.name
 	}
-	fmt.Fprintf(tw, "all\t%d\n", total)
-	tw.Flush()
-	b.WriteString("\n")
+	writeFaultTable(&b, names, injected)
 	lost := 0
 	for body := range load.confirmed {
 		if load.received[body] == 0 {
@@ -246,7 +241,7 @@ func sidecarCampaignReport(kinds []sidecarNemesis, injected map[string]int, load
 			repeated++
 		}
 	}
-	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	for _, row := range []struct {
 		name  string
 		value any

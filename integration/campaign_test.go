@@ -400,20 +400,30 @@ func (c *campaign) slavesHoldMore(queue string, counts map[string]int) bool {
 	return more
 }
 
-// campaignReport is the campaign's table.
-func campaignReport(injected map[string]int, v campaignVerdict, copiesDiffer, leaked []string) string {
-	var b strings.Builder
-	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+// writeFaultTable writes the faults injected by kind, in the order of names, and
+// their sum, as a table followed by an empty line.
+func writeFaultTable(b *strings.Builder, names []string, injected map[string]int) {
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "fault\tinjected")
 	total := 0
-	for _, n := range nemeses {
-		fmt.Fprintf(tw, "%s\t%d\n", n.name, injected[n.name])
-		total += injected[n.name]
+	for _, name := range names {
+		fmt.Fprintf(tw, "%s\t%d\n", name, injected[name])
+		total += injected[name]
 	}
 	fmt.Fprintf(tw, "all\t%d\n", total)
 	tw.Flush()
 	b.WriteString("\n")
-	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+}
+
+// campaignReport is the campaign's table.
+func campaignReport(injected map[string]int, v campaignVerdict, copiesDiffer, leaked []string) string {
+	var b strings.Builder
+	names := make([]string, len(nemeses))
+	for i, n := range nemeses {
+		names[i] = n.name
+	}
+	writeFaultTable(&b, names, injected)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	for _, row := range []struct {
 		name  string
 		value any

@@ -6,15 +6,18 @@ import (
 	"github.com/amqp-mirror/amqp-mirror/frames"
 )
 
-func TestRefusalDeadLettered(t *testing.T) {
-	encode := func(table frames.Table) []byte {
-		t.Helper()
-		b, err := frames.AppendTable(nil, table)
-		if err != nil {
-			t.Fatalf("encoding %v: %v", table, err)
-		}
-		return b
+// encodeArguments encodes queue.declare arguments as they come on the wire.
+func encodeArguments(t *testing.T, table frames.Table) []byte {
+	t.Helper()
+	b, err := frames.AppendTable(nil, table)
+	if err != nil {
+		t.Fatalf("encoding %v: %v", table, err)
 	}
+	return b
+}
+
+func TestRefusalDeadLettered(t *testing.T) {
+	encode := func(table frames.Table) []byte { return encodeArguments(t, table) }
 	dlx := frames.Field{Key: "x-dead-letter-exchange", Value: "dead"}
 	tests := []struct {
 		name      string
@@ -38,14 +41,7 @@ func TestRefusalDeadLettered(t *testing.T) {
 }
 
 func TestSetsMessageTTL(t *testing.T) {
-	encode := func(table frames.Table) []byte {
-		t.Helper()
-		b, err := frames.AppendTable(nil, table)
-		if err != nil {
-			t.Fatalf("encoding %v: %v", table, err)
-		}
-		return b
-	}
+	encode := func(table frames.Table) []byte { return encodeArguments(t, table) }
 	tests := []struct {
 		name      string
 		arguments []byte
