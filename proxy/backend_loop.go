@@ -181,7 +181,11 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 		cons, stale := ch.deliveryConsumer(d.ConsumerTag, l.idx)
 		meta, inLog := c.queueMeta(cons.queue)
 		if inLog && !c.srv.opts.Mirror.Current() {
-			if !c.awaitCurrent(l) {
+			if err := c.awaitCurrent(); err != nil {
+				// Dropped with its link, its broker requeues it.
+				if c.ctx.Err() == nil {
+					c.linkFailed(l, fmt.Errorf("holding a delivery: the metadata log did not catch up within %v after this proxy stood still: %w", staleHold, err))
+				}
 				return
 			}
 			cons, stale = ch.deliveryConsumer(d.ConsumerTag, l.idx)
@@ -227,19 +231,20 @@ func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
 			return
 		}
 		meta, inLog := c.queueMeta(m.get.queue)
+		// A get-ok answers the client's basic.get: held while the metadata
+		// catches up, it is answered whatever comes of that.
+		uncertain := false
 		if inLog && !c.srv.opts.Mirror.Current() {
-			if !c.awaitCurrent(l) {
-				return
-			}
+			uncertain = c.awaitCurrent() != nil
 			meta, inLog = c.queueMeta(m.get.queue)
 		}
 		c.srv.stats.Deliveries.Add(1)
 		queue := c.trimmable(m.get.queue, m, hasID, &id)
 		// Recorded even when the broker flags it, as a delivery is. A
-		// master deposed since it answered may have handed the message
-		// to another consumer meanwhile.
+		// master deposed since it answered (or that may have been) may
+		// have handed the message to another consumer meanwhile.
 		before := hasID && inLog && c.deliveredBefore(m.get.queue.ID, meta, id, header)
-		before = before || inLog && meta.Master != l.name
+		before = before || inLog && (uncertain || meta.Master != l.name)
 		flagged := before && !g.Redelivered
 		if flagged {
 			g.Redelivered = true
@@ -314,21 +319,13 @@ func (c *clientConn) lent(queue *ledger.QueueRef, meta mirror.QueueMeta, id mirr
 // requeues what it sent.
 const staleHold = 15 * time.Second
 
-// awaitCurrent holds a delivery that arrived on l while the metadata is
-// not known current, until it is: the delivery's queue may have a new
-// master by then. It reports false when the link was dropped instead (or
-// the connection ends), and the delivery must go no further.
-func (c *clientConn) awaitCurrent(l *link) bool {
+// awaitCurrent holds a delivery while the metadata is not known current,
+// until it is (its queue may have a new master by then), for staleHold at
+// most or until the connection ends.
+func (c *clientConn) awaitCurrent() error {
 	ctx, cancel := context.WithTimeout(c.ctx, staleHold)
 	defer cancel()
-	err := c.srv.opts.Mirror.AwaitCurrent(ctx)
-	if err == nil {
-		return true
-	}
-	if c.ctx.Err() == nil {
-		c.linkFailed(l, fmt.Errorf("holding a delivery: the metadata log did not catch up within %v after this proxy stood still: %w", staleHold, err))
-	}
-	return false
+	return c.srv.opts.Mirror.AwaitCurrent(ctx)
 }
 
 // queueMeta returns what the metadata log says about the queue a delivery
