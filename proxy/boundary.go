@@ -12,80 +12,96 @@ import (
 // mirroring a link's read loop sometimes writes on a channel too, when one
 // link closed the channel: the proxy's channel.close to the channel's other
 // links, and the close-ok of a close that crossed it. Those writes go
-// through atBoundary. They run under sendMu, so the client loop is not in
-// the middle of a frame, and only when the channel is not between a
+// through atBoundary. They run under the gate's lock, so the client loop is
+// not in the middle of a frame, and only when the channel is not between a
 // publish's frames; otherwise they wait, and the client loop runs them
 // after the frame that ends the content, before it handles the next one.
 //
-// Whoever holds sendMu runs the waiting work when it lets go of it
-// (unlockSend), so work queued while the lock was taken never waits for the
+// Whoever holds the lock runs the waiting work when it lets go of it
+// (unlock), so work queued while the lock was taken never waits for the
 // client's next frame.
 
-// boundaryWork is a write on a channel's links that waits for a boundary.
+// sendGate is what a connection's goroutines pass through to write on its
+// links without splitting a publish: the lock the client loop holds while
+// it handles a frame, and the work waiting for a message boundary. The
+// connection holds it by value.
+//
+// The client loop takes the lock for every frame (lock, runWaitingLocked,
+// unlock). The failover of consumers takes it to write to links for the
+// client (lock, or tryLock from the server's watcher); whoever holds it
+// may read whether a channel is in a publish's content
+// (publisher.inContent). The link loops queue their writes on a channel
+// (atBoundary), which run under the lock. workMu guards work and nothing
+// is taken under it; waiting and added are atomics that change under it.
+type sendGate struct {
+	mu      sync.Mutex    // held by whoever writes on the links for the client
+	waiting atomic.Int32  // len(work), read without workMu on every client frame
+	added   atomic.Uint64 // counts work queued, to notice work added meanwhile
+	workMu  sync.Mutex    // guards work; nothing is taken under it
+	work    []boundaryWork
+}
+
+// boundaryWork is a write on a channel's links that waits for a boundary;
+// per channel, the work runs in the order it came.
 type boundaryWork struct {
 	ch  *channelState
 	run func()
 }
 
-// boundaryQueue is a connection's work waiting for a boundary; per channel,
-// it runs in the order it came.
-type boundaryQueue struct {
-	waiting atomic.Int32  // len(work), read without mu on every client frame
-	added   atomic.Uint64 // counts work queued, to notice work added meanwhile
-	mu      sync.Mutex    // guards work; nothing is taken under it
-	work    []boundaryWork
+// lock takes the gate: the caller is between frames on every channel but
+// those in a publish's content.
+func (g *sendGate) lock() { g.mu.Lock() }
+
+// tryLock takes the gate if it is free.
+func (g *sendGate) tryLock() bool { return g.mu.TryLock() }
+
+// unlock releases the gate and runs the work queued meanwhile.
+func (g *sendGate) unlock() {
+	g.mu.Unlock()
+	g.runWaiting()
 }
 
 // atBoundary runs run once the client loop is at a message boundary on ch:
-// at once when sendMu is free and ch is not in a publish's content, or
-// else by the holder of sendMu.
-func (c *clientConn) atBoundary(ch *channelState, run func()) {
-	q := &c.boundary
-	q.mu.Lock()
-	q.work = append(q.work, boundaryWork{ch: ch, run: run})
-	q.waiting.Store(int32(len(q.work)))
-	q.added.Add(1)
-	q.mu.Unlock()
-	c.runAtBoundary()
+// at once when the gate is free and ch is not in a publish's content, or
+// else by the holder of the gate.
+func (g *sendGate) atBoundary(ch *channelState, run func()) {
+	g.workMu.Lock()
+	g.work = append(g.work, boundaryWork{ch: ch, run: run})
+	g.waiting.Store(int32(len(g.work)))
+	g.added.Add(1)
+	g.workMu.Unlock()
+	g.runWaiting()
 }
 
-// unlockSend releases sendMu and runs the work queued meanwhile.
-func (c *clientConn) unlockSend() {
-	c.sendMu.Unlock()
-	c.runAtBoundary()
-}
-
-// runAtBoundary runs the waiting work if sendMu is free. When it is not,
-// its holder runs the work in unlockSend; work added while this goroutine
-// held the lock is run in the next round.
-func (c *clientConn) runAtBoundary() {
-	q := &c.boundary
+// runWaiting runs the waiting work if the gate is free. When it is not,
+// its holder runs the work in unlock; work added while this goroutine
+// held the gate is run in the next round.
+func (g *sendGate) runWaiting() {
 	for {
-		seen := q.added.Load()
-		if q.waiting.Load() == 0 || !c.sendMu.TryLock() {
+		seen := g.added.Load()
+		if g.waiting.Load() == 0 || !g.mu.TryLock() {
 			return
 		}
-		c.runBoundaryLocked()
-		c.sendMu.Unlock()
-		if q.added.Load() == seen {
-			// Nothing came while the lock was held: what still waits is
+		g.runWaitingLocked()
+		g.mu.Unlock()
+		if g.added.Load() == seen {
+			// Nothing came while the gate was held: what still waits is
 			// in a publish's content, and the client loop runs it.
 			return
 		}
 	}
 }
 
-// runBoundaryLocked runs the waiting work of every channel that is not in
-// a publish's content. The caller holds sendMu.
-func (c *clientConn) runBoundaryLocked() {
-	q := &c.boundary
-	if q.waiting.Load() == 0 {
+// runWaitingLocked runs the waiting work of every channel that is not in
+// a publish's content. The caller holds the gate.
+func (g *sendGate) runWaitingLocked() {
+	if g.waiting.Load() == 0 {
 		return
 	}
-	q.mu.Lock()
-	work := q.work
-	q.work = nil
-	q.mu.Unlock()
+	g.workMu.Lock()
+	work := g.work
+	g.work = nil
+	g.workMu.Unlock()
 	var kept []boundaryWork
 	for _, w := range work {
 		if w.ch.publisher.inContent() || waitsFor(kept, w.ch) {
@@ -94,10 +110,10 @@ func (c *clientConn) runBoundaryLocked() {
 		}
 		w.run()
 	}
-	q.mu.Lock()
-	q.work = append(kept, q.work...)
-	q.waiting.Store(int32(len(q.work)))
-	q.mu.Unlock()
+	g.workMu.Lock()
+	g.work = append(kept, g.work...)
+	g.waiting.Store(int32(len(g.work)))
+	g.workMu.Unlock()
 }
 
 // waitsFor reports whether work holds work of ch, which the next of ch's

@@ -7,12 +7,12 @@ import (
 )
 
 // TestAtBoundary: a link loop's write on a channel runs at once when the
-// client loop is idle; it waits while the client loop holds sendMu and runs
+// client loop is idle; it waits while the client loop holds the gate and runs
 // when it lets go; it waits while the channel is between a publish's
 // frames, and so does every later write on that channel, in order, while
 // other channels' writes go on.
 func TestAtBoundary(t *testing.T) {
-	c := &clientConn{}
+	g := &sendGate{}
 	a, b := newChannelState(1), newChannelState(2)
 	var ran []string
 	record := func(name string) func() { return func() { ran = append(ran, name) } }
@@ -23,39 +23,39 @@ func TestAtBoundary(t *testing.T) {
 		}
 	}
 
-	c.atBoundary(a, record("a1"))
+	g.atBoundary(a, record("a1"))
 	check("client loop idle", "a1")
 
-	c.sendMu.Lock() // the client loop handles a frame
-	c.atBoundary(b, record("b1"))
+	g.lock() // the client loop handles a frame
+	g.atBoundary(b, record("b1"))
 	check("client loop busy", "a1")
-	c.unlockSend()
+	g.unlock()
 	check("client loop done with its frame", "a1", "b1")
 
-	c.sendMu.Lock()
+	g.lock()
 	a.publisher.current.inContent = true // a publish's method went out, its content not yet
-	c.sendMu.Unlock()
-	c.atBoundary(a, record("a2"))
-	c.atBoundary(b, record("b2"))
-	c.atBoundary(a, record("a3"))
+	g.mu.Unlock()
+	g.atBoundary(a, record("a2"))
+	g.atBoundary(b, record("b2"))
+	g.atBoundary(a, record("a3"))
 	check("channel a in content", "a1", "b1", "b2")
-	c.sendMu.Lock()
-	c.runBoundaryLocked() // after a content frame that did not end it
+	g.lock()
+	g.runWaitingLocked() // after a content frame that did not end it
 	check("channel a still in content", "a1", "b1", "b2")
 	a.publisher.current.inContent = false // the last content frame
-	c.runBoundaryLocked()
-	c.unlockSend()
+	g.runWaitingLocked()
+	g.unlock()
 	check("channel a's content ended", "a1", "b1", "b2", "a2", "a3")
-	if n := c.boundary.waiting.Load(); n != 0 {
+	if n := g.waiting.Load(); n != 0 {
 		t.Errorf("waiting work: got %d, want 0", n)
 	}
 }
 
 // TestAtBoundaryConcurrent: work queued from many goroutines while the
-// client loop takes and releases sendMu all runs, none twice, without the
+// client loop takes and releases the gate all runs, none twice, without the
 // client loop's next frame.
 func TestAtBoundaryConcurrent(t *testing.T) {
-	c := &clientConn{}
+	g := &sendGate{}
 	ch := newChannelState(1)
 	const writers, each = 4, 500
 	var mu sync.Mutex
@@ -64,7 +64,7 @@ func TestAtBoundaryConcurrent(t *testing.T) {
 	for range writers {
 		wg.Go(func() {
 			for range each {
-				c.atBoundary(ch, func() { mu.Lock(); ran++; mu.Unlock() })
+				g.atBoundary(ch, func() { mu.Lock(); ran++; mu.Unlock() })
 			}
 		})
 	}
@@ -78,9 +78,9 @@ func TestAtBoundaryConcurrent(t *testing.T) {
 				return
 			default:
 			}
-			c.sendMu.Lock()
-			c.runBoundaryLocked()
-			c.unlockSend()
+			g.lock()
+			g.runWaitingLocked()
+			g.unlock()
 		}
 	}()
 	wg.Wait()

@@ -131,7 +131,7 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	// until the client loop is not between a publish's frames (boundary.go).
 	write := func(run func()) { run() }
 	if c.srv.opts.Mirror != nil {
-		write = func(run func()) { c.atBoundary(ch, run) }
+		write = func(run func()) { c.send.atBoundary(ch, run) }
 	}
 	// Several links may close the channel at once (a publish to a missing
 	// exchange reaches every backend): only the first one's close reaches

@@ -19,11 +19,11 @@ func (c *clientConn) clientLoop() {
 	for {
 		f, err := c.client.ReadFrame()
 		if err == nil {
-			c.sendMu.Lock()
-			c.runBoundaryLocked()
+			c.send.lock()
+			c.send.runWaitingLocked()
 			err = c.fromClient(f)
-			c.runBoundaryLocked()
-			c.unlockSend()
+			c.send.runWaitingLocked()
+			c.send.unlock()
 		}
 		if err != nil {
 			c.clientFailed(err)

@@ -79,12 +79,11 @@ type clientConn struct {
 	// (see failover.go).
 	orphansMu sync.Mutex
 	orphans   []orphan
-	// sendMu is held by the client loop while it handles a frame, and by
-	// the failover of consumers while it writes to links for the client.
-	sendMu sync.Mutex
-	// boundary is the link loops' writes on channels that wait for the
-	// client loop to be between messages (boundary.go).
-	boundary boundaryQueue
+	// send is held by the client loop while it handles a frame, and by
+	// the failover of consumers while it writes to links for the client;
+	// the link loops' writes on channels wait on it for the client loop
+	// to be between messages (boundary.go).
+	send sendGate
 
 	done chan struct{} // closed by teardown
 }
@@ -167,7 +166,7 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 		writeFailed: writeFailed, closeChannel: closeChannel}
 	rt.out, rt.settler = c.out, &c.settler
 	rt.dial, rt.run = c.openLink, c.runLink
-	rt.writeFailed, rt.closeChannel, rt.atBoundary = writeFailed, closeChannel, c.atBoundary
+	rt.writeFailed, rt.closeChannel, rt.atBoundary = writeFailed, closeChannel, c.send.atBoundary
 	c.log.Info("connection opened", "backend", home.name,
 		"frame_max", c.terms.frameMax, "heartbeat", c.terms.clientHeartbeat)
 	return true, ReasonUnknown

@@ -90,7 +90,8 @@
 // teardown, client_out.go what it writes to its client (clientOut);
 // client_loop.go reads the client and dispatches each frame
 // (fromClient), client_methods.go has the handler of each client method it
-// acts on; settle.go settles the client's acks and the backends' confirms
+// acts on, boundary.go the gate the client loop holds while it handles a
+// frame, which other writes on its links pass through (sendGate); settle.go settles the client's acks and the backends' confirms
 // (settler), and tells the engine what they mean for the slave copies;
 // route.go is the connection's router (router), which holds what
 // routing uses of the connection and routes queue and consume traffic,
@@ -156,7 +157,7 @@
 //     match replies to routed requests through it and run what a request
 //     does once answered, by whoever loses a link, which settles the
 //     replies the link owed, and by the failover goroutine, which reaches
-//     links through it holding clientConn.sendMu.
+//     links through it holding the send gate.
 //     What it uses of the connection is set before the connection serves
 //     and only read. Its record of the queues the connection declared that
 //     the log does not record (declaredQueues) is guarded by
@@ -176,8 +177,14 @@
 //     its memory of where other connections' exclusive queues are
 //     (router.unrecorded), the settler's trim scratch and a link's
 //     decode scratch belong to one goroutine and have no lock. Whoever
-//     holds clientConn.sendMu may read whether a channel is in a
-//     publish's content (publisher.inContent).
+//     holds the send gate may read whether a channel is in a publish's
+//     content (publisher.inContent).
+//   - The connection's send gate (sendGate, boundary.go) is the lock the
+//     client loop holds while it handles a frame, which the failover of
+//     consumers takes to write to links for the client, and the link
+//     loops' writes on a channel that wait for the client loop to be
+//     between messages (guarded by sendGate.workMu, taken only in its
+//     methods); whoever lets go of the lock runs what waits.
 //
 // What the connection writes to its client goes through clientOut, which
 // every goroutine that writes to the client uses: it is set before the
@@ -192,13 +199,14 @@
 //
 // # Locks
 //
-// Lock order: clientConn.sendMu (the client loop, per frame), then
-// clientConn.orphansMu, then Server.mu, then clientConn.mu, then
+// Lock order: sendGate.mu (the send gate: the client loop, per frame),
+// then clientConn.orphansMu, then Server.mu, then clientConn.mu, then
 // linkSet.mu, then channelState.outMu, then channelState.mu, then link.mu,
 // then the socket writer's lock (internal/wire). opening.mu is taken with
 // no other lock held. A backend's linkSet.opening is held while its link
-// dials and logs in; it is taken with no lock held but sendMu, and of the
-// locks above only linkSet.mu and the new socket's are taken under it.
+// dials and logs in; it is taken with no lock held but the send gate, and
+// of the locks above only linkSet.mu and the new socket's are taken under
+// it.
 // channelState.mu is held over link.mu in one place only, numberCopies,
 // which asks the links whether they were lost (a lost link settles its
 // confirms under the channel's lock); the socket writer's lock is taken
@@ -207,7 +215,7 @@
 // channelState.mu is released). The socket writer's lock is never held
 // during a system call (the writer releases it around each write), and
 // nothing else is taken under it; nor under linkSet.mu, nor under
-// boundaryQueue.mu, which guards the link loops' writes that wait for the
+// sendGate.workMu, which guards the link loops' writes that wait for the
 // client loop to be between messages (boundary.go), nor under
 // declaredQueues.mu (declared.go), nor under ledger.DeliveredIDs' own
 // locks. Per-frame state that both read loops check (close state, channel

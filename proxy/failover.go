@@ -62,9 +62,9 @@ func (c *clientConn) checkMasters() {
 	}
 	byOld := make(map[int][]orphan)
 	// The client loop may be blocked writing to a slow link while it holds
-	// sendMu; the cancels then wait for the next round (the old master's
+	// the send gate; the cancels then wait for the next round (the old master's
 	// deliveries are dropped meanwhile).
-	locked := c.sendMu.TryLock()
+	locked := c.send.tryLock()
 	for _, o := range stale {
 		byOld[o.cons.link] = append(byOld[o.cons.link], o)
 		old := c.links.at(o.cons.link)
@@ -84,7 +84,7 @@ func (c *clientConn) checkMasters() {
 		old.sock.Flush()
 	}
 	if locked {
-		c.unlockSend()
+		c.send.unlock()
 	}
 	for idx, orphans := range byOld {
 		c.log.Warn("queue master changed under live consumers; moving them", "old", c.srv.backends[idx].Name, "consumers", len(orphans))
@@ -180,8 +180,8 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 	}
 	// The client loop must not be between a publish's frames on this
 	// channel: a consume there would split its content.
-	c.sendMu.Lock()
-	defer c.unlockSend()
+	c.send.lock()
+	defer c.send.unlock()
 	if o.ch.publisher.inContent() {
 		return moveWait
 	}

@@ -374,7 +374,7 @@ func logIn(ctx context.Context, b Backend, t *terms, deadline time.Time) (*wire.
 // and repeats on it what the client set on the channel (prefetch, confirm
 // or transaction mode, a consumer of amq.rabbitmq.reply-to), swallowing the
 // replies. The client loop calls it, and the failover of consumers with the
-// client loop held (sendMu).
+// client loop held (the send gate).
 func ensureChannel(ch *channelState, l *link) error {
 	replyTag := ch.replyConsumerTag()
 	qos := ch.qos

@@ -19,9 +19,9 @@ import (
 // publisher is a client channel's publishing side: the publish whose
 // content is coming, the method of a publish to an exchange held for its
 // content header, and the route kept for the next publish. The channel
-// holds it by value; it belongs to the client loop (which holds
-// clientConn.sendMu while it handles a frame, so that others who hold
-// sendMu may read inContent). What it uses of its connection comes with
+// holds it by value; it belongs to the client loop (which holds the
+// connection's send gate while it handles a frame, so that others who hold
+// the gate may read inContent). What it uses of its connection comes with
 // each call: the connection's router.
 type publisher struct {
 	// ch is the channel it publishes on, whose confirms it numbers: the
@@ -40,7 +40,7 @@ type publisher struct {
 
 // inContent reports whether the channel is between a publish's method and
 // its last content frame, when nothing else may be written on its links.
-// The client loop, or a goroutine holding clientConn.sendMu, reads it.
+// The client loop, or a goroutine holding the send gate, reads it.
 func (p *publisher) inContent() bool { return p.current.inContent }
 
 // toHome passes a frame to the home link as it came.

@@ -41,7 +41,7 @@ import (
 // (rpcGroup.after: records in the Mirror and in declared, or
 // bindingNotRecorded); whoever loses a link settles the replies it owed
 // (settleLostReply). The failover of consumers reaches links (reach,
-// holding clientConn.sendMu) and asks promotionPending. Who touches what:
+// holding the send gate) and asks promotionPending. Who touches what:
 //
 //   - everything but identities, unrecorded and declared is set once by
 //     clientConn.open, before the connection serves, and only read after;
@@ -78,7 +78,7 @@ type router struct {
 	writeFailed func(l *link, err error)
 	// closeChannel closes a channel for a reason the proxy found
 	// (clientConn.closeChannelByProxy); atBoundary runs work once the
-	// client loop is between messages on a channel (clientConn.atBoundary).
+	// client loop is between messages on a channel (sendGate.atBoundary).
 	closeChannel func(ch *channelState, code uint16, text string, classID, methodID uint16)
 	atBoundary   func(ch *channelState, run func())
 }
@@ -93,7 +93,7 @@ func (rt *router) mirrorContext() (context.Context, context.CancelFunc) {
 // reach returns the links to the named backends with the channel open on
 // each, opening what is missing; a backend that cannot be reached is left
 // out (and logged by openLink). The client loop calls it, and the failover
-// of consumers holding clientConn.sendMu.
+// of consumers holding the send gate (sendGate).
 func (rt *router) reach(ch *channelState, backends ...string) []*link {
 	out := ch.reachable[:0]
 	for _, name := range backends {
