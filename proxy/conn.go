@@ -54,6 +54,9 @@ type clientConn struct {
 	// settler settles the client's acks and the backends' confirms
 	// (settle.go), set before the connection serves.
 	settler settler
+	// mover moves consumers of mirrored queues to their queue's new master
+	// (failover.go), set under mu before the connection counts as open.
+	mover consumerMover
 	// linkLoops counts the link read loops running.
 	linkLoops sync.WaitGroup
 
@@ -150,18 +153,24 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 		return false, reason
 	}
 	home := opened.home
+	log := c.log.With("user", opened.terms.user, "vhost", opened.terms.vhost)
+	writeFailed, closeChannel := c.writeFailed, c.closeChannelByProxy
 	c.mu.Lock()
 	c.terms = opened.terms
 	c.channels = newChannelTable(opened.terms.channelMax)
+	// The server's watcher moves consumers once isOpen says the
+	// connection is open.
+	c.mover = consumerMover{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, channels: c.channels,
+		router: &c.router, send: &c.send, out: c.out, log: log, cancelNotify: opened.terms.cancelNotify,
+		done: c.done, running: &c.linkLoops, writeFailed: writeFailed}
 	c.opened = time.Now()
 	c.opening = nil
 	c.links.begin(home, opened.failedAt)
 	c.mu.Unlock()
-	c.log = c.log.With("user", c.terms.user, "vhost", c.terms.vhost)
+	c.log = log
 	rt := &c.router
 	rt.srv, rt.mirror, rt.links = c.srv, c.srv.opts.Mirror, &c.links
 	rt.vhost, rt.log, rt.ctx = c.terms.vhost, c.log, c.ctx
-	writeFailed, closeChannel := c.writeFailed, c.closeChannelByProxy
 	c.settler = settler{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, log: c.log, out: c.out,
 		writeFailed: writeFailed, closeChannel: closeChannel}
 	rt.out, rt.settler = c.out, &c.settler

@@ -46,9 +46,10 @@
 // message from a master tells the engine, which trims the slaves. The
 // client's confirm waits for the master and the synchronised slaves.
 //
-// When a link is lost the client connection goes on (failover.go): a lost
-// home link hands channel 0 to another backend's link, and consumers of
-// mirrored queues move to the promoted master with their tags. Without
+// When a link is lost the client connection goes on: a lost home link
+// hands channel 0 to another backend's link, and the connection's
+// consumerMover (failover.go) moves consumers of mirrored queues to the
+// promoted master with their tags. Without
 // mirroring, the home link's loss ends the client connection with 320.
 //
 // The proxy decodes only what it acts on: connection and channel lifecycle,
@@ -108,10 +109,11 @@
 // it); rpc.go sends a routed request to its links (router.send) and
 // matches the links' replies to it (router.replyArrived);
 // channel.go is a client channel (channelState) and channel_table.go the
-// lock-free table of them; chanclose.go closes channels; failover.go and
-// lostcopies.go handle lost links and moved masters; views.go copies what
-// ctl list_connections and list_consumers show, through the types' own
-// locks.
+// lock-free table of them; chanclose.go closes channels; failover.go
+// moves consumers to their queue's new master (consumerMover) and drops
+// the links to backends counted down, lostcopies.go lets go of the lost
+// copies that keep publishes waiting; views.go copies what ctl
+// list_connections and list_consumers show, through the types' own locks.
 //
 // # Who owns what
 //
@@ -170,6 +172,14 @@
 //     connection is set before the connection serves and only read; the
 //     state it settles is the channel's (channelState.mu), and its trim
 //     scratch the client loop's (below).
+//   - The connection's consumerMover is used by the server's watcher,
+//     which moves the consumers whose queue's master moved through it,
+//     by whoever loses a link, which hands it the link's consumers of
+//     mirrored queues, and by the goroutines that move them. It keeps no
+//     state: what it uses of the connection is set under clientConn.mu
+//     before the connection counts as open, and only read; the consumers
+//     it moves are the channel's (channelState.mu), and it writes to
+//     links holding the send gate.
 //   - A channel's publisher (the publish in progress, the publish held for
 //     its content header, the kept route), the other fields of
 //     channelState marked "client read loop only" (qos, decode scratch),

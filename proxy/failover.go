@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"errors"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
@@ -36,38 +38,75 @@ func (c *clientConn) checkLinks() {
 	}
 }
 
+// consumerMover moves a connection's consumers of mirrored queues to
+// their queue's new master: the consumers of a lost link (orphans, which
+// linkLost collects and hands it) and those whose queue's master moved
+// while their link stayed up (checkMasters). It cancels, as the client
+// sees it, the consumers it cannot move. clientConn holds it by value.
+//
+// Who uses it: the server's watcher (checkMasters), whoever loses a link
+// (move), and the goroutines that move consumers, one per batch of
+// orphans, counted in the connection's linkLoops so that its end waits for
+// them. It keeps no state of its own: its fields are set once by
+// clientConn.open under clientConn.mu, before the connection counts as
+// open (isOpen, which the watcher asks first), and only read after. The
+// consumers it moves are the channel's (channelState.mu, in its methods);
+// it writes to links holding the connection's send gate, so that no write
+// splits a publish, and cancels to the client on the channel's output
+// (clientOut.sendOnChannel).
+type consumerMover struct {
+	srv      *Server // the backends' names, FailoverWait
+	mirror   Mirror
+	links    *linkSet
+	channels *channelTable
+	// router reaches the new master, opening its link and the channel on
+	// it, and says whether a promotion is still to come.
+	router *router
+	send   *sendGate
+	// out is the connection's clientOut, a copy: it keeps no state.
+	out clientOut
+	log *slog.Logger
+	// cancelNotify: the client announced consumer_cancel_notify, so it is
+	// told of the consumers cancelled for it.
+	cancelNotify bool
+	// done is closed when the connection ends; running counts the
+	// goroutines that move consumers (clientConn.linkLoops).
+	done    <-chan struct{}
+	running *sync.WaitGroup
+	// writeFailed handles a failed write to a link (clientConn.writeFailed).
+	writeFailed func(l *link, err error)
+}
+
 // masterMoved reports whether the queue of cons, a consumer of a mirrored
 // queue, has a master other than the backend it consumes on.
-func (c *clientConn) masterMoved(cons consumer) bool {
-	meta, ok := c.srv.opts.Mirror.Lookup(cons.queue.ID)
-	return ok && meta.Master != c.srv.backends[cons.link].Name
+func (m *consumerMover) masterMoved(cons consumer) bool {
+	meta, ok := m.mirror.Lookup(cons.queue.ID)
+	return ok && meta.Master != m.srv.backends[cons.link].Name
 }
 
 // checkMasters moves consumers whose queue got a new master while their
 // link stayed up (a promotion the engine decided on its own view, or an
 // ha-mode nodes hand-over): they are cancelled on the old master's link,
 // whose further deliveries are dropped, and consume on the new one.
-// checkMasters cancels, on the old master's link, the consumers whose queue
-// is mastered elsewhere now, and moves them.
-func (c *clientConn) checkMasters() {
+func (m *consumerMover) checkMasters() {
 	var stale []orphan
-	c.channels.each(func(ch *channelState) {
+	m.channels.each(func(ch *channelState) {
 		if ch.closing.Load() != chanOpen {
 			return
 		}
-		stale = ch.orphanMoved(c.masterMoved, stale)
+		stale = ch.orphanMoved(m.masterMoved, stale)
 	})
 	if len(stale) == 0 {
 		return
 	}
 	byOld := make(map[int][]orphan)
 	// The client loop may be blocked writing to a slow link while it holds
-	// the send gate; the cancels then wait for the next round (the old master's
-	// deliveries are dropped meanwhile).
-	locked := c.send.tryLock()
+	// the send gate; the cancels then wait for the next round (the old
+	// master's deliveries are dropped meanwhile).
+	locked := m.send.tryLock()
 	for _, o := range stale {
 		byOld[o.cons.link] = append(byOld[o.cons.link], o)
-		old := c.links.at(o.cons.link)
+		old := m.links.at(o.cons.link)
 		if old == nil {
 			continue
 		}
@@ -78,18 +117,17 @@ func (c *clientConn) checkMasters() {
 		}
 		old.expect(o.ch.id, nil) // cancel-ok
 		if err := old.sock.WriteMethod(o.ch.id, &frames.BasicCancel{ConsumerTag: o.tag}); err != nil {
-			c.writeFailed(old, err)
+			m.writeFailed(old, err)
 			continue
 		}
 		old.sock.Flush()
 	}
 	if locked {
-		c.send.unlock()
+		m.send.unlock()
 	}
 	for idx, orphans := range byOld {
-		c.log.Warn("queue master changed under live consumers; moving them", "old", c.srv.backends[idx].Name, "consumers", len(orphans))
-		c.linkLoops.Add(1)
-		go c.moveConsumers(c.srv.backends[idx].Name, orphans)
+		m.log.Warn("queue master changed under live consumers; moving them", "old", m.srv.backends[idx].Name, "consumers", len(orphans))
+		m.move(m.srv.backends[idx].Name, orphans)
 	}
 }
 
@@ -107,16 +145,23 @@ const (
 	moveDone                    // moved, cancelled, or nothing left to move
 )
 
+// move moves orphans, consumers that consumed on backend lost, to their
+// queues' new masters, on a goroutine of its own (moveConsumers).
+func (m *consumerMover) move(lost string, orphans []orphan) {
+	m.running.Add(1)
+	go m.moveConsumers(lost, orphans)
+}
+
 // moveConsumers moves orphans to their queues' new masters, waiting for the
 // promotions up to FailoverWait. It runs on a goroutine of its own, counted
-// in linkLoops so that the connection's end waits for it.
-func (c *clientConn) moveConsumers(lost string, orphans []orphan) {
-	defer c.linkLoops.Done()
-	deadline := time.Now().Add(c.srv.opts.FailoverWait)
+// in running so that the connection's end waits for it.
+func (m *consumerMover) moveConsumers(lost string, orphans []orphan) {
+	defer m.running.Done()
+	deadline := time.Now().Add(m.srv.opts.FailoverWait)
 	for {
 		waiting := orphans[:0]
 		for _, o := range orphans {
-			if c.moveConsumer(lost, o) == moveWait {
+			if m.moveConsumer(lost, o) == moveWait {
 				waiting = append(waiting, o)
 			}
 		}
@@ -125,13 +170,13 @@ func (c *clientConn) moveConsumers(lost string, orphans []orphan) {
 			return
 		}
 		if time.Now().After(deadline) {
-			orphans = c.cancelUnpromoted(lost, orphans)
+			orphans = m.cancelUnpromoted(lost, orphans)
 			if len(orphans) == 0 {
 				return
 			}
 		}
 		select {
-		case <-c.done:
+		case <-m.done:
 			return
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -144,55 +189,55 @@ func (c *clientConn) moveConsumers(lost string, orphans []orphan) {
 // batch at a time, and a broker that masters thousands of queues can take
 // longer than FailoverWait to hand them all over; RabbitMQ keeps such a
 // queue's consumers, which carry on at the new master.
-func (c *clientConn) cancelUnpromoted(lost string, orphans []orphan) []orphan {
+func (m *consumerMover) cancelUnpromoted(lost string, orphans []orphan) []orphan {
 	waiting := orphans[:0]
 	for _, o := range orphans {
-		if meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.ID); ok && meta.Master == lost && c.router.promotionPending(meta) {
+		if meta, ok := m.mirror.Lookup(o.cons.queue.ID); ok && meta.Master == lost && m.router.promotionPending(meta) {
 			waiting = append(waiting, o)
 			continue
 		}
-		c.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.ID.Name, "consumer", o.tag, "lost", lost)
-		c.cancelConsumer(o)
+		m.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.ID.Name, "consumer", o.tag, "lost", lost)
+		m.cancelConsumer(o)
 	}
 	return waiting
 }
 
 // moveConsumer moves one orphan if its queue has a new master.
-func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
-	if c.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
+func (m *consumerMover) moveConsumer(lost string, o orphan) moveOutcome {
+	if m.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
 		return moveDone // the channel is gone, and the consumer with it
 	}
-	meta, ok := c.srv.opts.Mirror.Lookup(o.cons.queue.ID)
+	meta, ok := m.mirror.Lookup(o.cons.queue.ID)
 	if !ok {
-		c.cancelConsumer(o) // the queue is gone
+		m.cancelConsumer(o) // the queue is gone
 		return moveDone
 	}
 	// While the lost master is down the consumer waits for a new one; a
 	// master that is no longer counted down (serf wrongly judged its proxy
 	// failed, or its broker came back with nobody promoted) takes it back,
 	// on a new link.
-	if meta.Master == lost && c.srv.opts.Mirror.BackendDown(lost) {
+	if meta.Master == lost && m.mirror.BackendDown(lost) {
 		return moveWait
 	}
 	if o.cons.cancelOnFailover {
-		c.cancelConsumer(o)
+		m.cancelConsumer(o)
 		return moveDone
 	}
 	// The client loop must not be between a publish's frames on this
 	// channel: a consume there would split its content.
-	c.send.lock()
-	defer c.send.unlock()
+	m.send.lock()
+	defer m.send.unlock()
 	if o.ch.publisher.inContent() {
 		return moveWait
 	}
-	targets := c.router.reach(o.ch, meta.Master)
+	targets := m.router.reach(o.ch, meta.Master)
 	if len(targets) == 0 {
 		return moveWait
 	}
 	l := targets[0]
 	var consume frames.BasicConsume
 	if err := consume.Decode(o.cons.args); err != nil {
-		c.cancelConsumer(o)
+		m.cancelConsumer(o)
 		return moveDone
 	}
 	consume.ConsumerTag = o.tag
@@ -205,28 +250,28 @@ func (c *clientConn) moveConsumer(lost string, o orphan) moveOutcome {
 		l.expect(o.ch.id, nil) // consume-ok: the client had its own
 	}
 	if err := l.sock.WriteMethod(o.ch.id, &consume); err != nil {
-		c.writeFailed(l, err)
+		m.writeFailed(l, err)
 		return moveDone
 	}
 	l.sock.Flush()
-	c.log.Info("consumer moved to the queue's new master", "queue", meta.ID.Name, "consumer", o.tag, "from", lost, "to", l.name, "epoch", meta.Epoch)
+	m.log.Info("consumer moved to the queue's new master", "queue", meta.ID.Name, "consumer", o.tag, "from", lost, "to", l.name, "epoch", meta.Epoch)
 	return moveDone
 }
 
 // cancelConsumer tells the client that the server cancelled its consumer,
 // as RabbitMQ does when a queue's node goes down (a client that announced
 // consumer_cancel_notify; others never learn, as with RabbitMQ).
-func (c *clientConn) cancelConsumer(o orphan) {
+func (m *consumerMover) cancelConsumer(o orphan) {
 	if !o.ch.dropOrphan(o.tag) {
 		return // the client cancelled it itself
 	}
-	if !c.terms.cancelNotify {
+	if !m.cancelNotify {
 		// Without consumer_cancel_notify the client is not told, as
 		// RabbitMQ does not tell it: its consumer just gets nothing more.
 		return
 	}
-	if c.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
+	if m.channels.get(o.ch.id) != o.ch || o.ch.closing.Load() != chanOpen {
 		return
 	}
-	c.out.sendOnChannel(o.ch, &frames.BasicCancel{ConsumerTag: o.tag, NoWait: true})
+	m.out.sendOnChannel(o.ch, &frames.BasicCancel{ConsumerTag: o.tag, NoWait: true})
 }

@@ -495,8 +495,7 @@ func (c *clientConn) linkLost(l *link, err error) {
 		c.channelLostLink(ch, l, lc)
 	}
 	if len(c.orphans) > 0 && !c.tornDown.Load() {
-		c.linkLoops.Add(1)
-		go c.moveConsumers(l.name, c.orphans)
+		c.mover.move(l.name, c.orphans)
 	}
 	c.orphans = nil
 	// What the loss settled (confirms, cancels) must leave now: the

@@ -223,7 +223,7 @@ func (s *Server) watchMirror() {
 		for _, c := range conns {
 			if c.isOpen() {
 				c.checkLinks()
-				c.checkMasters()
+				c.mover.checkMasters()
 				c.releaseLostCopies()
 			}
 		}
