@@ -9,8 +9,9 @@ import (
 // What the proxy does with each client frame that fromClient dispatches:
 // one handler per method it acts on, named after the method; the state
 // they change belongs to the channel (channelState's methods). The methods
-// routed to the links are the router's (route.go), and the acks, nacks
-// and rejects the settler's (settle.go).
+// routed to the links are the router's (route.go, channelwide.go for the
+// channel-wide ones), and the acks, nacks and rejects the settler's
+// (settle.go).
 
 // contentFromClient handles a content frame (header or body). A publish's
 // content goes where its method went: the broker assembles content even on
@@ -53,7 +54,7 @@ func (c *clientConn) methodOnClosedChannel(f frames.Frame, key uint32) error {
 	if key == frames.ChannelOpenKey {
 		ch := c.channels.open(f.Channel)
 		if home := c.links.home(); ch != nil && home != nil {
-			return c.openChannel(ch, f, home)
+			return c.router.openChannel(ch, f, home)
 		}
 	}
 	c.toBackend(f)
@@ -114,79 +115,18 @@ func (c *clientConn) dispatchChannelMethod(ch *channelState, f frames.Frame, key
 		// RabbitMQ cluster.
 		return c.router.exchangeMethod(ch, f, key, args)
 	case frames.BasicQosKey:
-		return c.qos(ch, f, args)
+		return c.router.qos(ch, f, args)
 	case frames.ConfirmSelectKey:
-		return c.confirmSelect(ch, f, args)
+		return c.router.confirmSelect(ch, f, args)
 	case frames.TxSelectKey:
-		return c.txSelect(ch, f)
+		return c.router.txSelect(ch, f)
 	case frames.TxCommitKey, frames.TxRollbackKey:
-		return c.txEnd(ch, f, key == frames.TxRollbackKey)
+		return c.router.txEnd(ch, f, key == frames.TxRollbackKey)
 	case frames.BasicRecoverAsyncKey:
-		return c.recoverAsync(ch, f)
+		return c.router.recoverAsync(ch, f)
 	case frames.BasicRecoverKey, frames.ChannelFlowKey:
 		return c.router.onOpenLinks(ch, f, true, nil)
 	}
 	c.toBackend(f)
-	return nil
-}
-
-// qos records the client's basic.qos, to repeat on links the channel opens
-// on later, and passes it to the links it is open on.
-func (c *clientConn) qos(ch *channelState, f frames.Frame, args []byte) error {
-	var qos frames.BasicQos
-	if err := qos.Decode(args); err != nil {
-		return err
-	}
-	ch.qos = &qos
-	return c.router.onOpenLinks(ch, f, true, &frames.BasicQosOk{})
-}
-
-// confirmSelect puts the channel in confirm mode for the client.
-func (c *clientConn) confirmSelect(ch *channelState, f frames.Frame, args []byte) error {
-	var sel frames.ConfirmSelect
-	if err := sel.Decode(args); err != nil {
-		return err
-	}
-	var observe func(float64)
-	if o := c.srv.confirmLatency.Load(); o != nil {
-		observe = *o
-	}
-	ch.selectConfirms(observe)
-	return c.router.onOpenLinks(ch, f, !sel.NoWait, &frames.ConfirmSelectOk{})
-}
-
-// txSelect makes the channel transactional. On a channel in the proxy's
-// own confirm mode the backends would refuse it ("cannot switch from
-// confirm to tx mode"): the proxy keeps the transaction itself.
-func (c *clientConn) txSelect(ch *channelState, f frames.Frame) error {
-	if ch.ownConfirms.Load() {
-		c.beginEmulatedTx(ch)
-		return nil
-	}
-	ch.selectTransactions()
-	return c.router.onOpenLinks(ch, f, true, &frames.TxSelectOk{})
-}
-
-// txEnd passes tx.commit or tx.rollback on. The broker applies the
-// transaction before anything sent after it, so the client's next acks
-// already see the outcome: a rollback leaves the transaction's acks
-// unapplied, and those deliveries can be acked again at once.
-func (c *clientConn) txEnd(ch *channelState, f frames.Frame, rollback bool) error {
-	ch.endTransaction(rollback, c.settler.trimSettled)
-	return c.router.onOpenLinks(ch, f, true, nil)
-}
-
-// recoverAsync passes basic.recover-async on: the brokers redeliver every
-// outstanding delivery with a new tag, so the old tags are void.
-func (c *clientConn) recoverAsync(ch *channelState, f frames.Frame) error {
-	ch.forgetDeliveries()
-	return c.router.onOpenLinks(ch, f, false, nil)
-}
-
-// openChannel opens a client channel on the home link; other links open it
-// when the channel first needs them (ensureChannel).
-func (c *clientConn) openChannel(ch *channelState, f frames.Frame, home *link) error {
-	home.openChannel(ch.id)
-	c.router.send(ch, f, []*link{home}, true, nil)
 	return nil
 }

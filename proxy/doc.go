@@ -96,8 +96,9 @@
 // (settler), and tells the engine what they mean for the slave copies;
 // route.go is the connection's router (router), which holds what
 // routing uses of the connection and routes queue and consume traffic,
-// exchanges.go and replyto.go its routing of exchange and direct reply-to
-// traffic, declared.go its record of the queues the metadata log does not
+// channelwide.go, exchanges.go and replyto.go its routing of channel-wide
+// methods (channel.open, qos, confirm.select, tx, recover), exchange and
+// direct reply-to traffic, declared.go its record of the queues the metadata log does not
 // record (declaredQueues); txemulated.go keeps the transactions the proxy
 // emulates; publish.go is a channel's publishing side (publisher), which
 // decides and keeps a publish's route through the router, numbers it for

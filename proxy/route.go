@@ -25,12 +25,13 @@ import (
 //     to another exchange, every backend (each routes to the copies it
 //     holds);
 //   - channel-wide methods (qos, confirm.select, tx, recover, flow): every
-//     link the channel is open on, and repeated on links it opens on later.
+//     link the channel is open on, and repeated on links it opens on later
+//     (channelwide.go).
 
 // router is a client connection's routing: where each client method goes
-// (this file, exchanges.go, replyto.go), where a publish goes (publish.go),
-// and how a request is sent to its links and their replies matched to it
-// (rpc.go). It holds what routing uses of the connection, the state
+// (this file, channelwide.go, exchanges.go, replyto.go), where a publish
+// goes (publish.go), and how a request is sent to its links and their
+// replies matched to it (rpc.go). It holds what routing uses of the connection, the state
 // routing keeps, and the connection's own work it calls. The connection
 // holds it by value and passes it by pointer to each channel's publisher
 // with every publish.
@@ -132,33 +133,6 @@ func (rt *router) sendTo(ch *channelState, f frames.Frame, after func([]byte) []
 		}
 	}
 	rt.send(ch, f, targets, wantReply, after)
-}
-
-// onOpenLinks sends a channel-wide method to every link the channel is open
-// on; the first answers. settingOk is the reply to a setting the proxy
-// repeats on every link it opens later (basic.qos, confirm.select,
-// tx.select: ensureChannel), nil for other methods: when no link can take
-// the setting now, or every link asked is lost before it answers, the
-// setting still holds, and the proxy answers it.
-func (rt *router) onOpenLinks(ch *channelState, f frames.Frame, wantReply bool, settingOk frames.Method) error {
-	targets := rt.links.openOn(ch)
-	if len(targets) > 1 && f.Type == frames.FrameMethod && isMethod(f.Payload, frames.ConfirmSelectKey) {
-		for _, l := range targets {
-			l.selectConfirm(ch.id)
-		}
-	}
-	if len(targets) == 0 {
-		if home := rt.links.home(); home != nil {
-			targets = rt.reach(ch, home.name)
-		}
-	}
-	switch {
-	case len(targets) > 0:
-		rt.sendGroup(ch, f, targets, newGroup(targets, wantReply, nil, settingOk))
-	case wantReply && settingOk != nil:
-		rt.out.methodOnChannel(ch, settingOk)
-	}
-	return nil
 }
 
 // queueMethod is the part of a queue method routing needs.

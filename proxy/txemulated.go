@@ -88,9 +88,9 @@ func (c *clientConn) emulatedTxMethod(ch *channelState, key uint32) (handled boo
 
 // beginEmulatedTx answers tx.select on a channel in the proxy's own confirm
 // mode.
-func (c *clientConn) beginEmulatedTx(ch *channelState) {
+func (rt *router) beginEmulatedTx(ch *channelState) {
 	ch.tx.on = true
-	c.out.sendOnChannel(ch, &frames.TxSelectOk{})
+	rt.out.sendOnChannel(ch, &frames.TxSelectOk{})
 }
 
 // beginCommit starts the commit of the kept transaction: it waits for the
