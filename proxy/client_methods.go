@@ -27,7 +27,7 @@ func (c *clientConn) contentFromClient(f frames.Frame) error {
 		return nil
 	}
 	if ch.tx.on {
-		_, err := c.fromClientInEmulatedTx(ch, f, 0)
+		_, err := c.router.fromClientInEmulatedTx(ch, f, 0)
 		return err
 	}
 	return ch.publisher.publishContent(&c.router, f)
@@ -78,7 +78,7 @@ func (c *clientConn) channelMethod(ch *channelState, f frames.Frame, key uint32,
 		return nil
 	}
 	if ch.tx.on {
-		if handled, err := c.fromClientInEmulatedTx(ch, f, key); handled || err != nil {
+		if handled, err := c.router.fromClientInEmulatedTx(ch, f, key); handled || err != nil {
 			return err
 		}
 	}

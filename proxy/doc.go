@@ -98,9 +98,10 @@
 // routing uses of the connection and routes queue and consume traffic,
 // channelwide.go, exchanges.go and replyto.go its routing of channel-wide
 // methods (channel.open, qos, confirm.select, tx, recover), exchange and
-// direct reply-to traffic, declared.go its record of the queues the metadata log does not
-// record (declaredQueues); txemulated.go keeps the transactions the proxy
-// emulates; publish.go is a channel's publishing side (publisher), which
+// direct reply-to traffic, declared.go its record of the queues the
+// metadata log does not record (declaredQueues), txemulated.go the
+// transactions it keeps for channels in the proxy's own confirm mode
+// (emulatedTx); publish.go is a channel's publishing side (publisher), which
 // decides and keeps a publish's route through the router, numbers it for
 // the confirms and sends its frames; link.go is a backend link (link), how
 // it logs in and its read loop, links.go the connection's set of them

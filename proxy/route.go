@@ -30,7 +30,8 @@ import (
 
 // router is a client connection's routing: where each client method goes
 // (this file, channelwide.go, exchanges.go, replyto.go), where a publish
-// goes (publish.go), and how a request is sent to its links and their
+// goes (publish.go), where a kept transaction's frames wait until its
+// commit (txemulated.go), and how a request is sent to its links and their
 // replies matched to it (rpc.go). It holds what routing uses of the connection, the state
 // routing keeps, and the connection's own work it calls. The connection
 // holds it by value and passes it by pointer to each channel's publisher

@@ -19,6 +19,13 @@ import (
 // broker's transaction shows: nothing of the transaction before its commit,
 // all of it after commit-ok. What differs: an error a publish would have
 // met at once (a missing exchange) closes the channel at the commit.
+//
+// The channel holds its emulatedTx by value. The client loop keeps the
+// transaction through the router (the router methods below): it holds
+// what the client sends, answers tx.select and tx.rollback, and at the
+// commit replays the held frames through the channel's publisher and the
+// settler; the settler answers the commit once the confirms come
+// (ownConfirmsAnswered).
 type emulatedTx struct {
 	on        bool
 	held      []frames.Frame // client loop only; payloads copied
@@ -46,17 +53,17 @@ const txRefusedInConfirmMode = "PRECONDITION_FAILED - cannot switch from tx to c
 
 // fromClientInEmulatedTx handles what the client sends on a channel whose
 // transaction the proxy keeps; handled is false for what goes on as usual.
-func (c *clientConn) fromClientInEmulatedTx(ch *channelState, f frames.Frame, key uint32) (handled bool, err error) {
+func (rt *router) fromClientInEmulatedTx(ch *channelState, f frames.Frame, key uint32) (handled bool, err error) {
 	t := &ch.tx
 	switch {
 	case f.Type != frames.FrameMethod:
 	case key == frames.BasicPublishKey, key == frames.BasicAckKey, key == frames.BasicNackKey, key == frames.BasicRejectKey:
 	default:
-		return c.emulatedTxMethod(ch, key)
+		return rt.emulatedTxMethod(ch, key)
 	}
 	if t.heldBytes+len(f.Payload) > maxEmulatedTxBytes {
 		t.drop()
-		c.closeChannelByProxy(ch, frames.PreconditionFailed, fmt.Sprintf(
+		rt.closeChannel(ch, frames.PreconditionFailed, fmt.Sprintf(
 			"PRECONDITION_FAILED - transaction larger than the %d MiB amqp-mirror keeps for a channel that published before tx.select; commit more often",
 			maxEmulatedTxBytes>>20), frames.ClassBasic, 40)
 		ch.dropContent = true
@@ -68,18 +75,18 @@ func (c *clientConn) fromClientInEmulatedTx(ch *channelState, f frames.Frame, ke
 
 // emulatedTxMethod handles the methods of a kept transaction but those it
 // holds; handled is false for what goes on as usual.
-func (c *clientConn) emulatedTxMethod(ch *channelState, key uint32) (handled bool, err error) {
+func (rt *router) emulatedTxMethod(ch *channelState, key uint32) (handled bool, err error) {
 	t := &ch.tx
 	switch key {
 	case frames.TxSelectKey:
-		c.out.sendOnChannel(ch, &frames.TxSelectOk{})
+		rt.out.sendOnChannel(ch, &frames.TxSelectOk{})
 	case frames.TxRollbackKey:
 		t.drop()
-		c.out.sendOnChannel(ch, &frames.TxRollbackOk{})
+		rt.out.sendOnChannel(ch, &frames.TxRollbackOk{})
 	case frames.TxCommitKey:
-		return true, c.commitEmulatedTx(ch)
+		return true, rt.commitEmulatedTx(ch)
 	case frames.ConfirmSelectKey:
-		c.closeChannelByProxy(ch, frames.PreconditionFailed, txRefusedInConfirmMode, frames.ClassConfirm, 10)
+		rt.closeChannel(ch, frames.PreconditionFailed, txRefusedInConfirmMode, frames.ClassConfirm, 10)
 	default:
 		return false, nil
 	}
@@ -147,13 +154,13 @@ func (t *emulatedTx) drop() {
 
 // commitEmulatedTx sends what the transaction held, in the order the client
 // sent it, and answers commit-ok once its publishes are confirmed.
-func (c *clientConn) commitEmulatedTx(ch *channelState) error {
+func (rt *router) commitEmulatedTx(ch *channelState) error {
 	t := &ch.tx
 	ch.beginCommit()
 	held := t.held
 	t.held, t.heldBytes = nil, 0
 	for _, f := range held {
-		if err := c.replayHeld(ch, f); err != nil {
+		if err := rt.replayHeld(ch, f); err != nil {
 			return err
 		}
 		if ch.closing.Load() != chanOpen {
@@ -162,19 +169,19 @@ func (c *clientConn) commitEmulatedTx(ch *channelState) error {
 	}
 	ch.commitSent()
 	ch.outMu.Lock()
-	c.settler.ownConfirmsAnswered(ch, nil)
+	rt.settler.ownConfirmsAnswered(ch, nil)
 	ch.outMu.Unlock()
 	return nil
 }
 
 // replayHeld sends one held frame as fromClient would outside a
 // transaction.
-func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
+func (rt *router) replayHeld(ch *channelState, f frames.Frame) error {
 	if f.Type != frames.FrameMethod {
 		if ch.dropContent {
 			return nil
 		}
-		return ch.publisher.publishContent(&c.router, f)
+		return ch.publisher.publishContent(rt, f)
 	}
 	ch.dropContent = false
 	classID, methodID, args, err := frames.ParseMethodID(f.Payload)
@@ -183,9 +190,9 @@ func (c *clientConn) replayHeld(ch *channelState, f frames.Frame) error {
 	}
 	switch key := frames.MethodKey(classID, methodID); key {
 	case frames.BasicPublishKey:
-		return ch.publisher.publish(&c.router, f, args)
+		return ch.publisher.publish(rt, f, args)
 	case frames.BasicAckKey, frames.BasicNackKey, frames.BasicRejectKey:
-		return c.settler.settleMethod(ch, f, key, args)
+		return rt.settler.settleMethod(ch, f, key, args)
 	}
 	return nil
 }
