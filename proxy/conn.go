@@ -82,10 +82,10 @@ type clientConn struct {
 	// (see failover.go).
 	orphansMu sync.Mutex
 	orphans   []orphan
-	// send is held by the client loop while it handles a frame, and by
-	// the failover of consumers while it writes to links for the client;
-	// the link loops' writes on channels wait on it for the client loop
-	// to be between messages (boundary.go).
+	// send is the gate the client loop holds while it handles a frame,
+	// and the consumerMover while it writes to links for the client; the
+	// link loops' writes on channels wait there for the client loop to be
+	// between messages (boundary.go).
 	send sendGate
 
 	done chan struct{} // closed by teardown

@@ -49,8 +49,8 @@
 // When a link is lost the client connection goes on: a lost home link
 // hands channel 0 to another backend's link, and the connection's
 // consumerMover (failover.go) moves consumers of mirrored queues to the
-// promoted master with their tags. Without
-// mirroring, the home link's loss ends the client connection with 320.
+// promoted master with their tags. Without mirroring, the home link's
+// loss ends the client connection with 320.
 //
 // The proxy decodes only what it acts on: connection and channel lifecycle,
 // basic.consume/get/deliver/ack/nack/reject/recover, confirm.select, tx, and
@@ -92,7 +92,8 @@
 // client_loop.go reads the client and dispatches each frame
 // (fromClient), client_methods.go has the handler of each client method it
 // acts on, boundary.go the gate the client loop holds while it handles a
-// frame, which other writes on its links pass through (sendGate); settle.go settles the client's acks and the backends' confirms
+// frame, which other writes on its links pass through (sendGate);
+// settle.go settles the client's acks and the backends' confirms
 // (settler), and tells the engine what they mean for the slave copies;
 // route.go is the connection's router (router), which holds what
 // routing uses of the connection and routes queue and consume traffic,
@@ -101,9 +102,9 @@
 // direct reply-to traffic, declared.go its record of the queues the
 // metadata log does not record (declaredQueues), txemulated.go the
 // transactions it keeps for channels in the proxy's own confirm mode
-// (emulatedTx); publish.go is a channel's publishing side (publisher), which
-// decides and keeps a publish's route through the router, numbers it for
-// the confirms and sends its frames; link.go is a backend link (link), how
+// (emulatedTx); publish.go is a channel's publishing side (publisher),
+// which decides and keeps a publish's route through the router, numbers it
+// for the confirms and sends its frames; link.go is a backend link (link), how
 // it logs in and its read loop, links.go the connection's set of them
 // (linkSet), backend_loop.go what a link's loop does with each frame,
 // delivery.go the assembly of messages, identity.go the identity header a
@@ -175,8 +176,8 @@
 //     state it settles is the channel's (channelState.mu), and its trim
 //     scratch the client loop's (below).
 //   - The connection's consumerMover is used by the server's watcher,
-//     which moves the consumers whose queue's master moved through it,
-//     by whoever loses a link, which hands it the link's consumers of
+//     which has it move the consumers whose queue's master moved, by
+//     whoever loses a link, which hands it the link's consumers of
 //     mirrored queues, and by the goroutines that move them. It keeps no
 //     state: what it uses of the connection is set under clientConn.mu
 //     before the connection counts as open, and only read; the consumers

@@ -32,18 +32,18 @@ import (
 // (this file, channelwide.go, exchanges.go, replyto.go), where a publish
 // goes (publish.go), where a kept transaction's frames wait until its
 // commit (txemulated.go), and how a request is sent to its links and their
-// replies matched to it (rpc.go). It holds what routing uses of the connection, the state
-// routing keeps, and the connection's own work it calls. The connection
-// holds it by value and passes it by pointer to each channel's publisher
-// with every publish.
+// replies matched to it (rpc.go). It holds what routing uses of the
+// connection, the state routing keeps, and the connection's own work it
+// calls. The connection holds it by value and passes it by pointer to each
+// channel's publisher with every publish.
 //
 // The client loop routes every client method through it. The link read
 // loops match the links' replies to routed requests through it
 // (replyArrived, abandonReply) and run what a request does once answered
 // (rpcGroup.after: records in the Mirror and in declared, or
 // bindingNotRecorded); whoever loses a link settles the replies it owed
-// (settleLostReply). The failover of consumers reaches links (reach,
-// holding the send gate) and asks promotionPending. Who touches what:
+// (settleLostReply). The consumerMover reaches links (reach, holding the
+// send gate) and asks promotionPending. Who touches what:
 //
 //   - everything but identities, unrecorded and declared is set once by
 //     clientConn.open, before the connection serves, and only read after;
