@@ -26,6 +26,33 @@ type benchReport struct {
 	PassThrough []runResult      `json:"pass_through"`
 	Mirrored    []runResult      `json:"mirrored"`
 	Timelines   []timelineResult `json:"timelines"`
+	// Campaigns are the fault campaigns' last tables found (-campaign-reports).
+	Campaigns []campaignTable `json:"campaigns"`
+}
+
+// campaignTable is a fault campaign's table as its run wrote it.
+type campaignTable struct {
+	Path    string    `json:"path"`
+	Written time.Time `json:"written"`
+	Table   string    `json:"table"`
+}
+
+// readCampaignTables reads the campaign tables among paths that exist; a campaign runs
+// apart from the report (make chaos, make chaos-sidecar), for far longer.
+func readCampaignTables(paths []string) []campaignTable {
+	var out []campaignTable
+	for _, path := range paths {
+		info, err := os.Stat(path)
+		if err != nil {
+			continue
+		}
+		table, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		out = append(out, campaignTable{Path: path, Written: info.ModTime(), Table: string(table)})
+	}
+	return out
 }
 
 // machine is where the report was measured.
@@ -218,6 +245,13 @@ func writeReportMarkdown(out io.Writer, r benchReport, chart string) error {
 		}
 	}
 	fmt.Fprintf(&b, "\nReproduce: `%s` (root, RabbitMQ 3.10's `rabbitmq-server` installed).\n", r.Command)
+	fmt.Fprintf(&b, "\n## Fault campaigns\n\n")
+	if len(r.Campaigns) == 0 {
+		fmt.Fprintf(&b, "No campaign table was found: `make chaos` and `make chaos-sidecar` write them (docs/testing.md).\n")
+	}
+	for _, c := range r.Campaigns {
+		fmt.Fprintf(&b, "`%s`, written %s:\n\n```\n%s```\n\n", c.Path, c.Written.UTC().Format("2006-01-02 15:04 MST"), strings.TrimRight(c.Table, "\n")+"\n")
+	}
 	_, err := io.WriteString(out, b.String())
 	return err
 }

@@ -148,10 +148,43 @@ func TestWriteReportMarkdown(t *testing.T) {
 	for _, s := range []string{
 		"2026-12-02 09:30 UTC", "in 6m12s", "2 cores (Test CPU)", "Go go1.26.8", "RabbitMQ 3.10.8 on Erlang/OTP 25", "0.25 cores",
 		"](failover.svg)", "- Pass-through: a load.", "`go run ./integration/bench -scenario=report`",
+		"## Fault campaigns", "No campaign table was found",
 	} {
 		if !strings.Contains(text, s) {
 			t.Errorf("report.md has no %q:\n%s", s, text)
 		}
+	}
+}
+
+// TestReportIncludesCampaignTables: the campaign tables found are in report.md, each
+// with its file and date; a file that does not exist is left out.
+func TestReportIncludesCampaignTables(t *testing.T) {
+	dir := t.TempDir()
+	written := filepath.Join(dir, "campaign-sidecar-report.txt")
+	if err := os.WriteFile(written, []byte("fault  injected\nall    100\n\nlost   0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 12, 5, 3, 0, 0, 0, time.UTC)
+	if err := os.Chtimes(written, at, at); err != nil {
+		t.Fatal(err)
+	}
+	r := syntheticReport()
+	r.Campaigns = readCampaignTables([]string{filepath.Join(dir, "missing.txt"), written})
+	if len(r.Campaigns) != 1 {
+		t.Fatalf("read %d campaign tables, want 1 (the missing file left out)", len(r.Campaigns))
+	}
+	var out bytes.Buffer
+	if err := writeReportMarkdown(&out, r, "failover.svg"); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	for _, s := range []string{"## Fault campaigns", "campaign-sidecar-report.txt`, written 2026-12-05 03:00 UTC", "all    100", "lost   0\n```"} {
+		if !strings.Contains(text, s) {
+			t.Errorf("report.md has no %q:\n%s", s, text)
+		}
+	}
+	if strings.Contains(text, "No campaign table was found") {
+		t.Errorf("report.md says no table was found although one was:\n%s", text)
 	}
 }
 

@@ -95,7 +95,9 @@
 //     8 s here.
 //     Beside the usual tables it writes into -report-dir report.md (the machine, the date,
 //     the headline ratios, the command) and failover.svg (chart.go: delivered msg/s and
-//     confirm latency p99 through the kill, one line per target).
+//     confirm latency p99 through the kill, one line per target). report.md also
+//     includes the fault campaigns' last tables (-campaign-reports), which make chaos
+//     and make chaos-sidecar write: a campaign takes far longer than the report.
 //
 // Runs alternate, each round running every target of -targets once and a last direct run
 // ending the scenario (direct, socat, proxy, direct for -rounds=1), and the summary takes each target's median, so that drift of the broker
@@ -190,8 +192,10 @@ type config struct {
 	failoverTargets []string
 	failoverKills   int
 
-	// reportDir is where the report scenario writes report.md and failover.svg.
-	reportDir string
+	// reportDir is where the report scenario writes report.md and failover.svg;
+	// campaignReports are the fault campaigns' tables it includes.
+	reportDir       string
+	campaignReports []string
 
 	proxyCPUProfile string
 	proxyLogLevel   string
@@ -210,7 +214,7 @@ var hiddenFlags = map[string]bool{"role": true, "backend": true, "listen": true,
 
 func parseFlags(args []string) (config, error) {
 	var cfg config
-	var scenarios, targets, idleCounts, mirrored, failover string
+	var scenarios, targets, idleCounts, mirrored, failover, campaigns string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
@@ -254,6 +258,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&failover, "failover-targets", targetMirror+","+targetNativeHA, "failover: comma-separated `list` of rows: amqp-mirror (serve in front of three plain nodes, clients without reconnect logic), native-ha (RabbitMQ's classic mirroring on a three-node cluster, clients that reconnect)")
 	fs.IntVar(&cfg.failoverKills, "failover-kills", 5, "failover: kill -9 of the queue master's node per target")
 	fs.StringVar(&cfg.reportDir, "report-dir", "bench-results/report", "report: the `directory` to write report.md and failover.svg into, created if missing")
+	fs.StringVar(&campaigns, "campaign-reports", "campaign-report.txt,campaign-sidecar-report.txt", "report: comma-separated `files` of fault-campaign tables to include, each with its date, when it exists (what make chaos and make chaos-sidecar write)")
 
 	fs.StringVar(&cfg.proxyCPUProfile, "proxy-cpuprofile", "", "write a CPU profile of the proxy process of each full and light run, named after `file` with the scenario and run inserted: /tmp/p.pprof gives /tmp/p.full.1.pprof...")
 	fs.StringVar(&cfg.proxyLogLevel, "proxy-log-level", "warn", "proxy process log level: debug, info, warn or error")
@@ -273,6 +278,7 @@ func parseFlags(args []string) (config, error) {
 		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	cfg.scenarios = splitList(scenarios)
+	cfg.campaignReports = splitList(campaigns)
 	if cfg.has("report") {
 		// The report's loads are shorter than full's, to fit its three parts in ten
 		// minutes on two cores, and run three times, for medians; flags given on the

@@ -74,6 +74,7 @@ func runReport(ctx context.Context, cfg config, logger *slog.Logger) (r benchRep
 		}
 	}
 	r.Elapsed = time.Since(began)
+	r.Campaigns = readCampaignTables(cfg.campaignReports)
 	return r, nil
 }
 
