@@ -1,14 +1,11 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
-	"github.com/amqp-mirror/amqp-mirror/mirror"
-	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // errBackendDone ends the backend loop after the backend's close-ok was
@@ -47,7 +44,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 		if complete {
 			m.active = false
 			if !closing {
-				c.messageArrived(ch, l, m)
+				c.deliverer.messageArrived(ch, l, m)
 			}
 		}
 		return nil
@@ -146,128 +143,6 @@ func (c *clientConn) fromLinkOnClosingChannel(ch *channelState, l *link, f frame
 	return nil
 }
 
-// messageArrived passes a whole delivery, get-ok or return to the client.
-// The proxy's delivery tag is assigned and the frames written in one
-// critical section, so tags reach the client in order and frames of two
-// messages never interleave on the channel.
-func (c *clientConn) messageArrived(ch *channelState, l *link, m *message) {
-	header, id, hasID, err := stripIdentity(l.headerScratch[:0], m.header)
-	if err != nil {
-		c.linkFailed(l, err)
-		return
-	}
-	if hasID {
-		l.headerScratch = header
-	}
-	_, _, methodArgs, _ := frames.ParseMethodID(m.method)
-	switch m.key {
-	case frames.BasicReturnKey:
-		if hasID {
-			if !ch.returnArrived(id) {
-				return
-			}
-		}
-		c.srv.stats.Returns.Add(1)
-		ch.outMu.Lock()
-		c.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
-		c.out.content(ch.id, m, header)
-		ch.outMu.Unlock()
-	case frames.BasicDeliverKey:
-		d := &l.deliver
-		if err := d.Decode(methodArgs); err != nil {
-			c.linkFailed(l, err)
-			return
-		}
-		cons, stale := ch.deliveryConsumer(d.ConsumerTag, l.idx)
-		meta, inLog := c.queueMeta(cons.queue)
-		if inLog && !c.srv.opts.Mirror.Current() {
-			if err := c.awaitCurrent(); err != nil {
-				// Dropped with its link, its broker requeues it.
-				if c.ctx.Err() == nil {
-					c.linkFailed(l, fmt.Errorf("holding a delivery: the metadata log did not catch up within %v after this proxy stood still: %w", staleHold, err))
-				}
-				return
-			}
-			cons, stale = ch.deliveryConsumer(d.ConsumerTag, l.idx)
-			meta, inLog = c.queueMeta(cons.queue)
-		}
-		if stale || inLog && meta.Master != l.name {
-			// The consumer moved to a new master (or waits for one): what
-			// the old master still sends is not delivered, and, never
-			// acked, stays on that copy, which rejoins purged. The log may
-			// have moved the master before checkMasters moved the consumer
-			// (up to masterCheckInterval later): a live old master, drained
-			// or handed over, would go on delivering what the new master
-			// delivers again, which its trimmer no longer takes.
-			return
-		}
-		c.srv.stats.Deliveries.Add(1)
-		queue := c.trimmable(cons.queue, m, hasID, &id)
-		// Recorded even when the broker flags it: a later copy the broker
-		// delivers as new must find it.
-		if hasID && inLog && c.deliveredBefore(cons.queue.ID, meta, id, header) {
-			d.Redelivered = true
-		}
-		if !cons.noAck {
-			c.lent(queue, meta, id, hasID, header)
-		}
-		ch.outMu.Lock()
-		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: d.DeliveryTag, Queue: queue, ID: id, From: cons.queue}, !cons.noAck)
-		if tag == d.DeliveryTag && !hasID {
-			c.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
-		} else {
-			d.DeliveryTag = tag
-			c.out.method(ch.id, d)
-		}
-		c.out.content(ch.id, m, header)
-		ch.outMu.Unlock()
-		if cons.noAck && queue != nil {
-			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
-		}
-	case frames.BasicGetOkKey:
-		g := &l.getOk
-		if err := g.Decode(methodArgs); err != nil {
-			c.linkFailed(l, err)
-			return
-		}
-		meta, inLog := c.queueMeta(m.get.queue)
-		// A get-ok answers the client's basic.get: held while the metadata
-		// catches up, it is answered whatever comes of that.
-		uncertain := false
-		if inLog && !c.srv.opts.Mirror.Current() {
-			uncertain = c.awaitCurrent() != nil
-			meta, inLog = c.queueMeta(m.get.queue)
-		}
-		c.srv.stats.Deliveries.Add(1)
-		queue := c.trimmable(m.get.queue, m, hasID, &id)
-		// Recorded even when the broker flags it, as a delivery is. A
-		// master deposed since it answered (or that may have been) may
-		// have handed the message to another consumer meanwhile.
-		before := hasID && inLog && c.deliveredBefore(m.get.queue.ID, meta, id, header)
-		before = before || inLog && (uncertain || meta.Master != l.name)
-		flagged := before && !g.Redelivered
-		if flagged {
-			g.Redelivered = true
-		}
-		if !m.get.noAck {
-			c.lent(queue, meta, id, hasID, header)
-		}
-		ch.outMu.Lock()
-		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: g.DeliveryTag, Queue: queue, ID: id, From: m.get.queue}, !m.get.noAck)
-		if tag == g.DeliveryTag && !flagged {
-			c.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
-		} else {
-			g.DeliveryTag = tag
-			c.out.method(ch.id, g)
-		}
-		c.out.content(ch.id, m, header)
-		ch.outMu.Unlock()
-		if m.get.noAck && queue != nil {
-			c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
-		}
-	}
-}
-
 // linkFailed ends a link that failed or sent what the proxy cannot read,
 // and reports whether the client connection goes on. Without mirroring the
 // home link's loss ends the client connection with 320; with mirroring
@@ -298,72 +173,6 @@ func (c *clientConn) linkFailed(l *link, err error) bool {
 // the connection; another link's loss is noticed by its read loop too.
 func (c *clientConn) writeFailed(l *link, err error) {
 	c.linkFailed(l, err)
-}
-
-// lent tells the engine that the master delivered an expiring message of a
-// mirrored queue to a client that will settle it: the slaves' copies are
-// not given back to their brokers at the message's TTL meanwhile (the
-// master's broker never expires a delivery waiting for its ack). It is
-// told before the client sees the message, so that the client's ack
-// reaches the trimmers after it.
-func (c *clientConn) lent(queue *ledger.QueueRef, meta mirror.QueueMeta, id mirror.MessageID, hasID bool, header []byte) {
-	if queue == nil || !hasID || !mirror.SetsMessageTTL(meta.Arguments) && !frames.HasExpiration(header) {
-		return
-	}
-	c.srv.opts.Mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Delivered)
-}
-
-// staleHold bounds how long a link's read loop holds a delivery of a
-// mirrored queue while the metadata catches up after this proxy stood
-// still (Mirror.AwaitCurrent); past it the link is dropped, and its broker
-// requeues what it sent.
-const staleHold = 15 * time.Second
-
-// awaitCurrent holds a delivery while the metadata is not known current,
-// until it is (its queue may have a new master by then), for staleHold at
-// most or until the connection ends.
-func (c *clientConn) awaitCurrent() error {
-	ctx, cancel := context.WithTimeout(c.ctx, staleHold)
-	defer cancel()
-	return c.srv.opts.Mirror.AwaitCurrent(ctx)
-}
-
-// queueMeta returns what the metadata log says about the queue a delivery
-// came from; false without mirroring, for no queue or one the log lacks.
-// The delivery path asks once per message, for the moved-master check and
-// the redelivered flag both.
-func (c *clientConn) queueMeta(q *ledger.QueueRef) (mirror.QueueMeta, bool) {
-	if q == nil || c.srv.opts.Mirror == nil {
-		return mirror.QueueMeta{}, false
-	}
-	return c.srv.opts.Mirror.Lookup(q.ID)
-}
-
-// deliveredBefore reports whether this proxy delivered the message of queue
-// q (meta is its record) before, and records that it delivers it now (see
-// internal/ledger/redelivered.go). header is the message's content header
-// as the client gets it.
-func (c *clientConn) deliveredBefore(q mirror.QueueID, meta mirror.QueueMeta, id mirror.MessageID, header []byte) bool {
-	return c.srv.delivered.Delivering(q, meta.Epoch, len(meta.Slaves) > 0, id, time.Now()) && !ledger.DeadLettered(header)
-}
-
-// trimmable returns the queue whose slaves drop this message when the
-// client settles it, or nil when there is nothing to trim: no mirroring, or
-// a queue without slaves. A message without the identity header (it was on
-// the broker before the proxy) is identified by its body.
-func (c *clientConn) trimmable(q *ledger.QueueRef, m *message, hasID bool, id *mirror.MessageID) *ledger.QueueRef {
-	if q == nil || c.srv.opts.Mirror == nil {
-		return nil
-	}
-	if hasID {
-		return q
-	}
-	meta, ok := c.srv.opts.Mirror.Lookup(q.ID)
-	if !ok || len(meta.Slaves) == 0 {
-		return nil
-	}
-	*id = mirror.ContentID(m.body)
-	return q
 }
 
 // fromLinkConnection handles channel-0 methods of a link other than the

@@ -54,6 +54,10 @@ type clientConn struct {
 	// settler settles the client's acks and the backends' confirms
 	// (settle.go), set before the connection serves.
 	settler settler
+	// deliverer passes the links' deliveries, get-oks and returns to the
+	// client (delivery.go), set under mu before the connection counts as
+	// open.
+	deliverer deliverer
 	// mover moves consumers of mirrored queues to their queue's new master
 	// (failover.go), set under mu before the connection counts as open.
 	mover consumerMover
@@ -158,8 +162,10 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	c.mu.Lock()
 	c.terms = opened.terms
 	c.channels = newChannelTable(opened.terms.channelMax)
-	// The server's watcher moves consumers once isOpen says the
-	// connection is open.
+	// The server's watcher moves consumers, and may start a link's read
+	// loop, once isOpen says the connection is open.
+	c.deliverer = deliverer{ctx: c.ctx, mirror: c.srv.opts.Mirror, stats: &c.srv.stats,
+		delivered: c.srv.delivered, out: c.out, linkFailed: writeFailed}
 	c.mover = consumerMover{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, channels: c.channels,
 		router: &c.router, send: &c.send, out: c.out, log: log, cancelNotify: opened.terms.cancelNotify,
 		done: c.done, running: &c.linkLoops, writeFailed: writeFailed}

@@ -31,10 +31,10 @@
 // one reply, the first link's, once all answered (rpc.go); a link's replies
 // are matched to requests by a queue per link and channel, since a broker
 // answers a channel's requests in order. Deliveries, gets and returns are
-// assembled whole before they reach the client (delivery.go), so frames of
-// messages from two links never interleave on a client channel, and each
-// channel's output (channelState.outMu) keeps its delivery tags and confirms
-// in order.
+// assembled whole before the connection's deliverer passes them to the
+// client (delivery.go), so frames of messages from two links never
+// interleave on a client channel, and each channel's output
+// (channelState.outMu) keeps its delivery tags and confirms in order.
 //
 // The client sees the proxy's own delivery tags and confirm sequence numbers
 // (ledger.DeliveryTags, ledger.PublisherConfirms), each mapped to a link,
@@ -107,7 +107,8 @@
 // for the confirms and sends its frames; link.go is a backend link (link), how
 // it logs in and its read loop, links.go the connection's set of them
 // (linkSet), backend_loop.go what a link's loop does with each frame,
-// delivery.go the assembly of messages, identity.go the identity header a
+// delivery.go the assembly of messages and how the connection passes
+// them to the client (deliverer), identity.go the identity header a
 // mirrored message carries between publish and delivery (identities stamps
 // it); rpc.go sends a routed request to its links (router.send) and
 // matches the links' replies to it (router.replyArrived);
@@ -175,6 +176,14 @@
 //     connection is set before the connection serves and only read; the
 //     state it settles is the channel's (channelState.mu), and its trim
 //     scratch the client loop's (below).
+//   - The connection's deliverer is used by the link loops, each passing
+//     its link's messages to the client through it. It keeps no state:
+//     what it uses of the connection and the server (the engine, the
+//     counters, the server's record of deliveries, ledger.DeliveredIDs,
+//     with its own locks) is set under clientConn.mu before the
+//     connection counts as open, and only read; the delivery tags it
+//     assigns are the channel's (channelState.mu), and it writes each
+//     message under the channel's outMu.
 //   - The connection's consumerMover is used by the server's watcher,
 //     which has it move the consumers whose queue's master moved, by
 //     whoever loses a link, which hands it the link's consumers of
