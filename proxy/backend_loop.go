@@ -219,7 +219,7 @@ func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 		if err := cl.Decode(args); err != nil {
 			return err
 		}
-		if cl.ReplyCode == frames.ConnectionForced && c.closeInProgress() == closeNone && c.srv.opts.Mirror != nil {
+		if cl.ReplyCode == frames.ConnectionForced && c.closer.inProgress() == closeNone && c.srv.opts.Mirror != nil {
 			// The broker is shutting down: with mirroring, another backend
 			// takes over as home and the client stays.
 			l.sock.SendMethod(0, &frames.ConnectionCloseOk{})
@@ -230,8 +230,8 @@ func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 		if !c.beginClosing(closeByBackend, ReasonBackendClosed, detail) {
 			// A close of our own is in flight; answer the backend's and end.
 			l.sock.SendMethod(0, &frames.ConnectionCloseOk{})
-			c.markBackendClosed()
-			reason, detail := c.outcome()
+			c.closer.backendDone()
+			reason, detail := c.closer.outcome()
 			c.teardown(reason, detail)
 			return nil
 		}
@@ -240,13 +240,13 @@ func (c *clientConn) fromBackendConnection(l *link, f frames.Frame) error {
 		}
 		return nil
 	case frames.ConnectionCloseOkKey:
-		if c.closeInProgress() == closeByClient {
+		if c.closer.inProgress() == closeByClient {
 			// The client closes the socket once it has the close-ok;
 			// closing it first would make the client read EOF before the
 			// close-ok and report an error for a clean close. The client
 			// loop ends the connection when the client hangs up, or after
 			// CloseTimeout.
-			c.markBackendClosed()
+			c.closer.backendDone()
 			c.client.Conn().SetReadDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
 			c.client.SendFrame(f.Type, 0, f.Payload)
 			return errBackendDone

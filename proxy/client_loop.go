@@ -35,7 +35,7 @@ func (c *clientConn) clientLoop() {
 // clientFailed ends the connection after a read error or a frame the
 // client should not have sent (a *frames.Error, answered like a broker).
 func (c *clientConn) clientFailed(err error) {
-	if c.tornDown.Load() {
+	if c.closer.tornDown() {
 		return
 	}
 	var fe *frames.Error
@@ -48,11 +48,11 @@ func (c *clientConn) clientFailed(err error) {
 		c.drainClient()
 		return
 	}
-	if st := c.closeInProgress(); st == closeByProxy || st == closeByClient {
+	if st := c.closer.inProgress(); st == closeByProxy || st == closeByClient {
 		// closeByProxy: the client hung up instead of answering our close,
 		// so it has heard it. closeByClient: the client hung up after the
 		// close-ok, as it should (or took longer than CloseTimeout).
-		reason, detail := c.outcome()
+		reason, detail := c.closer.outcome()
 		c.teardown(reason, detail)
 		return
 	}
@@ -92,7 +92,7 @@ func (c *clientConn) drainClient() {
 			}
 		}
 	}
-	reason, detail := c.outcome()
+	reason, detail := c.closer.outcome()
 	c.teardown(reason, detail)
 }
 
@@ -142,7 +142,7 @@ func resetOnClose(conn net.Conn) {
 // frames to contentFromClient, channel 0 to connectionMethod, other
 // channels to channelMethod (client_methods.go).
 func (c *clientConn) fromClient(f frames.Frame) error {
-	if st := c.closeInProgress(); st != closeNone {
+	if st := c.closer.inProgress(); st != closeNone {
 		return c.fromClientWhileClosing(st, f)
 	}
 	switch f.Type {
@@ -188,14 +188,14 @@ func (c *clientConn) fromClientWhileClosing(st closeState, f frames.Frame) error
 		return undefinedMethod(classID, methodID)
 	}
 	key := frames.MethodKey(classID, methodID)
-	reason, detail := c.outcome()
+	reason, detail := c.closer.outcome()
 	switch {
 	case st == closeByBackend && key == frames.ConnectionCloseOkKey:
 		// The backend's close handshake completes through the proxy.
 		if home := c.links.home(); home != nil {
 			home.sock.SendFrame(f.Type, 0, f.Payload)
 		}
-		c.markBackendClosed()
+		c.closer.backendDone()
 		c.teardown(reason, detail)
 	case st == closeByProxy && key == frames.ConnectionCloseOkKey:
 		c.teardown(reason, detail)
@@ -205,12 +205,6 @@ func (c *clientConn) fromClientWhileClosing(st closeState, f frames.Frame) error
 		c.teardown(reason, detail)
 	}
 	return nil
-}
-
-func (c *clientConn) markBackendClosed() {
-	c.mu.Lock()
-	c.backendClosed = true
-	c.mu.Unlock()
 }
 
 // toBackend passes a frame to the home backend as it came.

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -64,24 +63,21 @@ type clientConn struct {
 	// linkLoops counts the link read loops running.
 	linkLoops sync.WaitGroup
 
-	// closing is the connection-level close in progress (a closeState),
-	// and tornDown is set once teardown began. Both are read on every frame,
-	// so they are atomics; they change only under mu.
-	closing  atomic.Uint32
-	tornDown atomic.Bool
+	// closer keeps where the connection's end stands: the close
+	// handshake in progress, whether teardown began, and why it ends
+	// (closer.go).
+	closer closer
 
-	mu sync.Mutex // guards the fields below
-	// closeTimer tears the connection down if the peer never answers a close.
-	closeTimer *time.Timer
-	// reason and detail say why the connection ended (or is ending).
-	reason CloseReason
-	detail string
+	// mu orders the connection's opening against its teardown. It guards
+	// opening and opened; open sets what the server's watcher may use once
+	// isOpen says the connection is open (terms, channels, deliverer,
+	// mover) and hands the links their home link under it, and teardown
+	// marks the closer ended, seals the links and reads which socket to
+	// say goodbye on under it. closer.mu and linkSet.mu are taken under it.
+	mu sync.Mutex
 	// opened is when the handshake finished; zero before. From then on the
 	// home link's read loop owns closing the home link's socket.
 	opened time.Time
-	// backendClosed is set when the backend connection ended its close
-	// handshake, so teardown need not send connection.close to it.
-	backendClosed bool
 	// orphans collects, under orphansMu, the consumers of a lost link
 	// (see failover.go).
 	orphansMu sync.Mutex
@@ -94,22 +90,6 @@ type clientConn struct {
 
 	done chan struct{} // closed by teardown
 }
-
-// closeState is the connection-level close handshake in progress.
-type closeState uint8
-
-const (
-	closeNone closeState = iota
-	// closeByClient: the client sent connection.close; waiting for the
-	// backend's close-ok to pass on.
-	closeByClient
-	// closeByBackend: the backend sent connection.close and it was passed to
-	// the client; the client's close-ok goes to the backend.
-	closeByBackend
-	// closeByProxy: the proxy sent connection.close to the client (backend
-	// lost, protocol error, shutdown); the client's close-ok ends it.
-	closeByProxy
-)
 
 func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 	c := &clientConn{
@@ -145,13 +125,11 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 		if errors.As(err, &refused) {
 			// The client was told the backend is unavailable: that is
 			// why the connection ended, whatever tore it down meanwhile.
-			c.mu.Lock()
-			c.reason, c.detail = ReasonBackendUnavailable, err.Error()
-			c.mu.Unlock()
+			c.closer.setOutcome(ReasonBackendUnavailable, err.Error())
 		}
 		c.teardown(ReasonHandshakeFailed, err.Error())
 		c.wait()
-		reason, detail := c.outcome()
+		reason, detail := c.closer.outcome()
 		c.log.Info("connection refused", "reason", reason.String(), "detail", detail,
 			"user", o.terms.user, "vhost", o.terms.vhost, "duration", time.Since(c.started).Round(time.Millisecond))
 		return false, reason
@@ -197,7 +175,7 @@ func (c *clientConn) run() CloseReason {
 	stopHeartbeats()
 
 	c.logUnconfirmed()
-	reason, detail := c.outcome()
+	reason, detail := c.closer.outcome()
 	c.log.Info("connection closed", "reason", reason.String(), "detail", detail,
 		"duration", time.Since(c.started).Round(time.Millisecond))
 	return reason
@@ -232,25 +210,15 @@ func (c *clientConn) wait() {
 	c.linkLoops.Wait()
 }
 
-func (c *clientConn) outcome() (CloseReason, string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.reason, c.detail
-}
-
-func (c *clientConn) closeInProgress() closeState { return closeState(c.closing.Load()) }
-
 // beginClosing moves from no close to st and reports whether it did: only
-// one connection-level close handshake runs at a time.
+// one connection-level close handshake runs at a time (closer.begin). A
+// close the peer does not answer within CloseTimeout tears the connection
+// down.
 func (c *clientConn) beginClosing(st closeState, reason CloseReason, detail string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.tornDown.Load() || !c.closing.CompareAndSwap(uint32(closeNone), uint32(st)) {
-		return false
-	}
-	c.reason, c.detail = reason, detail
-	c.armCloseTimerLocked(reason, detail)
-	return true
+	timeout := c.srv.opts.CloseTimeout
+	return c.closer.begin(st, reason, detail, timeout, func() {
+		c.teardown(reason, detail+" (no close-ok within "+timeout.String()+")")
+	})
 }
 
 // teardown ends the connection: it closes the client socket, says goodbye to
@@ -259,26 +227,18 @@ func (c *clientConn) beginClosing(st closeState, reason CloseReason, detail stri
 // CloseTimeout). It is idempotent; the first reason wins.
 func (c *clientConn) teardown(reason CloseReason, detail string) {
 	c.mu.Lock()
-	if c.tornDown.Load() {
+	first, backendClosed := c.closer.end(reason, detail)
+	if !first {
 		c.mu.Unlock()
 		return
 	}
-	c.tornDown.Store(true)
 	c.links.seal()
-	// The first reason wins: one set by a close handshake, or by
-	// refuseUnavailable, says more than the teardown that follows it.
-	if c.reason == ReasonUnknown {
-		c.reason, c.detail = reason, detail
-	}
-	if c.closeTimer != nil {
-		c.closeTimer.Stop()
-	}
 	// Only the home link's read loop can read the backend's close-ok;
 	// before the connection serves (a handshake in progress or failed)
 	// the handshake's socket is simply closed.
 	pending := c.opening
 	home := c.links.home()
-	sayGoodbye := home != nil && !c.backendClosed
+	sayGoodbye := home != nil && !backendClosed
 	c.mu.Unlock()
 
 	close(c.done)
@@ -322,12 +282,6 @@ func (c *clientConn) closeClient(reason CloseReason, code uint16, text string, c
 	}
 }
 
-func (c *clientConn) armCloseTimerLocked(reason CloseReason, detail string) {
-	c.closeTimer = time.AfterFunc(c.srv.opts.CloseTimeout, func() {
-		c.teardown(reason, detail+" (no close-ok within "+c.srv.opts.CloseTimeout.String()+")")
-	})
-}
-
 // shutdown asks the client to close, as RabbitMQ does when it stops.
 func (c *clientConn) shutdown() {
 	if c.isOpen() {
@@ -342,22 +296,20 @@ func (c *clientConn) shutdown() {
 func (c *clientConn) isOpen() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !c.opened.IsZero() && !c.tornDown.Load()
+	return !c.opened.IsZero() && !c.closer.tornDown()
 }
 
 // backendLost closes the client connection with 320 CONNECTION_FORCED
 // because the backend connection failed. The client's text names the backend
 // and the kind of failure; the log has the whole error.
 func (c *clientConn) backendLost(err error) {
-	if c.tornDown.Load() {
+	if c.closer.tornDown() {
 		return
 	}
-	c.mu.Lock()
-	c.backendClosed = true // nothing to say goodbye to
-	c.mu.Unlock()
+	c.closer.backendDone() // nothing to say goodbye to
 	home := c.links.home()
 	text := fmt.Sprintf("CONNECTION_FORCED - backend %s connection lost: %s", home.name, failureKind(err))
-	if c.closeInProgress() == closeNone {
+	if c.closer.inProgress() == closeNone {
 		c.log.Warn("backend connection lost", "backend", home.name, "err", err)
 	}
 	// Close the socket only after the close began, so that the backend

@@ -64,9 +64,11 @@
 // the backend and the backend's close-ok back; a backend's close goes to the
 // client and its close-ok back; a close of the proxy's own (backend lost,
 // protocol error, shutdown) ends when the client answers or CloseTimeout
-// passes. teardown is the one way out and is idempotent. A channel closes on
-// every link it is open on, and the client sees one close handshake, as from
-// one broker (chanclose.go).
+// passes. teardown is the one way out and is idempotent. The connection's
+// closer (closer.go) keeps where its end stands: the close in progress,
+// whether teardown began, and why the connection ends (the first reason
+// wins). A channel closes on every link it is open on, and the client sees
+// one close handshake, as from one broker (chanclose.go).
 //
 // # Layout
 //
@@ -88,7 +90,8 @@
 // In proxy, by concern: server.go accepts connections; handshake.go opens
 // them (opening, the handshake, which hands the connection its home link and
 // its terms); conn.go is the client connection (clientConn) and its
-// teardown, client_out.go what it writes to its client (clientOut);
+// teardown, closer.go where its end stands (closer), client_out.go what
+// it writes to its client (clientOut);
 // client_loop.go reads the client and dispatches each frame
 // (fromClient), client_methods.go has the handler of each client method it
 // acts on, boundary.go the gate the client loop holds while it handles a
@@ -208,6 +211,16 @@
 //     between messages (guarded by sendGate.workMu, taken only in its
 //     methods); whoever lets go of the lock runs what waits.
 //
+// The connection's closer is used by every goroutine of the connection:
+// the read loops check on every frame whether a close is in progress and
+// whether teardown began (atomics), and whoever begins a close or ends
+// the connection changes them, and the reason, under closer.mu, in its
+// methods. clientConn.mu guards the hand-over from the handshake to the
+// connection (opening, opened) and what open sets before the connection
+// counts as open; teardown marks the closer ended under it, so that
+// what isOpen reads under it (opened, and whether teardown began) changes
+// only while it is held.
+//
 // What the connection writes to its client goes through clientOut, which
 // every goroutine that writes to the client uses: it is set before the
 // connection serves and keeps no state of its own, and the socket's writer
@@ -239,7 +252,8 @@
 // nothing else is taken under it; nor under linkSet.mu, nor under
 // sendGate.workMu, which guards the link loops' writes that wait for the
 // client loop to be between messages (boundary.go), nor under
-// declaredQueues.mu (declared.go), nor under ledger.DeliveredIDs' own
-// locks. Per-frame state that both read loops check (close state, channel
-// lookup) is atomic.
+// declaredQueues.mu (declared.go), nor under closer.mu (closer.go,
+// taken under clientConn.mu by teardown), nor under ledger.DeliveredIDs'
+// own locks. Per-frame state that both read loops check (close state,
+// channel lookup) is atomic.
 package proxy

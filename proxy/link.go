@@ -435,15 +435,15 @@ func (c *clientConn) linkLoop(l *link) {
 	for {
 		f, err := l.sock.ReadFrame()
 		if err != nil {
-			if c.tornDown.Load() {
+			if c.closer.tornDown() {
 				return
 			}
 			if c.links.home() == l {
-				if c.closeInProgress() == closeByClient {
+				if c.closer.inProgress() == closeByClient {
 					// The backend hung up instead of sending close-ok: the
 					// client asked to close, so that is what happened.
-					reason, detail := c.outcome()
-					c.markBackendClosed()
+					reason, detail := c.closer.outcome()
+					c.closer.backendDone()
 					c.teardown(reason, detail)
 					return
 				}
@@ -451,7 +451,7 @@ func (c *clientConn) linkLoop(l *link) {
 			c.linkFailed(l, err)
 			return
 		}
-		if c.tornDown.Load() {
+		if c.closer.tornDown() {
 			if f.Type == frames.FrameMethod && f.Channel == 0 && isMethod(f.Payload, frames.ConnectionCloseOkKey, frames.ConnectionCloseKey) {
 				return
 			}
@@ -494,7 +494,7 @@ func (c *clientConn) linkLost(l *link, err error) {
 		}
 		c.channelLostLink(ch, l, lc)
 	}
-	if len(c.orphans) > 0 && !c.tornDown.Load() {
+	if len(c.orphans) > 0 && !c.closer.tornDown() {
 		c.mover.move(l.name, c.orphans)
 	}
 	c.orphans = nil

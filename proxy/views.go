@@ -74,7 +74,7 @@ func (s *Server) connections() []*clientConn {
 // under mu, which open sets with them.
 func (c *clientConn) view() (mirror.Connection, bool) {
 	c.mu.Lock()
-	if c.opened.IsZero() || c.tornDown.Load() {
+	if c.opened.IsZero() || c.closer.tornDown() {
 		c.mu.Unlock()
 		return mirror.Connection{}, false
 	}
@@ -86,7 +86,7 @@ func (c *clientConn) view() (mirror.Connection, bool) {
 	host, port := hostPort(conn.LocalAddr())
 	_, ssl := conn.(*tls.Conn)
 	state := "running"
-	if c.closeInProgress() != closeNone {
+	if c.closer.inProgress() != closeNone {
 		state = "closing"
 	}
 	channels := 0
