@@ -109,109 +109,125 @@ func (d *deliverer) messageArrived(ch *channelState, l *link, m *message) {
 	_, _, methodArgs, _ := frames.ParseMethodID(m.method)
 	switch m.key {
 	case frames.BasicReturnKey:
-		if hasID {
-			if !ch.returnArrived(id) {
-				return
-			}
-		}
-		d.stats.Returns.Add(1)
-		ch.outMu.Lock()
-		d.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
-		d.out.content(ch.id, m, header)
-		ch.outMu.Unlock()
+		d.passReturn(ch, m, header, id, hasID)
 	case frames.BasicDeliverKey:
-		deliver := &l.deliver
-		if err := deliver.Decode(methodArgs); err != nil {
-			d.linkFailed(l, err)
-			return
-		}
-		cons, stale := ch.deliveryConsumer(deliver.ConsumerTag, l.idx)
-		meta, inLog := d.queueMeta(cons.queue)
-		if inLog && !d.mirror.Current() {
-			if err := d.awaitCurrent(); err != nil {
-				// Dropped with its link, its broker requeues it.
-				if d.ctx.Err() == nil {
-					d.linkFailed(l, fmt.Errorf("holding a delivery: the metadata log did not catch up within %v after this proxy stood still: %w", staleHold, err))
-				}
-				return
-			}
-			cons, stale = ch.deliveryConsumer(deliver.ConsumerTag, l.idx)
-			meta, inLog = d.queueMeta(cons.queue)
-		}
-		if stale || inLog && meta.Master != l.name {
-			// The consumer moved to a new master (or waits for one): what
-			// the old master still sends is not delivered, and, never
-			// acked, stays on that copy, which rejoins purged. The log may
-			// have moved the master before checkMasters moved the consumer
-			// (up to masterCheckInterval later): a live old master, drained
-			// or handed over, would go on delivering what the new master
-			// delivers again, which its trimmer no longer takes.
-			return
-		}
-		d.stats.Deliveries.Add(1)
-		queue := d.trimmable(cons.queue, m, hasID, &id)
-		// Recorded even when the broker flags it: a later copy the broker
-		// delivers as new must find it.
-		if hasID && inLog && d.deliveredBefore(cons.queue.ID, meta, id, header) {
-			deliver.Redelivered = true
-		}
-		if !cons.noAck {
-			d.lent(queue, meta, id, hasID, header)
-		}
-		ch.outMu.Lock()
-		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: deliver.DeliveryTag, Queue: queue, ID: id, From: cons.queue}, !cons.noAck)
-		if tag == deliver.DeliveryTag && !hasID {
-			d.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
-		} else {
-			deliver.DeliveryTag = tag
-			d.out.method(ch.id, deliver)
-		}
-		d.out.content(ch.id, m, header)
-		ch.outMu.Unlock()
-		if cons.noAck && queue != nil {
-			d.mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
-		}
+		d.deliver(ch, l, m, methodArgs, header, id, hasID)
 	case frames.BasicGetOkKey:
-		getOk := &l.getOk
-		if err := getOk.Decode(methodArgs); err != nil {
-			d.linkFailed(l, err)
+		d.answerGet(ch, l, m, methodArgs, header, id, hasID)
+	}
+}
+
+// passReturn passes a basic.return on, once per publish however many
+// copies the brokers returned it from.
+func (d *deliverer) passReturn(ch *channelState, m *message, header []byte, id mirror.MessageID, hasID bool) {
+	if hasID && !ch.returnArrived(id) {
+		return
+	}
+	d.stats.Returns.Add(1)
+	ch.outMu.Lock()
+	d.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+	d.out.content(ch.id, m, header)
+	ch.outMu.Unlock()
+}
+
+// deliver passes a basic.deliver on to its consumer, unless its queue's
+// master moved away from the link's backend.
+func (d *deliverer) deliver(ch *channelState, l *link, m *message, methodArgs, header []byte, id mirror.MessageID, hasID bool) {
+	deliver := &l.deliver
+	if err := deliver.Decode(methodArgs); err != nil {
+		d.linkFailed(l, err)
+		return
+	}
+	cons, stale := ch.deliveryConsumer(deliver.ConsumerTag, l.idx)
+	meta, inLog := d.queueMeta(cons.queue)
+	if inLog && !d.mirror.Current() {
+		if err := d.awaitCurrent(); err != nil {
+			// Dropped with its link, its broker requeues it.
+			if d.ctx.Err() == nil {
+				d.linkFailed(l, fmt.Errorf("holding a delivery: the metadata log did not catch up within %v after this proxy stood still: %w", staleHold, err))
+			}
 			return
 		}
-		meta, inLog := d.queueMeta(m.get.queue)
-		// A get-ok answers the client's basic.get: held while the metadata
-		// catches up, it is answered whatever comes of that.
-		uncertain := false
-		if inLog && !d.mirror.Current() {
-			uncertain = d.awaitCurrent() != nil
-			meta, inLog = d.queueMeta(m.get.queue)
-		}
-		d.stats.Deliveries.Add(1)
-		queue := d.trimmable(m.get.queue, m, hasID, &id)
-		// Recorded even when the broker flags it, as a delivery is. A
-		// master deposed since it answered (or that may have been) may
-		// have handed the message to another consumer meanwhile.
-		before := hasID && inLog && d.deliveredBefore(m.get.queue.ID, meta, id, header)
-		before = before || inLog && (uncertain || meta.Master != l.name)
-		flagged := before && !getOk.Redelivered
-		if flagged {
-			getOk.Redelivered = true
-		}
-		if !m.get.noAck {
-			d.lent(queue, meta, id, hasID, header)
-		}
-		ch.outMu.Lock()
-		tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: getOk.DeliveryTag, Queue: queue, ID: id, From: m.get.queue}, !m.get.noAck)
-		if tag == getOk.DeliveryTag && !flagged {
-			d.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
-		} else {
-			getOk.DeliveryTag = tag
-			d.out.method(ch.id, getOk)
-		}
-		d.out.content(ch.id, m, header)
-		ch.outMu.Unlock()
-		if m.get.noAck && queue != nil {
-			d.mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
-		}
+		cons, stale = ch.deliveryConsumer(deliver.ConsumerTag, l.idx)
+		meta, inLog = d.queueMeta(cons.queue)
+	}
+	if stale || inLog && meta.Master != l.name {
+		// The consumer moved to a new master (or waits for one): what
+		// the old master still sends is not delivered, and, never
+		// acked, stays on that copy, which rejoins purged. The log may
+		// have moved the master before checkMasters moved the consumer
+		// (up to masterCheckInterval later): a live old master, drained
+		// or handed over, would go on delivering what the new master
+		// delivers again, which its trimmer no longer takes.
+		return
+	}
+	d.stats.Deliveries.Add(1)
+	queue := d.trimmable(cons.queue, m, hasID, &id)
+	// Recorded even when the broker flags it: a later copy the broker
+	// delivers as new must find it.
+	if hasID && inLog && d.deliveredBefore(cons.queue.ID, meta, id, header) {
+		deliver.Redelivered = true
+	}
+	if !cons.noAck {
+		d.lent(queue, meta, id, hasID, header)
+	}
+	ch.outMu.Lock()
+	tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: deliver.DeliveryTag, Queue: queue, ID: id, From: cons.queue}, !cons.noAck)
+	if tag == deliver.DeliveryTag && !hasID {
+		d.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+	} else {
+		deliver.DeliveryTag = tag
+		d.out.method(ch.id, deliver)
+	}
+	d.out.content(ch.id, m, header)
+	ch.outMu.Unlock()
+	if cons.noAck && queue != nil {
+		d.mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
+	}
+}
+
+// answerGet answers the client's basic.get with the message its master
+// sent.
+func (d *deliverer) answerGet(ch *channelState, l *link, m *message, methodArgs, header []byte, id mirror.MessageID, hasID bool) {
+	getOk := &l.getOk
+	if err := getOk.Decode(methodArgs); err != nil {
+		d.linkFailed(l, err)
+		return
+	}
+	meta, inLog := d.queueMeta(m.get.queue)
+	// A get-ok answers the client's basic.get: held while the metadata
+	// catches up, it is answered whatever comes of that.
+	uncertain := false
+	if inLog && !d.mirror.Current() {
+		uncertain = d.awaitCurrent() != nil
+		meta, inLog = d.queueMeta(m.get.queue)
+	}
+	d.stats.Deliveries.Add(1)
+	queue := d.trimmable(m.get.queue, m, hasID, &id)
+	// Recorded even when the broker flags it, as a delivery is. A
+	// master deposed since it answered (or that may have been) may
+	// have handed the message to another consumer meanwhile.
+	before := hasID && inLog && d.deliveredBefore(m.get.queue.ID, meta, id, header)
+	before = before || inLog && (uncertain || meta.Master != l.name)
+	flagged := before && !getOk.Redelivered
+	if flagged {
+		getOk.Redelivered = true
+	}
+	if !m.get.noAck {
+		d.lent(queue, meta, id, hasID, header)
+	}
+	ch.outMu.Lock()
+	tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: getOk.DeliveryTag, Queue: queue, ID: id, From: m.get.queue}, !m.get.noAck)
+	if tag == getOk.DeliveryTag && !flagged {
+		d.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+	} else {
+		getOk.DeliveryTag = tag
+		d.out.method(ch.id, getOk)
+	}
+	d.out.content(ch.id, m, header)
+	ch.outMu.Unlock()
+	if m.get.noAck && queue != nil {
+		d.mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
 	}
 }
 
