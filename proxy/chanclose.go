@@ -262,8 +262,21 @@ func shortstr(s string) string {
 	return s[:cut]
 }
 
-// The channel's close state, guarded by its mu: who closes it, what the
-// client is told, and how many close-oks the links still owe.
+// closeHandshake is a channel's close in progress: the link whose
+// channel.close the client gets, the close the client is told of, how many
+// close-oks the links still owe for the proxy's close, and whether the
+// client crossed it with its own close. The channel holds it by value and
+// it is guarded by the channel's mu; its methods are called with it held,
+// by channelState's methods only (below). The client loop, the link loops
+// and whoever loses a link reach it through them.
+type closeHandshake struct {
+	closer    *link                // the link whose channel.close the client gets
+	notice    *frames.ChannelClose // the close the client gets once closeWait is 0
+	closeWait int                  // links that still owe close-ok for the proxy's close
+	// crossed: the client closed the channel too before it saw the notice;
+	// it gets close-ok instead, once closeWait is 0.
+	crossed bool
+}
 
 // closeOutcome is what the client is owed once no link owes a close-ok for
 // the proxy's close (done): the notice of the close, or, when the client
@@ -274,11 +287,42 @@ type closeOutcome struct {
 	done    bool
 }
 
+// outcome hands out the notice once no close-ok is owed, so that the
+// client is told once.
+func (h *closeHandshake) outcome() closeOutcome {
+	if h.closeWait > 0 {
+		return closeOutcome{}
+	}
+	o := closeOutcome{notice: h.notice, crossed: h.crossed, done: true}
+	h.notice = nil
+	return o
+}
+
+// clientCrosses applies the client's channel.close (see
+// channelState.clientCloseCrosses), answering the closer with answerCloser.
+func (h *closeHandshake) clientCrosses(answerCloser func(*link) error) (crossing bool, closer *link, o closeOutcome, answerErr *linkWriteError) {
+	closer = h.closer
+	if h.notice == nil && h.closeWait == 0 {
+		return false, closer, closeOutcome{}, nil
+	}
+	h.notice, h.crossed, h.closer = nil, true, nil
+	if closer != nil {
+		if err := answerCloser(closer); err != nil {
+			answerErr = &linkWriteError{link: closer, err: err}
+		}
+	}
+	return true, nil, h.outcome(), answerErr
+}
+
+// The channel's side of its close, through closeHandshake under mu: who
+// closes it, what the client is told, and how many close-oks the links
+// still owe.
+
 // closeOkOwed counts a close-ok a link owes for the proxy's close.
 func (ch *channelState) closeOkOwed() {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.closeWait++
+	ch.handshake.closeWait++
 }
 
 // closeOkArrived counts a link's close-ok for the proxy's close, and
@@ -286,26 +330,15 @@ func (ch *channelState) closeOkOwed() {
 func (ch *channelState) closeOkArrived() closeOutcome {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.closeWait--
-	return ch.closeWaitOutcomeLocked()
+	ch.handshake.closeWait--
+	return ch.handshake.outcome()
 }
 
 // closeWaitOutcome returns what the client is owed for the proxy's close.
 func (ch *channelState) closeWaitOutcome() closeOutcome {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	return ch.closeWaitOutcomeLocked()
-}
-
-// closeWaitOutcomeLocked hands out the notice once no close-ok is owed, so
-// that the client is told once. The caller holds mu.
-func (ch *channelState) closeWaitOutcomeLocked() closeOutcome {
-	if ch.closeWait > 0 {
-		return closeOutcome{}
-	}
-	o := closeOutcome{notice: ch.notice, crossed: ch.crossed, done: true}
-	ch.notice = nil
-	return o
+	return ch.handshake.outcome()
 }
 
 // linkCloses makes l the closer of an open channel, with the close the
@@ -317,7 +350,7 @@ func (ch *channelState) linkCloses(l *link, notice *frames.ChannelClose) bool {
 	if !ch.closing.CompareAndSwap(chanOpen, chanBackendClosing) {
 		return false
 	}
-	ch.closer, ch.notice = l, notice
+	ch.handshake.closer, ch.handshake.notice = l, notice
 	return true
 }
 
@@ -330,7 +363,7 @@ func (ch *channelState) proxyCloses(notice *frames.ChannelClose) bool {
 	if !ch.closing.CompareAndSwap(chanOpen, chanProxyClosing) {
 		return false
 	}
-	ch.notice = notice
+	ch.handshake.notice = notice
 	return true
 }
 
@@ -339,15 +372,15 @@ func (ch *channelState) proxyCloses(notice *frames.ChannelClose) bool {
 func (ch *channelState) closingLink() *link {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	return ch.closer
+	return ch.handshake.closer
 }
 
 // forgetCloser drops l as the channel's closer: l was lost.
 func (ch *channelState) forgetCloser(l *link) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if ch.closer == l {
-		ch.closer = nil
+	if ch.handshake.closer == l {
+		ch.handshake.closer = nil
 	}
 }
 
@@ -362,17 +395,7 @@ func (ch *channelState) forgetCloser(l *link) {
 func (ch *channelState) clientCloseCrosses(answerCloser func(*link) error) (crossing bool, closer *link, o closeOutcome, answerErr *linkWriteError) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	closer = ch.closer
-	if ch.notice == nil && ch.closeWait == 0 {
-		return false, closer, closeOutcome{}, nil
-	}
-	ch.notice, ch.crossed, ch.closer = nil, true, nil
-	if closer != nil {
-		if err := answerCloser(closer); err != nil {
-			answerErr = &linkWriteError{link: closer, err: err}
-		}
-	}
-	return true, nil, ch.closeWaitOutcomeLocked(), answerErr
+	return ch.handshake.clientCrosses(answerCloser)
 }
 
 // linkWriteError is a write to a link that failed under a lock, to be

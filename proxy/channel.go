@@ -46,42 +46,25 @@ type channelState struct {
 	// confirms in the order they were assigned. Taken before mu.
 	outMu sync.Mutex
 
-	mu       sync.Mutex
-	confirms ledger.PublisherConfirms
-	tags     ledger.DeliveryTags
-	// consumers are the channel's consumers by tag; orphaned are those
-	// whose link was lost, as they were, until they move (failover.go) or
-	// the client cancels them.
-	consumers map[string]consumer
-	orphaned  map[string]consumer
-	// replyTag is the tag of the consumer of amq.rabbitmq.reply-to, which
-	// consumes on every link the channel is open on (replyto.go).
-	replyTag string
-	// transactional is set once the client sent tx.select. txSettled holds
-	// the deliveries the client settled in the open transaction, restored
-	// if it rolls back (the broker never applied those acks).
+	// mu guards the channel's consumers, its delivery tags, its publisher
+	// confirms, the close in progress and the reply counts of its requests.
+	// Each section is a type of its own, held by value, whose methods are
+	// called with mu held, by channelState's methods below only: several of
+	// them change together under the one lock (a lost link drops consumers
+	// and settles confirms at once; a settlement in a transaction touches
+	// tags and the transaction's record).
+	mu         sync.Mutex
+	consumers  channelConsumers
+	deliveries channelDeliveries
+	confirms   channelConfirms
+	handshake  closeHandshake
+	// transactional is set once the client sent tx.select: the client loop
+	// writes it under mu, and reads it (as does whoever holds the send
+	// gate) without.
 	transactional bool
-	txSettled     []ledger.TagEntry
-	// txTrims says, for each of txSettled, what its commit does to the
-	// slave copies.
-	txTrims []trimKind
 	// tx is the transaction the proxy keeps itself, on a channel in its own
 	// confirm mode (txemulated.go).
 	tx emulatedTx
-	// The channel close in progress (see chanclose.go).
-	closer    *link                // the link whose channel.close the client gets
-	notice    *frames.ChannelClose // the close the client gets once closeWait is 0
-	closeWait int                  // links that still owe close-ok for the proxy's close
-	// crossed: the client closed the channel too before it saw the notice;
-	// it gets close-ok instead, once closeWait is 0.
-	crossed bool
-	// returns counts, for mandatory publishes sent to several backends,
-	// the backends that returned each (see returnArrived).
-	returns returnCounts
-	// confirmedLost is scratch for the confirms a lost link settles, missed
-	// for the slave copies it leaves short of publishes.
-	confirmedLost []ledger.ClientConfirm
-	missed        []ledger.MissedCopy
 
 	// closing is the channel's close state (chanClosing…), set under mu and
 	// read on every frame.
@@ -94,32 +77,13 @@ type channelState struct {
 	clientConsume frames.BasicConsume
 	clientGet     frames.BasicGet
 	clientQueue   queueMethod
-	acks          []ledger.BackendAck
 	trims         []ledger.Trimmed
 	reachable     []*link
 }
 
-// consumer is one consumer of a channel.
-type consumer struct {
-	noAck bool
-	link  int              // the backend link it consumes on
-	queue *ledger.QueueRef // the mirrored queue it consumes, nil without mirroring
-	// args are its basic.consume's arguments, to consume again on a new
-	// master; cancelOnFailover is its x-cancel-on-ha-failover.
-	args             []byte
-	cancelOnFailover bool
-	// What list_consumers shows (views.go): the queue as the client named
-	// it, basic.consume's exclusive flag and arguments (a decoded table is
-	// never changed, so holding it is safe), and the channel's per-consumer
-	// prefetch at the consume.
-	queueName string
-	exclusive bool
-	arguments frames.Table
-	prefetch  uint16
-}
-
 func newChannelState(id uint16) *channelState {
-	ch := &channelState{id: id, consumers: make(map[string]consumer)}
+	ch := &channelState{id: id}
+	ch.consumers.byTag = make(map[string]consumer)
 	ch.publisher.ch = ch
 	return ch
 }
@@ -132,9 +96,9 @@ func (ch *channelState) selectConfirms(observe func(seconds float64)) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	if !ch.confirming.Load() {
-		ch.confirms.ClientSelected()
+		ch.confirms.publishes.ClientSelected()
 		if observe != nil {
-			ch.confirms.ObserveLatency(observe)
+			ch.confirms.publishes.ObserveLatency(observe)
 			ch.timed = true
 		}
 	}
@@ -165,13 +129,7 @@ func (ch *channelState) selectTransactions() {
 func (ch *channelState) endTransaction(rollback bool, commit func([]ledger.TagEntry, []trimKind)) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if rollback {
-		ch.tags.Restore(ch.txSettled)
-	} else {
-		commit(ch.txSettled, ch.txTrims)
-	}
-	ch.txSettled = ch.txSettled[:0]
-	ch.txTrims = ch.txTrims[:0]
+	ch.deliveries.endTransaction(rollback, commit)
 }
 
 // forgetDeliveries voids every outstanding delivery tag, after
@@ -179,18 +137,19 @@ func (ch *channelState) endTransaction(rollback bool, commit func([]ledger.TagEn
 func (ch *channelState) forgetDeliveries() {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.tags.DropAll()
+	ch.deliveries.tags.DropAll()
 }
 
-// Consumers. The client loop adds and cancels them, the link loops look
-// them up for every delivery and drop those of a lost link, and the
-// failover goroutine moves the orphaned ones: all through these methods.
+// Consumers (channelConsumers). The client loop adds and cancels them, the
+// link loops look them up for every delivery and drop those of a lost
+// link, and the failover goroutine moves the orphaned ones: all through
+// these methods.
 
 // addConsumer records the consumer with tag.
 func (ch *channelState) addConsumer(tag string, cons consumer) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.consumers[tag] = cons
+	ch.consumers.byTag[tag] = cons
 }
 
 // addReplyConsumer records the channel's consumer of
@@ -198,8 +157,7 @@ func (ch *channelState) addConsumer(tag string, cons consumer) {
 func (ch *channelState) addReplyConsumer(tag string, link int) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.consumers[tag] = consumer{noAck: true, link: link, queueName: mirror.ReplyToQueue}
-	ch.replyTag = tag
+	ch.consumers.addReply(tag, link)
 }
 
 // takeReplyConsumer reports whether tag is the channel's consumer of
@@ -207,11 +165,7 @@ func (ch *channelState) addReplyConsumer(tag string, link int) {
 func (ch *channelState) takeReplyConsumer(tag string) bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	mine := tag != "" && tag == ch.replyTag
-	if mine {
-		ch.replyTag = ""
-	}
-	return mine
+	return ch.consumers.takeReply(tag)
 }
 
 // clientCancels returns the consumer the client cancels, if known; one that
@@ -219,16 +173,14 @@ func (ch *channelState) takeReplyConsumer(tag string) bool {
 func (ch *channelState) clientCancels(tag string) (consumer, bool) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	cons, known := ch.consumers[tag]
-	delete(ch.orphaned, tag)
-	return cons, known
+	return ch.consumers.clientCancels(tag)
 }
 
 // removeConsumer forgets the consumer with tag.
 func (ch *channelState) removeConsumer(tag string) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	delete(ch.consumers, tag)
+	delete(ch.consumers.byTag, tag)
 }
 
 // brokerCancels applies a broker's basic.cancel of tag on link, and reports
@@ -237,12 +189,7 @@ func (ch *channelState) removeConsumer(tag string) {
 func (ch *channelState) brokerCancels(tag string, link int) bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	cons, known := ch.consumers[tag]
-	if known && cons.link != link || !known && ch.isOrphan(tag) {
-		return false
-	}
-	delete(ch.consumers, tag)
-	return true
+	return ch.consumers.brokerCancels(tag, link)
 }
 
 // deliveryConsumer returns the consumer a delivery with tag from link is
@@ -251,30 +198,7 @@ func (ch *channelState) brokerCancels(tag string, link int) bool {
 func (ch *channelState) deliveryConsumer(tag string, link int) (cons consumer, stale bool) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	cons, known := ch.consumers[tag]
-	stale = known && cons.link != link && !ch.isReplyConsumer(tag) || !known && ch.isOrphan(tag)
-	if !known {
-		cons = ch.consumers[""]
-	}
-	return cons, stale
-}
-
-// orphanLocked makes the consumer with tag an orphan: it waits for its
-// queue's new master. The caller holds mu.
-func (ch *channelState) orphanLocked(tag string, cons consumer, orphans []orphan) []orphan {
-	delete(ch.consumers, tag)
-	if ch.orphaned == nil {
-		ch.orphaned = make(map[string]consumer)
-	}
-	ch.orphaned[tag] = cons
-	return append(orphans, orphan{ch: ch, tag: tag, cons: cons})
-}
-
-// isOrphan reports whether the consumer with tag is an orphan. The caller
-// holds mu.
-func (ch *channelState) isOrphan(tag string) bool {
-	_, orphan := ch.orphaned[tag]
-	return orphan
+	return ch.consumers.forDelivery(tag, link)
 }
 
 // orphanMoved makes the consumers of mirrored queues for which moved
@@ -283,12 +207,7 @@ func (ch *channelState) isOrphan(tag string) bool {
 func (ch *channelState) orphanMoved(moved func(consumer) bool, orphans []orphan) []orphan {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	for tag, cons := range ch.consumers {
-		if cons.queue != nil && moved(cons) {
-			orphans = ch.orphanLocked(tag, cons, orphans)
-		}
-	}
-	return orphans
+	return ch.consumers.orphanMoved(ch, moved, orphans)
 }
 
 // adoptOrphan records the orphan with tag as consuming again (moved), and
@@ -296,12 +215,7 @@ func (ch *channelState) orphanMoved(moved func(consumer) bool, orphans []orphan)
 func (ch *channelState) adoptOrphan(tag string, moved consumer) bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	if !ch.isOrphan(tag) {
-		return false
-	}
-	delete(ch.orphaned, tag)
-	ch.consumers[tag] = moved
-	return true
+	return ch.consumers.adoptOrphan(tag, moved)
 }
 
 // dropOrphan forgets the consumer with tag for good, and reports whether it
@@ -309,45 +223,30 @@ func (ch *channelState) adoptOrphan(tag string, moved consumer) bool {
 func (ch *channelState) dropOrphan(tag string) bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	delete(ch.consumers, tag)
-	wasOrphan := ch.isOrphan(tag)
-	delete(ch.orphaned, tag)
-	return wasOrphan
+	return ch.consumers.dropOrphan(tag)
 }
 
-// lostLink forgets what the channel had on link, lost at now: its consumers
-// (with keepMirrored, those of mirrored queues become orphans, appended to
-// orphans; the others are returned in cancelled) and its unconfirmed
-// publishes (the confirms the loss settles, and the slave copies it leaves
-// short). The slices returned are the channel's scratch, valid until the
-// next call; the caller holds outMu.
+// lostLink forgets what the channel had on link, lost at now, in one step:
+// its consumers (with keepMirrored, those of mirrored queues become
+// orphans, appended to orphans; the others are returned in cancelled) and
+// its unconfirmed publishes (the confirms the loss settles, and the slave
+// copies it leaves short). The slices returned are the channel's scratch,
+// valid until the next call; the caller holds outMu.
 func (ch *channelState) lostLink(link int, keepMirrored bool, now time.Time, orphans []orphan) (_ []orphan, cancelled []string, confirms []ledger.ClientConfirm, missed []ledger.MissedCopy) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	for tag, cons := range ch.consumers {
-		if cons.link != link {
-			continue
-		}
-		if cons.queue != nil && keepMirrored {
-			orphans = ch.orphanLocked(tag, cons, orphans)
-			continue
-		}
-		delete(ch.consumers, tag)
-		cancelled = append(cancelled, tag)
-	}
-	missed = ch.missed[:0]
-	confirms = ch.confirms.BackendLost(link, now, ch.confirmedLost[:0], &missed)
-	ch.confirmedLost, ch.missed = confirms, missed
+	orphans, cancelled = ch.consumers.lostLink(ch, link, keepMirrored, orphans)
+	confirms, missed = ch.confirms.lostLink(link, now)
 	return orphans, cancelled, confirms, missed
 }
 
-// Delivery tags.
+// Delivery tags (channelDeliveries).
 
 // deliver assigns the client's delivery tag for a delivery (see
 // ledger.DeliveryTags.Deliver).
 func (ch *channelState) deliver(d ledger.Delivered, needsAck bool) uint64 {
 	ch.mu.Lock() // no defer: every delivery comes here
-	tag := ch.tags.Deliver(d, needsAck)
+	tag := ch.deliveries.tags.Deliver(d, needsAck)
 	ch.mu.Unlock()
 	return tag
 }
@@ -357,7 +256,7 @@ func (ch *channelState) deliver(d ledger.Delivered, needsAck bool) uint64 {
 func (ch *channelState) dropDeliveriesFrom(link int) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.tags.DropFrom(link)
+	ch.deliveries.tags.DropFrom(link)
 }
 
 // countUnacked adds the channel's deliveries awaiting settlement to counts
@@ -365,7 +264,7 @@ func (ch *channelState) dropDeliveriesFrom(link int) {
 func (ch *channelState) countUnacked(vhost string, live func(backend int, gen uint64) bool, counts map[mirror.QueueID]int) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.tags.CountUnacked(vhost, live, counts)
+	ch.deliveries.countUnacked(vhost, live, counts)
 }
 
 // settleDeliveries applies the client's ack, nack or reject of tag: it
@@ -378,31 +277,19 @@ func (ch *channelState) countUnacked(vhost string, live func(backend int, gen ui
 func (ch *channelState) settleDeliveries(tag uint64, multiple bool, kind trimKind, trims *[]ledger.Trimmed) ([]ledger.BackendAck, *[]ledger.Trimmed, int, bool) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	transactional := ch.transactional
-	if transactional {
-		trims = nil // trimmed at tx.commit, from txSettled
-	}
-	outstanding := ch.tags.Outstanding()
-	acks, settled, ok := ch.tags.Settle(tag, multiple, ch.acks[:0], transactional, ch.txSettled, trims)
-	if transactional {
-		for range settled[len(ch.txSettled):] {
-			ch.txTrims = append(ch.txTrims, kind)
-		}
-	}
-	ch.acks, ch.txSettled = acks, settled
-	return acks, trims, outstanding - ch.tags.Outstanding(), ok
+	return ch.deliveries.settle(ch.transactional, tag, multiple, kind, trims)
 }
 
-// Publisher confirms.
+// Publisher confirms (channelConfirms).
 
 // numberPublish numbers a publish to the home backend alone, which
 // arrived at arrived (zero: not timed).
 func (ch *channelState) numberPublish(arrived time.Time) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.confirms.Publish(0)
+	ch.confirms.publishes.Publish(0)
 	if !arrived.IsZero() {
-		ch.confirms.Arrived(arrived)
+		ch.confirms.publishes.Arrived(arrived)
 	}
 }
 
@@ -418,13 +305,14 @@ func (ch *channelState) numberCopies(cs ledger.CopySet, arrived time.Time, prune
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	now := prune(&cs)
-	seq := ch.confirms.PublishTo(cs, now)
+	c := &ch.confirms.publishes
+	seq := c.PublishTo(cs, now)
 	if !arrived.IsZero() {
-		ch.confirms.Arrived(arrived)
+		c.Arrived(arrived)
 	}
 	var out []ledger.ClientConfirm
 	if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 {
-		out = ch.confirms.ConfirmWithoutCopies(nil)
+		out = c.ConfirmWithoutCopies(nil)
 	}
 	return seq, out
 }
@@ -436,10 +324,10 @@ func (ch *channelState) identifyPublish(id mirror.MessageID, pub *publishing) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	if pub.returns > 1 {
-		ch.returns.expect(id, pub.returns)
+		ch.confirms.returns.expect(id, pub.returns)
 	}
 	if pub.seq != 0 {
-		ch.confirms.Identify(pub.seq, id)
+		ch.confirms.publishes.Identify(pub.seq, id)
 	}
 }
 
@@ -448,7 +336,7 @@ func (ch *channelState) identifyPublish(id mirror.MessageID, pub *publishing) {
 func (ch *channelState) returnArrived(id mirror.MessageID) bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	return ch.returns.arrived(id)
+	return ch.confirms.returns.arrived(id)
 }
 
 // applyConfirm applies a backend's confirm of its publish seq (see
@@ -459,9 +347,9 @@ func (ch *channelState) returnArrived(id mirror.MessageID) bool {
 func (ch *channelState) applyConfirm(backend int, seq uint64, multiple, nack bool, out []ledger.ClientConfirm, missed []ledger.MissedCopy, refused []ledger.RefusedPublish) ([]ledger.ClientConfirm, []ledger.MissedCopy, []ledger.RefusedPublish) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	out = ch.confirms.Confirm(backend, seq, multiple, nack, out, &missed)
+	out = ch.confirms.publishes.Confirm(backend, seq, multiple, nack, out, &missed)
 	if nack {
-		refused = ch.confirms.TakeRefused(refused)
+		refused = ch.confirms.publishes.TakeRefused(refused)
 	}
 	return out, missed, refused
 }
@@ -471,21 +359,21 @@ func (ch *channelState) applyConfirm(backend int, seq uint64, multiple, nack boo
 func (ch *channelState) unconfirmed() (int, map[int]int) {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	return ch.confirms.Unconfirmed(), ch.confirms.Owed()
+	return ch.confirms.publishes.Unconfirmed(), ch.confirms.publishes.Owed()
 }
 
 // unconfirmedCount is the number of publishes still unconfirmed.
 func (ch *channelState) unconfirmedCount() int {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	return ch.confirms.Unconfirmed()
+	return ch.confirms.publishes.Unconfirmed()
 }
 
 // holdsLostCopies reports whether lost copies keep publishes waiting.
 func (ch *channelState) holdsLostCopies() bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	return ch.confirms.HoldsLost()
+	return ch.confirms.publishes.HoldsLost()
 }
 
 // releaseLostCopies lets go of lost copies (see
@@ -494,8 +382,9 @@ func (ch *channelState) holdsLostCopies() bool {
 func (ch *channelState) releaseLostCopies(held func(backend int, queue *mirror.QueueID) bool, expired time.Time) []ledger.ClientConfirm {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.confirmedLost = ch.confirms.Release(held, expired, ch.confirmedLost[:0])
-	return ch.confirmedLost
+	c := &ch.confirms
+	c.confirmedLost = c.publishes.Release(held, expired, c.confirmedLost[:0])
+	return c.confirmedLost
 }
 
 // Replies (rpc.go).

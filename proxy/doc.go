@@ -25,7 +25,9 @@
 //
 // A client frame travels one way (client_loop.go, client_methods.go,
 // route.go, publish.go): decoded as far as the proxy acts on it, applied to its
-// channel's state, routed by the connection's router to the links the method
+// channel's state (channelState: its consumers, delivery tags, publisher
+// confirms and close in progress, each a type of its own under the
+// channel's one lock), routed by the connection's router to the links the method
 // must reach (a queue's copies, every backend for an exchange, the master for
 // a consume), and written there. A synchronous method sent to several links gives the client
 // one reply, the first link's, once all answered (rpc.go); a link's replies
@@ -115,8 +117,11 @@
 // mirrored message carries between publish and delivery (identities stamps
 // it); rpc.go sends a routed request to its links (router.send) and
 // matches the links' replies to it (router.replyArrived);
-// channel.go is a client channel (channelState) and channel_table.go the
-// lock-free table of them; chanclose.go closes channels; failover.go
+// channel.go is a client channel (channelState), consumers.go its
+// consumers (channelConsumers), channel_tags.go its delivery tags
+// (channelDeliveries), channel_confirms.go its publisher confirms
+// (channelConfirms), and channel_table.go the lock-free table of
+// channels; chanclose.go closes channels; failover.go
 // moves consumers to their queue's new master (consumerMover) and drops
 // the links to backends counted down, lostcopies.go lets go of the lost
 // copies that keep publishes waiting; views.go copies what ctl
@@ -142,13 +147,21 @@
 // only by its own methods, so a function that holds a *channelState, a
 // *link or the linkSet can change only what those methods allow:
 //
-//   - channelState.mu guards the consumers and orphaned consumers (added and
-//     cancelled by the client loop, cancelled or orphaned by the link loops,
-//     moved by failover), the delivery tags (assigned by the link loops,
-//     settled by the client loop), the publisher confirms (numbered by the
-//     client loop, answered by the link loops, released by failover), the
-//     transaction's settled deliveries, the close in progress, and the reply
-//     counts of the channel's requests. Its methods are in channel.go,
+//   - channelState.mu guards the channel's consumers and orphaned
+//     consumers (channelConsumers, consumers.go: added and cancelled by the
+//     client loop, cancelled or orphaned by the link loops, moved by
+//     failover), its delivery tags and what the transaction settled of
+//     them (channelDeliveries, channel_tags.go: assigned by the link loops,
+//     settled by the client loop), its publisher confirms
+//     (channelConfirms, channel_confirms.go: numbered by the client loop,
+//     answered by the link loops, released by failover), the close in
+//     progress (closeHandshake, chanclose.go), and the reply counts of the
+//     channel's requests. Each of those types is held by value in
+//     channelState, and its methods are called with channelState.mu held,
+//     by channelState's methods only: one lock, since a lost link drops
+//     consumers and settles confirms in one step, and a settlement in a
+//     transaction changes the tags and the transaction's record together.
+//     channelState's methods, which take the lock, are in channel.go,
 //     chanclose.go (close state) and txemulated.go (a kept transaction).
 //   - link.mu guards the link's side of each channel (open, in confirm mode,
 //     closing, the replies it owes) and whether the link is lost or closed;
@@ -242,6 +255,9 @@
 // dials and logs in; it is taken with no lock held but the send gate, and
 // of the locks above only linkSet.mu and the new socket's are taken under
 // it.
+// The parts of a channel's state (channelConsumers, channelDeliveries,
+// channelConfirms, closeHandshake) have no lock of their own: they are
+// guarded by channelState.mu, which channelState's methods take.
 // channelState.mu is held over link.mu in one place only, numberCopies,
 // which asks the links whether they were lost (a lost link settles its
 // confirms under the channel's lock); the socket writer's lock is taken

@@ -74,13 +74,7 @@ func replyConsume(tag string) *frames.BasicConsume {
 func (ch *channelState) replyConsumerTag() string {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	return ch.replyTag
-}
-
-// isReplyConsumer reports whether tag is the channel's consumer of
-// amq.rabbitmq.reply-to, which every link delivers to. The caller holds mu.
-func (ch *channelState) isReplyConsumer(tag string) bool {
-	return tag != "" && tag == ch.replyTag
+	return ch.consumers.replyTag
 }
 
 // cancelReplyTo ends the consumer of amq.rabbitmq.reply-to on the links the

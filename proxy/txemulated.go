@@ -108,7 +108,7 @@ func (ch *channelState) beginCommit() {
 	t := &ch.tx
 	t.committing.Store(true)
 	t.sent, t.nacked = false, false
-	t.from = ch.confirms.LastSeq()
+	t.from = ch.confirms.publishes.LastSeq()
 }
 
 // commitSent records that every publish of the committing transaction was
@@ -116,7 +116,7 @@ func (ch *channelState) beginCommit() {
 func (ch *channelState) commitSent() {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	ch.tx.to, ch.tx.sent = ch.confirms.LastSeq(), true
+	ch.tx.to, ch.tx.sent = ch.confirms.publishes.LastSeq(), true
 }
 
 // commitAnswered applies the confirms out of the proxy's own confirm mode
@@ -134,7 +134,7 @@ func (ch *channelState) commitAnswered(out []ledger.ClientConfirm) (done, nacked
 			t.nacked = true
 		}
 	}
-	done = t.sent && ch.confirms.AnsweredThrough(t.to)
+	done = t.sent && ch.confirms.publishes.AnsweredThrough(t.to)
 	if done {
 		t.committing.Store(false)
 	}

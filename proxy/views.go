@@ -129,26 +129,7 @@ func hostPort(addr net.Addr) (string, int) {
 func (ch *channelState) appendConsumers(out []mirror.Consumer, backend func(link int) string) []mirror.Consumer {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
-	add := func(tag string, cons consumer, active bool) {
-		out = append(out, mirror.Consumer{
-			Queue:         cons.queueName,
-			Channel:       ch.id,
-			Tag:           tag,
-			AckRequired:   !cons.noAck,
-			Exclusive:     cons.exclusive,
-			PrefetchCount: int(cons.prefetch),
-			Active:        active,
-			Arguments:     tableValues(cons.arguments),
-			Backend:       backend(cons.link),
-		})
-	}
-	for tag, cons := range ch.consumers {
-		add(tag, cons, true)
-	}
-	for tag, cons := range ch.orphaned {
-		add(tag, cons, false)
-	}
-	return out
+	return ch.consumers.appendTo(out, ch.id, backend)
 }
 
 // tableValues turns a field table into JSON's terms: nested tables become

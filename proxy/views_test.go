@@ -42,7 +42,7 @@ func TestChannelConsumersListed(t *testing.T) {
 	ch.addConsumer("active", consumer{link: 0, queueName: "orders", prefetch: 20, arguments: frames.Table{{Key: "x-priority", Value: int32(5)}}})
 	ch.addConsumer("moving", consumer{link: 1, queueName: "jobs", noAck: true, exclusive: true})
 	ch.mu.Lock()
-	ch.orphanLocked("moving", ch.consumers["moving"], nil)
+	ch.consumers.orphan(ch, "moving", ch.consumers.byTag["moving"], nil)
 	ch.mu.Unlock()
 	names := []string{"rabbit1", "rabbit2"}
 	got := ch.appendConsumers(nil, func(link int) string { return names[link] })
