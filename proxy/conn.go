@@ -19,7 +19,7 @@ import (
 // serves it. Two goroutines run per connection: the client read loop
 // (client → backend, also the connection's main goroutine once open) and the
 // backend read loop (backend → client); a timer checks heartbeats
-// (startHeartbeats). Each read loop writes to the
+// (heartbeats). Each read loop writes to the
 // opposite socket (to the client through out); see wire.Socket for how
 // writes are shared, and the package documentation for the lock order.
 type clientConn struct {
@@ -62,6 +62,10 @@ type clientConn struct {
 	mover consumerMover
 	// linkLoops counts the link read loops running.
 	linkLoops sync.WaitGroup
+	// heartbeats checks the connection's heartbeats from a timer
+	// (heartbeat.go), set and started by run, and stopped once the
+	// connection ended.
+	heartbeats heartbeats
 
 	// closer keeps where the connection's end stands: the close
 	// handshake in progress, whether teardown began, and why it ends
@@ -169,10 +173,13 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 func (c *clientConn) run() CloseReason {
 	c.linkLoops.Add(1)
 	go c.linkLoop(c.links.home())
-	stopHeartbeats := c.startHeartbeats()
+	c.heartbeats = heartbeats{client: c.client, clientEvery: c.terms.clientHeartbeat,
+		links: &c.links, backendEvery: c.terms.backendHeartbeat, done: c.done,
+		teardown: c.teardown, linkFailed: c.linkFailed}
+	c.heartbeats.start()
 	c.clientLoop()
 	c.wait()
-	stopHeartbeats()
+	c.heartbeats.stop()
 
 	c.logUnconfirmed()
 	reason, detail := c.closer.outcome()
@@ -355,94 +362,4 @@ func (c *clientConn) protocolError(fe *frames.Error) {
 	}
 	c.log.Warn("client protocol error", "code", fe.Code, "err", fe.Error())
 	c.closeClient(ReasonProtocolError, fe.Code, fe.ReplyText(), fe.ClassID, fe.MethodID)
-}
-
-// startHeartbeats sends heartbeats on quiet legs and notices dead peers: a
-// peer that sent nothing for one and a half intervals is gone, so a dead
-// client or backend is noticed within two intervals. It checks four times an
-// interval from a timer, so that a connection has no goroutine of its own
-// for it while it waits (thousands of idle connections, one stack fewer
-// each). stop returns once no check runs and none will.
-func (c *clientConn) startHeartbeats() (stop func()) {
-	if c.terms.clientHeartbeat <= 0 && c.terms.backendHeartbeat <= 0 {
-		return func() {}
-	}
-	tick := minPositive(c.terms.clientHeartbeat, c.terms.backendHeartbeat) / 4
-	var (
-		mu      sync.Mutex
-		stopped bool
-		running sync.WaitGroup
-		timer   *time.Timer
-	)
-	check := func() {
-		mu.Lock()
-		if stopped {
-			mu.Unlock()
-			return
-		}
-		running.Add(1)
-		mu.Unlock()
-		defer running.Done()
-		if !c.heartbeatCheck(time.Now()) {
-			return // the connection is ending
-		}
-		mu.Lock()
-		if !stopped {
-			timer.Reset(tick)
-		}
-		mu.Unlock()
-	}
-	mu.Lock()
-	timer = time.AfterFunc(tick, check)
-	mu.Unlock()
-	return func() {
-		mu.Lock()
-		stopped = true
-		timer.Stop()
-		mu.Unlock()
-		running.Wait()
-	}
-}
-
-// heartbeatCheck is one round of startHeartbeats; false means it ended the
-// connection and the checks stop.
-func (c *clientConn) heartbeatCheck(now time.Time) bool {
-	select {
-	case <-c.done:
-		return false
-	default:
-	}
-	if hb := c.terms.clientHeartbeat; hb > 0 {
-		c.client.HeartbeatIfIdle(now, hb/2)
-		if silent := c.client.SilentFor(now); silent > hb*3/2 {
-			c.teardown(ReasonMissedHeartbeats, fmt.Sprintf("missed heartbeats from client, timeout: %s", hb))
-			return false
-		}
-	}
-	if hb := c.terms.backendHeartbeat; hb > 0 {
-		for i := range c.links.len() {
-			l := c.links.at(i)
-			if l == nil {
-				continue
-			}
-			l.sock.HeartbeatIfIdle(now, hb/2)
-			if silent := l.sock.SilentFor(now); silent > hb*3/2 {
-				if !c.linkFailed(l, fmt.Errorf("%w, timeout: %s", errMissedHeartbeats, hb)) {
-					return false // the close under way ends the connection
-				}
-			}
-		}
-	}
-	return true
-}
-
-func minPositive(a, b time.Duration) time.Duration {
-	switch {
-	case a <= 0:
-		return b
-	case b <= 0:
-		return a
-	default:
-		return min(a, b)
-	}
 }

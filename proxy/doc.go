@@ -14,7 +14,7 @@
 // on; it opens on a link when a method first needs it there, and the proxy
 // repeats on it what the client set (prefetch, confirm or transaction mode).
 // One goroutine reads the client (the client loop) and one reads each link;
-// heartbeats are checked from a timer. A read loop queues frames on the
+// heartbeats are checked from a timer (heartbeats). A read loop queues frames on the
 // sockets it writes to (wire.Socket, the socket layer in internal/wire;
 // the client's through the connection's clientOut) and flushes them when
 // its own socket runs dry, so a burst of frames costs one system call,
@@ -93,7 +93,8 @@
 // them (opening, the handshake, which hands the connection its home link and
 // its terms); conn.go is the client connection (clientConn) and its
 // teardown, closer.go where its end stands (closer), client_out.go what
-// it writes to its client (clientOut);
+// it writes to its client (clientOut), heartbeat.go its heartbeats
+// (heartbeats);
 // client_loop.go reads the client and dispatches each frame
 // (fromClient), client_methods.go has the handler of each client method it
 // acts on, boundary.go the gate the client loop holds while it handles a
@@ -234,6 +235,12 @@
 // what isOpen reads under it (opened, and whether teardown began) changes
 // only while it is held.
 //
+// The connection's heartbeats are set up and started by its main
+// goroutine once it serves, checked by their timer's goroutine, and
+// stopped by the main goroutine once the connection ended. What they use of
+// the connection is set before they start and only read; heartbeats.mu,
+// taken only in their methods, guards whether they stopped and the timer.
+//
 // What the connection writes to its client goes through clientOut, which
 // every goroutine that writes to the client uses: it is set before the
 // connection serves and keeps no state of its own, and the socket's writer
@@ -268,8 +275,9 @@
 // nothing else is taken under it; nor under linkSet.mu, nor under
 // sendGate.workMu, which guards the link loops' writes that wait for the
 // client loop to be between messages (boundary.go), nor under
-// declaredQueues.mu (declared.go), nor under closer.mu (closer.go,
-// taken under clientConn.mu by teardown), nor under ledger.DeliveredIDs'
-// own locks. Per-frame state that both read loops check (close state,
+// declaredQueues.mu (declared.go), nor under heartbeats.mu
+// (heartbeat.go, taken with no other lock held), nor under closer.mu
+// (closer.go, taken under clientConn.mu by teardown), nor under
+// ledger.DeliveredIDs' own locks. Per-frame state that both read loops check (close state,
 // channel lookup) is atomic.
 package proxy
