@@ -47,12 +47,13 @@ type channelState struct {
 	outMu sync.Mutex
 
 	// mu guards the channel's consumers, its delivery tags, its publisher
-	// confirms, the close in progress and the reply counts of its requests.
-	// Each section is a type of its own, held by value, whose methods are
-	// called with mu held, by channelState's methods below only: several of
-	// them change together under the one lock (a lost link drops consumers
-	// and settles confirms at once; a settlement in a transaction touches
-	// tags and the transaction's record).
+	// confirms and the close in progress, each a type of its own held by
+	// value, whose methods are called with mu held, by channelState's
+	// methods only; and the commit of a kept transaction (tx) and the reply
+	// counts of the channel's requests (rpcGroup, rpc.go). One lock, since
+	// several of them change together: a lost link drops consumers and
+	// settles confirms in one step, and a settlement in a transaction
+	// changes the tags and the transaction's record.
 	mu         sync.Mutex
 	consumers  channelConsumers
 	deliveries channelDeliveries
