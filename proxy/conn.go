@@ -151,19 +151,21 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	c.mover = consumerMover{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, channels: c.channels,
 		router: &c.router, send: &c.send, out: c.out, log: log, cancelNotify: opened.terms.cancelNotify,
 		done: c.done, running: &c.linkLoops, writeFailed: writeFailed}
-	c.opened = time.Now()
-	c.opening = nil
-	c.links.begin(home, opened.failedAt)
-	c.mu.Unlock()
+	// The router and the settler too: the mover reaches the router, and a
+	// link loop the watcher starts reaches the settler.
 	c.log = log
 	rt := &c.router
 	rt.srv, rt.mirror, rt.links = c.srv, c.srv.opts.Mirror, &c.links
-	rt.vhost, rt.log, rt.ctx = c.terms.vhost, c.log, c.ctx
-	c.settler = settler{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, log: c.log, out: c.out,
+	rt.vhost, rt.log, rt.ctx = c.terms.vhost, log, c.ctx
+	c.settler = settler{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, log: log, out: c.out,
 		writeFailed: writeFailed, closeChannel: closeChannel}
 	rt.out, rt.settler = c.out, &c.settler
 	rt.dial, rt.run = c.openLink, c.runLink
 	rt.writeFailed, rt.closeChannel, rt.atBoundary = writeFailed, closeChannel, c.send.atBoundary
+	c.opened = time.Now()
+	c.opening = nil
+	c.links.begin(home, opened.failedAt)
+	c.mu.Unlock()
 	c.log.Info("connection opened", "backend", home.name,
 		"frame_max", c.terms.frameMax, "heartbeat", c.terms.clientHeartbeat)
 	return true, ReasonUnknown

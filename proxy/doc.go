@@ -262,6 +262,10 @@
 // dials and logs in; it is taken with no lock held but the send gate, and
 // of the locks above only linkSet.mu and the new socket's are taken under
 // it.
+// One exception: a write to the client that fails tears the connection
+// down from under channelState.outMu (clientOut's gone, then teardown),
+// which takes clientConn.mu and linkSet.mu; nothing takes outMu while it
+// holds either of those, so the two orders never meet.
 // The parts of a channel's state (channelConsumers, channelDeliveries,
 // channelConfirms, closeHandshake) have no lock of their own: they are
 // guarded by channelState.mu, which channelState's methods take.

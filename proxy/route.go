@@ -46,7 +46,8 @@ import (
 // send gate) and asks promotionPending. Who touches what:
 //
 //   - everything but identities, unrecorded and declared is set once by
-//     clientConn.open, before the connection serves, and only read after;
+//     clientConn.open under clientConn.mu, before the connection counts as
+//     open, and only read after;
 //   - identities and unrecorded belong to the client loop and have no lock;
 //   - declared keeps its own lock (declaredQueues.mu): the link loops and
 //     the client loop add to it, the views read it.

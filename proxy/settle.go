@@ -30,8 +30,8 @@ import (
 //     copies, pass on the confirms those settle (passConfirms,
 //     reportMissed).
 //
-// Everything but trimIDs is set once by clientConn.open, before the
-// connection serves, and only read after; trimIDs belongs to the client
+// Everything but trimIDs is set once by clientConn.open under
+// clientConn.mu, before the connection counts as open, and only read after; trimIDs belongs to the client
 // loop. What it writes to the client on a channel goes under the
 // channel's outMu: confirm and confirmedAtPublish take it, passConfirms
 // and ownConfirmsAnswered (txemulated.go: the confirms of the proxy's own
