@@ -64,16 +64,7 @@ func (n *partitionNetwork) isolateOneProxy(t *testing.T, nodes *killSidecars, lo
 		if !status.Paused {
 			return fmt.Errorf("the proxy beside %s, cut off, is not paused", broker)
 		}
-		rows, err := listQueues(t, nodes.proxy(asked))
-		if err != nil {
-			return err
-		}
-		for _, q := range queues {
-			if rows[q].Master == broker {
-				return fmt.Errorf("proxy %d lists %v, mastered beside the proxy cut off", asked+1, rows[q])
-			}
-		}
-		return nil
+		return mastersMovedFrom(t, nodes, asked, queues, broker)
 	})
 	held := time.Since(cutAt)
 	n.isolateProxy(t, false, victim)

@@ -194,21 +194,27 @@ func freezeProxyLong(t *testing.T, nodes *killSidecars, load *killLoad, queues [
 		if frozen := time.Since(frozenAt); frozen <= mirrorFailoverGrace+time.Second {
 			return fmt.Errorf("frozen for %v, not past failover_grace (%v) yet", frozen, mirrorFailoverGrace)
 		}
-		rows, err := listQueues(t, nodes.proxy(asked))
-		if err != nil {
-			return err
-		}
-		for _, q := range queues {
-			if rows[q].Master == broker {
-				return fmt.Errorf("proxy %d lists %v, mastered beside the frozen proxy", asked+1, rows[q])
-			}
-		}
-		return nil
+		return mastersMovedFrom(t, nodes, asked, queues, broker)
 	})
 	frozen := time.Since(frozenAt)
 	thaw()
 	load.comeHome(victim)
 	return fmt.Sprintf("the proxy beside %s, frozen for %v", broker, frozen.Round(time.Millisecond))
+}
+
+// mastersMovedFrom says, as proxy asked lists them, whether no queue of queues is
+// mastered on broker any more (nil), and which one is otherwise.
+func mastersMovedFrom(t *testing.T, nodes *killSidecars, asked int, queues []string, broker string) error {
+	rows, err := listQueues(t, nodes.proxy(asked))
+	if err != nil {
+		return err
+	}
+	for _, q := range queues {
+		if rows[q].Master == broker {
+			return fmt.Errorf("proxy %d lists %v, still mastered on %s", asked+1, rows[q], broker)
+		}
+	}
+	return nil
 }
 
 func killWholeNode(t *testing.T, nodes *killSidecars, load *killLoad, _ []string, victim int) string {

@@ -171,16 +171,8 @@ func (d *deliverer) deliver(ch *channelState, l *link, m *message, methodArgs, h
 	if !cons.noAck {
 		d.lent(queue, meta, id, hasID, header)
 	}
-	ch.outMu.Lock()
-	tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: deliver.DeliveryTag, Queue: queue, ID: id, From: cons.queue}, !cons.noAck)
-	if tag == deliver.DeliveryTag && !hasID {
-		d.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
-	} else {
-		deliver.DeliveryTag = tag
-		d.out.method(ch.id, deliver)
-	}
-	d.out.content(ch.id, m, header)
-	ch.outMu.Unlock()
+	d.write(ch, m, header, ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: deliver.DeliveryTag, Queue: queue, ID: id, From: cons.queue},
+		!cons.noAck, deliver, &deliver.DeliveryTag, hasID)
 	if cons.noAck && queue != nil {
 		d.mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
 	}
@@ -216,19 +208,31 @@ func (d *deliverer) answerGet(ch *channelState, l *link, m *message, methodArgs,
 	if !m.get.noAck {
 		d.lent(queue, meta, id, hasID, header)
 	}
-	ch.outMu.Lock()
-	tag := ch.deliver(ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: getOk.DeliveryTag, Queue: queue, ID: id, From: m.get.queue}, !m.get.noAck)
-	if tag == getOk.DeliveryTag && !flagged {
-		d.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
-	} else {
-		getOk.DeliveryTag = tag
-		d.out.method(ch.id, getOk)
-	}
-	d.out.content(ch.id, m, header)
-	ch.outMu.Unlock()
+	d.write(ch, m, header, ledger.Delivered{Backend: l.idx, Gen: l.gen, BackendTag: getOk.DeliveryTag, Queue: queue, ID: id, From: m.get.queue},
+		!m.get.noAck, getOk, &getOk.DeliveryTag, flagged)
 	if m.get.noAck && queue != nil {
 		d.mirror.Settle(queue.ID, []mirror.MessageID{id}, mirror.Acked)
 	}
+}
+
+// write numbers a delivery or get-ok on its channel and writes it to the
+// client, in one critical section under the channel's outMu, so that tags
+// reach the client in order and two messages' frames never interleave.
+// The backend's method frame goes out as it came when the proxy's tag is
+// the backend's (*tag) and nothing in it changed; otherwise method, the
+// decoded frame, goes out with the proxy's tag. A message that carried the
+// proxy's identity header changed: header is without it.
+func (d *deliverer) write(ch *channelState, m *message, header []byte, entry ledger.Delivered, needsAck bool, method frames.Method, tag *uint64, changed bool) {
+	ch.outMu.Lock()
+	proxyTag := ch.deliver(entry, needsAck)
+	if proxyTag == *tag && !changed {
+		d.out.frame(frames.Frame{Type: frames.FrameMethod, Channel: ch.id, Payload: m.method})
+	} else {
+		*tag = proxyTag
+		d.out.method(ch.id, method)
+	}
+	d.out.content(ch.id, m, header)
+	ch.outMu.Unlock()
 }
 
 // lent tells the engine that the master delivered an expiring message of a
