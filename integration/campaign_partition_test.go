@@ -48,6 +48,10 @@ func TestCampaignPartitions(t *testing.T) {
 	runSidecarCampaign(t, nodes, queues, kinds, order, rnd)
 }
 
+// cutBrokerHold is how long cutOneBroker holds its cut once the proxy counts the broker
+// down: a few of its questions to the other proxies, a second apart.
+const cutBrokerHold = 2500 * time.Millisecond
+
 // isolateOneProxy cuts proxy victim off from the other two, holds the cut until it has
 // paused and the others list no queue mastered on its broker, and heals it.
 func (n *partitionNetwork) isolateOneProxy(t *testing.T, nodes *killSidecars, load *killLoad, queues []string, victim int) string {
@@ -75,7 +79,8 @@ func (n *partitionNetwork) isolateOneProxy(t *testing.T, nodes *killSidecars, lo
 
 // cutOneBroker cuts proxy victim off from another node's broker (the master of a queue
 // when that is another node's), holds the cut until the proxy counts that broker down (its
-// own probe, past failover_grace), and heals it. The other proxies reach the broker all
+// own probe, past failover_grace) and for cutBrokerHold more, while it asks the others
+// whether to promote away from it, and heals it. The other proxies reach the broker all
 // along.
 func (n *partitionNetwork) cutOneBroker(t *testing.T, nodes *killSidecars, _ *killLoad, queues []string, victim int) string {
 	asked := (victim + 1) % len(nodes.brokers)
@@ -98,6 +103,7 @@ func (n *partitionNetwork) cutOneBroker(t *testing.T, nodes *killSidecars, _ *ki
 		}
 		return fmt.Errorf("the proxy beside %s, cut off from %s, does not count it down: %v", nodes.brokers[victim].Name, name, status.Backends)
 	})
+	time.Sleep(cutBrokerHold)
 	held := time.Since(cutAt)
 	rows, err := listQueues(t, nodes.proxy(victim))
 	if err != nil {

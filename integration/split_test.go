@@ -30,10 +30,10 @@ const partVariable = "AMQP_MIRROR_INTEGRATION_PART"
 // part's long acceptance tests (kills, syncs, amqp091-go's suite) set its length.
 var integrationParts = [][]string{
 	{ // the sidecar cluster: node kills (~100 s), the walkthrough, the partition; the CLI
-		// sidecar_kill_test.go, sidecar_test.go, partition_test.go
+		// sidecar_kill_test.go, sidecar_test.go, partition_test.go, partial_partition_test.go
 		"TestSidecarNodeKilledRepeatedly",
 		"TestSidecarWalkthrough", "TestSidecarRuntimePoliciesInTheLog", "TestSidecarDeletedWhileNodeDown", "TestSidecarFrozenNodeJudgedBySerf",
-		"TestSidecarPartition",
+		"TestSidecarPartition", "TestSidecarPartialPartitionKeepsTheMaster",
 		// chaos_test.go (~50 s)
 		"TestChaosTwoBrokersKilled",
 		// cli_*_test.go, ctl_*_test.go, compose*_test.go, demo_script_test.go

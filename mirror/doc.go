@@ -282,10 +282,15 @@
 //     slave, which hands the request on to the next when it is done.
 //   - A backend that comes back: the proxy beside it lets its copies
 //     rejoin (purged through its trimmer).
-//   - Promotion: every proxy that sees the master's backend go down
-//     proposes the same decision (the oldest live synchronised slave) as
-//     a conditional write; the log takes the first, the others find the
-//     queue promoted. A proposal the log cannot take (no leader during an
+//   - Promotion: every proxy that sees the master's backend go down,
+//     once a majority of the proxies count it down (they are asked), or
+//     serf declared the proxy beside it failed, proposes the same decision
+//     (the oldest live synchronised slave) as a conditional write; the
+//     log takes the first, the others find the queue promoted. One proxy
+//     cut off from a broker the others reach (a partial partition) so
+//     deposes nothing: the others would go on delivering from the old
+//     master until their logs apply the promotion, while the new master
+//     delivers the same messages. A proposal the log cannot take (no leader during an
 //     election) is made again a second later. A node is judged failed by
 //     serf: when serf has held a proxy failed for half a second (shorter
 //     suspicions are an overloaded host's), every survivor counts the

@@ -220,12 +220,32 @@ func (n *Node) Ctl(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // Restart stops the node gracefully if it is running, then starts it again on the same
-// ports with the same data and waits until it accepts AMQP connections.
+// AMQP port with the same data and waits until it accepts AMQP connections.
 func (n *Node) Restart(ctx context.Context) error {
 	if err := n.Stop(ctx); err != nil {
 		return err
 	}
-	return n.start(ctx)
+	return n.startAgain(ctx)
+}
+
+// startAgain starts a node that ran before on its AMQP port, which its clients know.
+// Another process may have taken its distribution port meanwhile (a connection's
+// ephemeral port, on a busy host): the node then starts on another one, which nobody
+// outside it needs (rabbitmqctl finds it through epmd).
+func (n *Node) startAgain(ctx context.Context) error {
+	const attempts = 3
+	for attempt := 1; ; attempt++ {
+		err := n.start(ctx)
+		if err == nil || !errors.Is(err, errPortInUse) || attempt == attempts {
+			return err
+		}
+		ports, portErr := freePorts(1)
+		if portErr != nil {
+			return err
+		}
+		n.logger.Warn("port clash on a restart, retrying with another distribution port", "error", err)
+		n.DistPort = ports[0]
+	}
 }
 
 // Wipe kills the node if it is running and deletes its data; the next Restart boots an

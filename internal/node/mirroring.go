@@ -101,6 +101,7 @@ func startMirroring(ctx context.Context, cfg *config.Config, backends *backends,
 		m.cluster.Peers().HandlePurges(m.engine.PurgeLocal)
 		m.cluster.Peers().HandleSyncs(m.engine.SyncLocal)
 		m.cluster.Peers().HandleWaitApplied(m.engine.WaitApplied)
+		m.cluster.Peers().HandleDown(m.engine.BackendDown)
 		m.stopMembers = cluster.WatchMembers(m.cluster, m.engine, cfg.Node)
 	}
 	return m, nil

@@ -82,6 +82,9 @@ type Peers struct {
 	// replaced as a whole after membership events.
 	addrs    atomic.Pointer[map[string]string]
 	backends atomic.Pointer[map[string]string]
+	// members counts the cluster's proxies as pause_minority does: alive,
+	// failed and leaving, this one included.
+	members  atomic.Int32
 	settle   atomic.Pointer[func(mirror.QueueID, []mirror.MessageID, mirror.Outcome)]
 	handlers sync.Map // kind -> func(from string, payload []byte)
 	calls    sync.Map // kind -> callHandler
@@ -160,7 +163,11 @@ func (p *Peers) enqueue(node string, m peerMessage) {
 // refresh rebuilds the address maps from the members serf knows.
 func (p *Peers) refresh(members []Member) {
 	addrs, backends := map[string]string{}, map[string]string{}
+	counted := 0
 	for _, m := range members {
+		if m.Status != StatusLeft {
+			counted++
+		}
 		if m.Status != StatusAlive || m.Raft == "" {
 			continue
 		}
@@ -173,6 +180,7 @@ func (p *Peers) refresh(members []Member) {
 	}
 	p.addrs.Store(&addrs)
 	p.backends.Store(&backends)
+	p.members.Store(int32(counted))
 }
 
 // sendLoop writes the messages queued for one destination, many per
@@ -500,6 +508,43 @@ func (p *Peers) Unrecorded(ctx context.Context, vhost string) ([]mirror.Unrecord
 		return all, fmt.Errorf("listing unrecorded queues: %w", err)
 	}
 	return all, nil
+}
+
+// downCall is the kind of the call that asks a proxy whether it counts a
+// backend down.
+const downCall = "down"
+
+// HandleDown sets the function that answers other proxies' CountDown:
+// whether this proxy counts a backend down (engine.BackendDown).
+func (p *Peers) HandleDown(f func(backend string) bool) {
+	p.calls.Store(downCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+		var backend string
+		if err := json.Unmarshal(payload, &backend); err != nil {
+			return nil, fmt.Errorf("decoding a liveness question: %w", err)
+		}
+		return json.Marshal(f(backend))
+	}))
+}
+
+// CountDown asks every other alive proxy, at once, whether it counts
+// backend down, and returns how many do, and how many proxies the cluster
+// has (this one and failed ones included). A proxy that does not answer
+// before ctx ends counts as not seeing the backend down; err names it.
+func (p *Peers) CountDown(ctx context.Context, backend string) (down, members int, err error) {
+	err = p.askEveryone(ctx, downCall, backend, func(node string, raw []byte) error {
+		var isDown bool
+		if err := json.Unmarshal(raw, &isDown); err != nil {
+			return fmt.Errorf("decoding %s's answer: %w", node, err)
+		}
+		if isDown {
+			down++
+		}
+		return nil
+	})
+	if err != nil {
+		err = fmt.Errorf("asking whether %s is down: %w", backend, err)
+	}
+	return down, int(p.members.Load()), err
 }
 
 // askEveryone sends a call of kind with request to every other alive

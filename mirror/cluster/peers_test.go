@@ -189,3 +189,30 @@ func TestListingsAskEveryOtherProxy(t *testing.T) {
 		t.Errorf("Unrecorded with rabbit3 not answering: got %v, want rabbit2's %v", got, want)
 	}
 }
+
+// TestCountDownAsksEveryOtherProxy: CountDown counts the other proxies that
+// count a backend down, with the cluster's size; one that has no answer to give
+// counts as not seeing it down, and the error names it.
+func TestCountDownAsksEveryOtherProxy(t *testing.T) {
+	nodes := startCluster(t, 3)
+	for i, downs := range map[int][]string{1: {"rabbit3"}, 2: {"rabbit3", "rabbit1"}} {
+		nodes[i].Peers().HandleDown(func(backend string) bool { return slices.Contains(downs, backend) })
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		for backend, want := range map[string]int{"rabbit3": 2, "rabbit1": 1, "rabbit2": 0} {
+			down, members, err := nodes[0].Peers().CountDown(ctx, backend)
+			if err != nil || down != want || members != 3 {
+				return fmt.Errorf("CountDown(%s): %d of %d, %v; want %d of 3", backend, down, members, err, want)
+			}
+		}
+		return nil
+	})
+
+	nodes[2].peers.calls.Delete(downCall)
+	down, members, err := nodes[0].Peers().CountDown(ctx, "rabbit1")
+	if down != 0 || members != 3 || err == nil || !strings.Contains(err.Error(), "calls of kind") {
+		t.Errorf("CountDown(rabbit1) with the third proxy not answering: %d of %d, %v; want 0 of 3 and an error naming the call it cannot answer", down, members, err)
+	}
+}

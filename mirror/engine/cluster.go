@@ -24,8 +24,10 @@ import (
 //   - copies on a backend that comes back rejoin through the proxy beside
 //     it (its trimmer purges them);
 //   - a promotion is proposed by every proxy that sees the master's
-//     backend go down; the writes are conditional, so the log takes the
-//     first and the others find the queue promoted.
+//     backend go down, once a majority of the proxies count it down
+//     (failover.majorityDown) or serf declared the proxy beside it
+//     failed; the writes are conditional, so the log takes the first and
+//     the others find the queue promoted.
 
 // MetaWriter writes queue metadata: the Store itself for one proxy, the
 // cluster (writes forwarded to the raft leader) in a sidecar cluster.
@@ -58,6 +60,11 @@ type Peers interface {
 	// clients declared that the log does not record; with an error when
 	// one did not answer, the others' queues.
 	Unrecorded(ctx context.Context, vhost string) ([]mirror.UnrecordedQueue, error)
+	// CountDown asks every other live proxy whether it counts backend
+	// down, and returns how many do and how many proxies the cluster has
+	// (this one and failed ones included); one that does not answer in
+	// time counts as not seeing it down, and err names it.
+	CountDown(ctx context.Context, backend string) (down, members int, err error)
 	// WaitApplied returns once every other live proxy has applied the
 	// metadata log up to index (bounded: an error names those that did
 	// not answer in time).

@@ -13,6 +13,7 @@ func (noPeers) SendSettles(string, mirror.QueueID, []mirror.MessageID, mirror.Ou
 func (noPeers) PurgeSlave(context.Context, string, mirror.QueueID) error               { return nil }
 func (noPeers) SyncSlave(context.Context, string, mirror.QueueID) error                { return nil }
 func (noPeers) WaitApplied(context.Context, uint64) error                              { return nil }
+func (noPeers) CountDown(context.Context, string) (int, int, error)                    { return 0, 0, nil }
 func (noPeers) Unrecorded(context.Context, string) ([]mirror.UnrecordedQueue, error) {
 	return nil, nil
 }

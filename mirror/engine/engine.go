@@ -220,8 +220,9 @@ func New(opts Options) *Engine {
 	e.history = &history{node: opts.Node}
 	e.failover = &failover{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
-		history: e.history, operator: e.operator, policies: opts.Policies, roles: e.roles, log: log, life: e.life, poke: e.poke,
-		metrics: e.metrics, lost: make(map[string]map[mirror.QueueID]bool),
+		peers: opts.Peers, history: e.history, operator: e.operator, policies: opts.Policies, roles: e.roles, log: log,
+		life: e.life, poke: e.poke, metrics: e.metrics, lost: make(map[string]map[mirror.QueueID]bool),
+		outvoted: make(map[string]bool),
 	}
 	e.drainer = &drainer{
 		store: opts.Store, records: e.records, liveness: e.liveness, trimmers: e.trimmers, syncs: e.syncs,

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync"
@@ -33,6 +35,7 @@ type failover struct {
 	trimmers *trimmers
 	syncs    *syncs
 	liveness *liveness
+	peers    Peers    // the other proxies of a sidecar cluster; nil alone
 	history  *history // the promotions written here, for the status page
 	operator *operator
 	policies *config.PolicyStore
@@ -51,6 +54,10 @@ type failover struct {
 	// ownCopies is the loop's check of this node's copies at a cluster
 	// proxy's start (checkOwnCopies).
 	ownCopies ownCopiesCheck
+	// outvoted are the backends this proxy counts down and a majority of
+	// the proxies did not, when last asked (majorityDown), owned by the
+	// loop: said once per episode.
+	outvoted map[string]bool
 	// unpromoted holds, per queue whose lost master nobody replaced, the
 	// reason last logged (mirror.QueueID → string), so that a decision
 	// taken again every second is logged once.
@@ -89,6 +96,7 @@ func (f *failover) backendLost(ev controllink.Event) {
 	live := f.liveness.live()
 	delete(live, ev.Backend) // whatever the watcher says now, this event is a loss
 	settling := f.liveness.settlingAfterPause()
+	outvoted := !settling && f.mastersOn(ev.Backend) && !f.majorityDown(ev)
 	var (
 		mu                        sync.Mutex
 		failed, deferred, waiting bool
@@ -102,7 +110,7 @@ func (f *failover) backendLost(ev controllink.Event) {
 				var err error
 				noLiveSlave, deferredHere := false, false
 				switch {
-				case m.Master == ev.Backend && settling:
+				case m.Master == ev.Backend && (settling || outvoted):
 					deferredHere = true
 				case m.Master == ev.Backend:
 					noLiveSlave, err = f.promote(m.ID, ev, cause, live)
@@ -122,7 +130,7 @@ func (f *failover) backendLost(ev controllink.Event) {
 	}
 	close(queues)
 	workers.Wait()
-	if deferred {
+	if deferred && !outvoted {
 		f.log.Info("a master's backend lost soon after this proxy served again; its promotion is left to the other proxies for now", "backend", ev.Backend)
 	}
 	if failed || deferred || waiting {
@@ -134,6 +142,56 @@ func (f *failover) backendLost(ev controllink.Event) {
 		f.retryLoss(ev)
 	}
 }
+
+// mastersOn reports whether the metadata records a master on backend.
+func (f *failover) mastersOn(backend string) bool {
+	for _, m := range f.store.List() {
+		if m.Master == backend {
+			return true
+		}
+	}
+	return false
+}
+
+// majorityDown reports whether the masters of a backend this proxy counts
+// down may be promoted away: always for one proxy alone, and when serf
+// declared the proxy beside the backend failed (the node is gone); in a
+// cluster otherwise only when a majority of the proxies count the backend
+// down. A proxy cut off from a broker the others still reach (a partial
+// partition) must not depose its masters: the other proxies would go on
+// delivering from them until their logs apply the promotion, while the new
+// master delivers the same messages again. Its own clients of those queues
+// wait meanwhile, as during failover_grace. Each proxy's probe sees a
+// broker that dies within moments of the others', so the second proxy to
+// see it finds a majority of three.
+func (f *failover) majorityDown(ev controllink.Event) bool {
+	if f.peers == nil || errors.Is(ev.Err, errMemberFailed) {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(f.life.ctx, countDownTimeout)
+	defer cancel()
+	down, members, err := f.peers.CountDown(ctx, ev.Backend)
+	down++ // this proxy's own verdict
+	if 2*down > members {
+		if f.outvoted[ev.Backend] {
+			f.log.Info("a majority of the proxies counts the backend down too; promoting away from it", "backend", ev.Backend, "down", down, "members", members)
+			delete(f.outvoted, ev.Backend)
+		}
+		return true
+	}
+	if !f.outvoted[ev.Backend] {
+		f.outvoted[ev.Backend] = true
+		log := f.log.With("backend", ev.Backend, "down", down, "members", members)
+		if err != nil {
+			log = log.With("err", err)
+		}
+		log.Warn("this proxy counts a backend down that most proxies still reach; its masters stay, and this proxy's clients of their queues wait until it reaches the backend again")
+	}
+	return false
+}
+
+// countDownTimeout bounds majorityDown's question to the other proxies.
+const countDownTimeout = time.Second
 
 // lossWorkers is how many queues a backend's loss changes at once. Each
 // change is a write to the metadata log, and raft appends the writes that
@@ -281,6 +339,7 @@ func (f *failover) handleEvent(ev controllink.Event) {
 		}
 		f.backendLost(ev)
 	case controllink.Up:
+		delete(f.outvoted, ev.Backend)
 		f.retryRejoins()
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,4 +75,67 @@ func TestMasterLostAndBack(t *testing.T) {
 		t.Errorf("after the return the copies are %v, want [rabbit1 rabbit2 rabbit3] (rabbit3 the youngest slave)", got)
 	}
 	expectHeld(t, h.engine, id, 50, "rabbit2", "rabbit3")
+}
+
+// peersCountingDown are the other proxies of a cluster of three, of which
+// down count every backend down.
+type peersCountingDown struct {
+	noPeers
+	down atomic.Int32
+}
+
+func (p *peersCountingDown) CountDown(context.Context, string) (int, int, error) {
+	return int(p.down.Load()), 3, nil
+}
+
+// TestMasterStaysWhileMostProxiesReachIt: in a cluster of three, a proxy whose
+// own probe loses the master's broker while the other two still reach it (a
+// partial partition) leaves the master where it is; once another proxy counts
+// the broker down too, a majority, it promotes.
+func TestMasterStaysWhileMostProxiesReachIt(t *testing.T) {
+	peers := &peersCountingDown{}
+	h := newHarnessWith(t, "", nil, func(o *Options) { o.Node, o.Peers = "rabbit1", peers })
+	setPolicy(t, h.policies, "outvoted", "^outvoted-", `{"ha-mode": "all"}`)
+	ctx := context.Background()
+	id := queueID(uniqueName(t, "outvoted"))
+	placed := mirror.QueueMeta{ID: id, Durable: true, Master: "rabbit3",
+		Slaves: []mirror.Slave{{Backend: "rabbit1", Synchronised: true}, {Backend: "rabbit2", Synchronised: true}}}
+	declareCopies(t, placed)
+	if _, err := h.engine.Declared(ctx, placed); err != nil {
+		t.Fatal(err)
+	}
+
+	rabbit3 := brokers.Node("rabbit3")
+	stopCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := rabbit3.Stop(stopCtx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !rabbit3.Running() {
+			rabbit3.Restart(context.Background())
+		}
+	})
+	testutil.Eventually(t, time.Minute, func() error {
+		if !h.engine.BackendDown("rabbit3") {
+			return fmt.Errorf("the engine does not count rabbit3 down yet")
+		}
+		return nil
+	})
+	// The loss and two retries of it, a second apart.
+	time.Sleep(2500 * time.Millisecond)
+	if m, _ := h.store.Get(id); m.Master != "rabbit3" || m.Epoch != 0 {
+		t.Fatalf("master %s, epoch %d while the other proxies reach rabbit3; want rabbit3, epoch 0", m.Master, m.Epoch)
+	}
+
+	peers.down.Store(1)
+	expectMeta(t, h.store, id, func(m mirror.QueueMeta, ok bool) error {
+		if m.Master != "rabbit1" || m.Epoch != 1 {
+			return fmt.Errorf("master %s, epoch %d; want rabbit1, epoch 1, once two of three count rabbit3 down", m.Master, m.Epoch)
+		}
+		return nil
+	})
+	if err := rabbit3.Restart(stopCtx); err != nil {
+		t.Fatal(err)
+	}
 }
