@@ -183,15 +183,9 @@ type Trimmer struct {
 	// the run goroutine.
 	copies chan *copyJob
 	job    *copyJob
-	// closes reports why the current channel closed (owned by the run
-	// goroutine, like the channels).
-	closes chan *amqp.Error
-	// channels are the open channels by sequence number: the newest one
-	// consumes (current), older ones only hold their deliveries until
-	// those are acked (see ChannelDeliveries). Owned by the run goroutine.
-	// Deliveries are known by references that name their channel (refOf).
-	channels map[uint64]*amqp.Channel
-	current  uint64
+	// channels are the trimmer's channels on the slave's broker, owned by
+	// the run goroutine.
+	channels slaveChannels
 	// purges takes Purge's requests; purge is the one being carried out.
 	purges chan *purgeJob
 	purge  *purgeJob
@@ -247,13 +241,13 @@ func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Tr
 		byContent: make(map[mirror.MessageID][]uint64),
 		deadlines: make(map[mirror.MessageID]time.Time),
 		out:       make(map[mirror.MessageID]time.Time),
-		channels:  make(map[uint64]*amqp.Channel),
+		channels:  newSlaveChannels(conn, queue, opts),
 		wake:      make(chan struct{}, 1),
 		copies:    make(chan *copyJob),
 		purges:    make(chan *purgeJob),
 		done:      make(chan struct{}),
 	}
-	ch, deliveries, err := t.consume()
+	ch, deliveries, err := t.channels.consume()
 	if err != nil {
 		return nil, err
 	}
@@ -409,54 +403,6 @@ func (t *Trimmer) Close() {
 	t.wg.Wait()
 }
 
-func (t *Trimmer) consume() (*amqp.Channel, <-chan amqp.Delivery, error) {
-	ch, err := t.conn.Channel()
-	if err != nil {
-		return nil, nil, fmt.Errorf("trimmer for queue %q: opening a channel: %w", t.queue, err)
-	}
-	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
-	// The prefetch bounds what one channel takes, however fast the broker
-	// pushes (see ChannelDeliveries); the last channel the trimmer may open
-	// takes everything.
-	prefetch := t.opts.ChannelDeliveries
-	if len(t.channels)+1 >= maxTrimmerChannels {
-		prefetch = 0
-	}
-	if err := ch.Qos(prefetch, 0, false); err != nil {
-		ch.Close()
-		return nil, nil, fmt.Errorf("trimmer for queue %q: basic.qos: %w", t.queue, err)
-	}
-	deliveries, err := ch.Consume(t.queue, t.opts.ConsumerTag, false, false, false, false, nil)
-	if err != nil {
-		ch.Close()
-		return nil, nil, fmt.Errorf("trimmer for queue %q: consuming: %w", t.queue, err)
-	}
-	t.closes = closes
-	t.current++
-	t.channels[t.current] = ch
-	return ch, deliveries, nil
-}
-
-// Delivery references: the trimmer keys each delivery by its channel's
-// sequence number and its delivery tag in one number, so that its maps and
-// the sorted outstanding list need no second field, and sorting by
-// reference sorts by channel, then tag. A channel takes far fewer than
-// 2^40 deliveries (ChannelDeliveries), and a trimmer opens far fewer than
-// 2^24 channels in its life.
-const tagBits = 40
-
-// maxTrimmerChannels bounds the channels a trimmer keeps open, well below
-// RabbitMQ's default channel_max (2047): a slave holding more than
-// ChannelDeliveries times this many messages holds the rest on its last
-// channel.
-const maxTrimmerChannels = 1000
-
-func refOf(channel, tag uint64) uint64 { return channel<<tagBits | tag }
-
-func channelOf(ref uint64) uint64 { return ref >> tagBits }
-
-func tagOf(ref uint64) uint64 { return ref & (1<<tagBits - 1) }
-
 // rotate moves consuming to a fresh channel once the current one holds
 // ChannelDeliveries deliveries unacknowledged: the consumer is cancelled (what the broker
 // sent before its cancel-ok is taken first, in order), and the old channel
@@ -468,7 +414,7 @@ func (t *Trimmer) rotate(ch *amqp.Channel, deliveries <-chan amqp.Delivery) (*am
 	for d := range deliveries {
 		t.take(d)
 	}
-	return t.consume()
+	return t.channels.consume()
 }
 
 // unackedOnCurrent is how many deliveries of the consuming channel are not
@@ -478,50 +424,7 @@ func (t *Trimmer) rotate(ch *amqp.Channel, deliveries <-chan amqp.Delivery) (*am
 func (t *Trimmer) unackedOnCurrent() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	i, _ := slices.BinarySearchFunc(t.outstanding, refOf(t.current, 0), func(o outstandingTag, ref uint64) int {
-		return compareTags(o.tag, ref)
-	})
-	return len(t.outstanding) - i
-}
-
-// closeEmpty closes the older channels that hold nothing any more.
-func (t *Trimmer) closeEmpty() {
-	for seq, ch := range t.channels {
-		if seq == t.current {
-			continue
-		}
-		t.mu.Lock()
-		i, _ := slices.BinarySearchFunc(t.outstanding, refOf(seq, 0), func(o outstandingTag, ref uint64) int {
-			return compareTags(o.tag, ref)
-		})
-		empty := i == len(t.outstanding) || channelOf(t.outstanding[i].tag) != seq
-		t.mu.Unlock()
-		if empty {
-			ch.Close()
-			delete(t.channels, seq)
-		}
-	}
-}
-
-// olderLost reports whether the broker closed one of the older channels:
-// the deliveries it held went back to the queue and come again on the
-// current one, where they would look like duplicates of what the trimmer
-// still believes it holds.
-func (t *Trimmer) olderLost() bool {
-	for seq, ch := range t.channels {
-		if seq != t.current && ch.IsClosed() {
-			return true
-		}
-	}
-	return false
-}
-
-// closeChannels closes every channel, which gives back everything held.
-func (t *Trimmer) closeChannels() {
-	for seq, ch := range t.channels {
-		ch.Close() // an error means it is closed already
-		delete(t.channels, seq)
-	}
+	return len(t.outstanding) - firstOn(t.outstanding, t.channels.current)
 }
 
 // run owns the channel: it records deliveries, flushes acks, and replaces
@@ -530,7 +433,7 @@ func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 	defer t.wg.Done()
 	for {
 		reason := t.serve(ch, deliveries)
-		t.closeChannels() // requeues what is held
+		t.channels.closeAll() // requeues what is held
 		t.forgetChannel()
 		switch reason {
 		case stopClosed:
@@ -550,7 +453,7 @@ func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 		}
 		var err error
 		for {
-			if ch, deliveries, err = t.consume(); err == nil {
+			if ch, deliveries, err = t.channels.consume(); err == nil {
 				t.queueMissing.Store(false)
 				break
 			}
@@ -677,10 +580,10 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 			}
 		case d, ok := <-deliveries:
 			if !ok {
-				t.log.Warn("trimmer's channel was closed by the broker; consuming again", "err", t.closeReason())
+				t.log.Warn("trimmer's channel was closed by the broker; consuming again", "err", t.channels.closeReason())
 				return stopChannelLost
 			}
-			if t.olderLost() {
+			if t.channels.olderLost() {
 				t.log.Warn("the broker closed one of the trimmer's older channels; consuming again")
 				return stopChannelLost
 			}
@@ -701,7 +604,7 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 				t.log.Warn("trimmer lost its channel", "err", err)
 				return stopChannelLost
 			}
-			if t.unackedOnCurrent() >= t.opts.ChannelDeliveries && len(t.channels) < maxTrimmerChannels {
+			if t.unackedOnCurrent() >= t.opts.ChannelDeliveries && !t.channels.full() {
 				var err error
 				if ch, deliveries, err = t.rotate(ch, deliveries); err != nil {
 					t.log.Warn("trimmer lost its channel", "err", err)
@@ -716,7 +619,7 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 // is gone, acked at once when it already is, and during a copy also sent to
 // the copy's destination.
 func (t *Trimmer) take(d amqp.Delivery) {
-	tag := refOf(t.current, d.DeliveryTag)
+	tag := refOf(t.channels.current, d.DeliveryTag)
 	value, _ := d.Headers[mirror.IdentityHeader].(string)
 	id, identified := mirror.ParseMessageID(value)
 	if _, marker := d.Headers[SyncMarkerHeader]; marker {
@@ -743,19 +646,6 @@ func (t *Trimmer) take(d amqp.Delivery) {
 			t.endCopy(err)
 		}
 	}
-}
-
-// closeReason returns why the broker closed the current channel, when it
-// said so.
-func (t *Trimmer) closeReason() error {
-	select {
-	case e, ok := <-t.closes:
-		if ok && e != nil {
-			return e
-		}
-	case <-time.After(100 * time.Millisecond): // the reason comes just after the deliveries end
-	}
-	return nil
 }
 
 // endCopy answers the running copy, if any.
@@ -1059,7 +949,7 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 	// The nacks and rejections go first: the multiple ack may cover their
 	// tags, and would ack them if they were still unacknowledged.
 	for _, ref := range nacks {
-		if err := t.channelFor(ch, ref).Nack(tagOf(ref), false, true); err != nil {
+		if err := t.channels.of(ch, ref).Nack(tagOf(ref), false, true); err != nil {
 			// The channel is gone, and with it every delivery it held
 			// went back to the queue: just what the nack was for.
 			return t.requeueAcks(acks, fmt.Errorf("nack %d: %w", tagOf(ref), err))
@@ -1069,12 +959,12 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 		if !a.reject {
 			continue
 		}
-		if err := t.channelFor(ch, a.tag).Nack(tagOf(a.tag), false, false); err != nil {
+		if err := t.channels.of(ch, a.tag).Nack(tagOf(a.tag), false, false); err != nil {
 			return t.requeueAcks(acks, fmt.Errorf("reject %d: %w", tagOf(a.tag), err))
 		}
 	}
 	for _, upTo := range multiples {
-		if err := t.channelFor(ch, upTo).Ack(tagOf(upTo), true); err != nil {
+		if err := t.channels.of(ch, upTo).Ack(tagOf(upTo), true); err != nil {
 			return t.requeueAcks(acks, fmt.Errorf("ack up to %d: %w", tagOf(upTo), err))
 		}
 	}
@@ -1082,11 +972,16 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 		if a.reject || covered(a.tag) {
 			continue
 		}
-		if err := t.channelFor(ch, a.tag).Ack(tagOf(a.tag), false); err != nil {
+		if err := t.channels.of(ch, a.tag).Ack(tagOf(a.tag), false); err != nil {
 			return t.requeueAcks(acks, fmt.Errorf("ack %d: %w", tagOf(a.tag), err))
 		}
 	}
-	t.closeEmpty()
+	t.channels.closeEmpty(func(seq uint64) bool {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		i := firstOn(t.outstanding, seq)
+		return i < len(t.outstanding) && channelOf(t.outstanding[i].tag) == seq
+	})
 	return nil
 }
 
@@ -1100,17 +995,6 @@ func (t *Trimmer) markSent(ref uint64) {
 		t.outstanding[i].acked = true
 		t.outstanding[i].sent = true
 	}
-}
-
-// channelFor is the channel a delivery reference belongs to: current when
-// it is the consuming one's (or, for a reference of a channel closed
-// meanwhile, the current one, whose ack then fails as a channel error
-// would, and the trimmer starts over).
-func (t *Trimmer) channelFor(current *amqp.Channel, ref uint64) *amqp.Channel {
-	if ch, ok := t.channels[channelOf(ref)]; ok {
-		return ch
-	}
-	return current
 }
 
 // requeueAcks puts the identities of acks that may not have reached the

@@ -1,0 +1,166 @@
+package controllink
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// slaveChannels are a trimmer's channels on the slave's broker, by
+// sequence number: the newest one (current) consumes, older ones only hold
+// their deliveries until those are acked (see
+// TrimmerOptions.ChannelDeliveries), then close. Deliveries are known by
+// references that name their channel (refOf).
+//
+// The trimmer's run goroutine owns them, so they take no lock (StartTrimmer
+// opens the first one before that goroutine starts). Which deliveries a
+// channel still holds unacknowledged is the trimmer's to say, under its
+// mutex: closeEmpty asks it, and never holds that mutex itself.
+type slaveChannels struct {
+	conn        *amqp.Connection
+	queue       string
+	consumerTag string
+	// prefetch is the deliveries one channel takes (ChannelDeliveries);
+	// the last channel the trimmer may open takes everything.
+	prefetch int
+
+	open    map[uint64]*amqp.Channel
+	current uint64
+	// closes reports why the current channel closed.
+	closes chan *amqp.Error
+}
+
+func newSlaveChannels(conn *amqp.Connection, queue string, opts TrimmerOptions) slaveChannels {
+	return slaveChannels{
+		conn:        conn,
+		queue:       queue,
+		consumerTag: opts.ConsumerTag,
+		prefetch:    opts.ChannelDeliveries,
+		open:        make(map[uint64]*amqp.Channel),
+	}
+}
+
+// Delivery references: the trimmer keys each delivery by its channel's
+// sequence number and its delivery tag in one number, so that its maps and
+// the sorted outstanding list need no second field, and sorting by
+// reference sorts by channel, then tag. A channel takes far fewer than
+// 2^40 deliveries (ChannelDeliveries), and a trimmer opens far fewer than
+// 2^24 channels in its life.
+const tagBits = 40
+
+// maxTrimmerChannels bounds the channels a trimmer keeps open, well below
+// RabbitMQ's default channel_max (2047): a slave holding more than
+// ChannelDeliveries times this many messages holds the rest on its last
+// channel.
+const maxTrimmerChannels = 1000
+
+func refOf(channel, tag uint64) uint64 { return channel<<tagBits | tag }
+
+func channelOf(ref uint64) uint64 { return ref >> tagBits }
+
+func tagOf(ref uint64) uint64 { return ref & (1<<tagBits - 1) }
+
+// consume opens a channel and consumes the slave copy on it; it becomes
+// the current one.
+func (c *slaveChannels) consume() (*amqp.Channel, <-chan amqp.Delivery, error) {
+	ch, err := c.conn.Channel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("trimmer for queue %q: opening a channel: %w", c.queue, err)
+	}
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	// The prefetch bounds what one channel takes, however fast the broker
+	// pushes (see ChannelDeliveries); the last channel the trimmer may open
+	// takes everything.
+	prefetch := c.prefetch
+	if len(c.open)+1 >= maxTrimmerChannels {
+		prefetch = 0
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		ch.Close()
+		return nil, nil, fmt.Errorf("trimmer for queue %q: basic.qos: %w", c.queue, err)
+	}
+	deliveries, err := ch.Consume(c.queue, c.consumerTag, false, false, false, false, nil)
+	if err != nil {
+		ch.Close()
+		return nil, nil, fmt.Errorf("trimmer for queue %q: consuming: %w", c.queue, err)
+	}
+	c.closes = closes
+	c.current++
+	c.open[c.current] = ch
+	return ch, deliveries, nil
+}
+
+// full reports whether the trimmer may open no more channels: the current
+// one then takes everything (consume gives it no prefetch).
+func (c *slaveChannels) full() bool { return len(c.open) >= maxTrimmerChannels }
+
+// closeEmpty closes the older channels that hold nothing any more, as
+// holds (the trimmer's account of its unacknowledged deliveries) says.
+func (c *slaveChannels) closeEmpty(holds func(seq uint64) bool) {
+	for seq, ch := range c.open {
+		if seq == c.current {
+			continue
+		}
+		if !holds(seq) {
+			ch.Close()
+			delete(c.open, seq)
+		}
+	}
+}
+
+// olderLost reports whether the broker closed one of the older channels:
+// the deliveries it held went back to the queue and come again on the
+// current one, where they would look like duplicates of what the trimmer
+// still believes it holds.
+func (c *slaveChannels) olderLost() bool {
+	for seq, ch := range c.open {
+		if seq != c.current && ch.IsClosed() {
+			return true
+		}
+	}
+	return false
+}
+
+// closeAll closes every channel, which gives back everything held.
+func (c *slaveChannels) closeAll() {
+	for seq, ch := range c.open {
+		ch.Close() // an error means it is closed already
+		delete(c.open, seq)
+	}
+}
+
+// of is the channel a delivery reference belongs to: current when it is
+// the consuming one's (or, for a reference of a channel closed meanwhile,
+// the current one, whose ack then fails as a channel error would, and the
+// trimmer starts over).
+func (c *slaveChannels) of(current *amqp.Channel, ref uint64) *amqp.Channel {
+	if ch, ok := c.open[channelOf(ref)]; ok {
+		return ch
+	}
+	return current
+}
+
+// closeReason returns why the broker closed the current channel, when it
+// said so.
+func (c *slaveChannels) closeReason() error {
+	select {
+	case e, ok := <-c.closes:
+		if ok && e != nil {
+			return e
+		}
+	case <-time.After(100 * time.Millisecond): // the reason comes just after the deliveries end
+	}
+	return nil
+}
+
+// firstOn is the index in outstanding (sorted by reference) of the first
+// delivery on channel seq, or of the first on a later channel when seq
+// holds none.
+func firstOn(outstanding []outstandingTag, seq uint64) int {
+	i, _ := slices.BinarySearchFunc(outstanding, refOf(seq, 0), func(o outstandingTag, ref uint64) int {
+		return compareTags(o.tag, ref)
+	})
+	return i
+}
