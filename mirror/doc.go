@@ -294,7 +294,7 @@
 //     election) is made again a second later. A node is judged failed by
 //     serf: when serf has held a proxy failed for half a second (shorter
 //     suspicions are an overloaded host's), every survivor counts the
-//     backend beside it down at once, as a reset (engine.MemberFailed),
+//     backend beside it down at once, as a reset (engine.Member.MemberFailed),
 //     so they all act on the same signal within one to two seconds; each
 //     proxy's own probe still catches a broker that dies under a live
 //     proxy.
@@ -386,9 +386,10 @@
 //
 // # Inside the engine: who owns which state
 //
-// engine.Engine is only the API the proxy, serve, ctl and the peers
-// call (about forty methods, nearly all delegating). Each concern behind
-// it is a type of its own that owns its state behind its own lock, and
+// engine.Engine is only the API the proxy, serve and ctl call (under
+// forty methods, nearly all delegating), and engine.Member the side a
+// sidecar cluster calls (the peers' requests, serf's verdicts,
+// pause_minority). Each concern behind them is a type of its own that owns its state behind its own lock, and
 // reaches the others through narrow pointers to them, never the Engine:
 //
 //	part           owns                                  guarded by

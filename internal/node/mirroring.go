@@ -97,12 +97,13 @@ func startMirroring(ctx context.Context, cfg *config.Config, backends *backends,
 		return nil, err
 	}
 	if m.cluster != nil {
-		m.cluster.Peers().HandleSettles(m.engine.SettleLocal)
-		m.cluster.Peers().HandlePurges(m.engine.PurgeLocal)
-		m.cluster.Peers().HandleSyncs(m.engine.SyncLocal)
-		m.cluster.Peers().HandleWaitApplied(m.engine.WaitApplied)
+		member := m.engine.Member()
+		m.cluster.Peers().HandleSettles(member.SettleLocal)
+		m.cluster.Peers().HandlePurges(member.PurgeLocal)
+		m.cluster.Peers().HandleSyncs(member.SyncLocal)
+		m.cluster.Peers().HandleWaitApplied(member.WaitApplied)
 		m.cluster.Peers().HandleDown(m.engine.BackendDown)
-		m.stopMembers = cluster.WatchMembers(m.cluster, m.engine, cfg.Node)
+		m.stopMembers = cluster.WatchMembers(m.cluster, member, cfg.Node)
 	}
 	return m, nil
 }

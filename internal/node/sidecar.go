@@ -102,13 +102,13 @@ type pausing struct {
 }
 
 func (p pausing) Pause() {
-	p.eng.SetPaused(true)
+	p.eng.Member().SetPaused(true)
 	p.srv.Pause()
 }
 
 func (p pausing) Resume() {
 	p.srv.Resume()
-	p.eng.SetPaused(false)
+	p.eng.Member().SetPaused(false)
 }
 
 // clusterTLS loads the raft port's mutual TLS; nil when cluster.tls is

@@ -92,7 +92,7 @@ type Peers struct {
 }
 
 // HandleSettles sets the function that receives the settles other proxies
-// send for this node's slave copies (engine.SettleLocal). Settles arriving
+// send for this node's slave copies (engine.Member.SettleLocal). Settles arriving
 // before it is set are dropped.
 func (p *Peers) HandleSettles(f func(mirror.QueueID, []mirror.MessageID, mirror.Outcome)) {
 	p.settle.Store(&f)
@@ -364,7 +364,7 @@ func (p *Peers) serveCall(conn net.Conn) {
 const purgeCall = "purge-slave"
 
 // HandlePurges sets the function that purges this node's slave copy of a
-// queue when another proxy asks (engine.PurgeLocal).
+// queue when another proxy asks (engine.Member.PurgeLocal).
 func (p *Peers) HandlePurges(f func(ctx context.Context, id mirror.QueueID) error) {
 	p.calls.Store(purgeCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
 		var id mirror.QueueID

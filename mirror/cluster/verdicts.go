@@ -19,7 +19,7 @@ const memberCheck = 100 * time.Millisecond
 const memberFailedFor = 500 * time.Millisecond
 
 // MemberVerdicts receives WatchMembers' verdicts, by backend name (the
-// engine: engine.MemberFailed, engine.MemberAlive).
+// engine: engine.Member.MemberFailed, MemberAlive).
 type MemberVerdicts interface {
 	MemberFailed(backend string)
 	MemberAlive(backend string)

@@ -117,10 +117,21 @@ func (r roles) syncTargets(targets []string, live mirror.LiveSet) []string {
 	return nil
 }
 
+// Member is the engine as the rest of a sidecar cluster sees it: what the
+// other proxies ask of this node's slave copies and of its metadata
+// (SettleLocal, SyncLocal, PurgeLocal, WaitApplied), serf's verdicts on
+// the proxies beside the backends (MemberFailed, MemberAlive) and
+// pause_minority's (SetPaused). It keeps no state of its own: each call
+// goes to the part of the engine that owns what it changes.
+type Member struct{ e *Engine }
+
+// Member returns the engine's side towards its cluster.
+func (e *Engine) Member() Member { return Member{e: e} }
+
 // SettleLocal is Settle for the slave copies this proxy trims: what the
 // proxies of other nodes send for this node's slaves.
-func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome) {
-	e.trimmers.settle(id, ids, outcome)
+func (m Member) SettleLocal(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome) {
+	m.e.trimmers.settle(id, ids, outcome)
 }
 
 // SyncLocal starts synchronising the slave beside this proxy (another
@@ -128,14 +139,15 @@ func (e *Engine) SettleLocal(id mirror.QueueID, ids []mirror.MessageID, outcome 
 // the request on to the next unsynchronised slave. It never hands on a
 // request it cannot start here, so a request cannot go round between
 // proxies that see the cluster differently.
-func (e *Engine) SyncLocal(ctx context.Context, id mirror.QueueID) error {
-	return e.syncs.local(ctx, id)
+func (m Member) SyncLocal(ctx context.Context, id mirror.QueueID) error {
+	return m.e.syncs.local(ctx, id)
 }
 
 // PurgeLocal empties this node's slave copy of a queue, through its
 // trimmer when it has one: what Purged does for the slave on this node
 // when a client purged the queue through another proxy.
-func (e *Engine) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
+func (m Member) PurgeLocal(ctx context.Context, id mirror.QueueID) error {
+	e := m.e
 	if tr := e.trimmers.get(id, e.roles.node); tr != nil {
 		_, err := tr.t.Purge(ctx)
 		return err

@@ -12,8 +12,10 @@
 //
 // # Parts
 //
-// Engine is the API: the methods the proxy, serve, ctl and the cluster's
-// peers call. Behind it, each concern is a type with its own state, lock
+// Engine is the API: the methods the proxy, serve and ctl call; Member
+// (Engine.Member) is the side the rest of a sidecar cluster calls: the
+// other proxies' requests, serf's verdicts and pause_minority. Behind
+// them, each concern is a type with its own state, lock
 // and methods, which Engine holds by pointer and delegates to; a part that
 // needs another's services holds a pointer to that part alone, never the
 // Engine:

@@ -167,10 +167,10 @@ func (e *Engine) Routing() *mirror.RoutingTable { return e.view.routing(e.backen
 // WaitApplied returns once this proxy has applied the metadata log up to
 // index and its routing shows it (another proxy recorded a binding and
 // waits for every proxy before its client hears of it).
-func (e *Engine) WaitApplied(ctx context.Context, index uint64) error {
-	if err := e.opts.Store.WaitApplied(ctx, index); err != nil {
+func (m Member) WaitApplied(ctx context.Context, index uint64) error {
+	if err := m.e.opts.Store.WaitApplied(ctx, index); err != nil {
 		return err
 	}
-	e.view.rebuild()
+	m.e.view.rebuild()
 	return nil
 }

@@ -35,7 +35,7 @@ func (e *Engine) BackendDown(backend string) bool { return e.liveness.down(backe
 // it serves again, it leaves promotions to the other proxies, which were
 // never cut off: its serf may have seen only one of them alive again so
 // far, and its own probes of the brokers reconnect after the healing too.
-func (e *Engine) SetPaused(paused bool) { e.liveness.setPaused(paused) }
+func (m Member) SetPaused(paused bool) { m.e.liveness.setPaused(paused) }
 
 // liveness is which backends the engine counts up, and where it may place
 // copies: the watcher's verdicts, serf's on the proxies beside them
@@ -122,7 +122,7 @@ func (l *liveness) configured(backend string) error {
 	return fmt.Errorf("backend '%s' (configured: %s): %w", backend, strings.Join(l.backends, ", "), ErrUnknownBackend)
 }
 
-// setPaused is Engine.SetPaused.
+// setPaused is Member.SetPaused.
 func (l *liveness) setPaused(paused bool) {
 	if !paused && l.paused.Load() {
 		l.resumed.Store(time.Now().UnixNano())
@@ -177,7 +177,8 @@ func (l *liveness) awaitVerdicts(ctx context.Context) {
 // exactly one. The probe still runs: a broker that dies under a live proxy
 // is seen by it alone. The backend counts as down until MemberAlive, and
 // the watcher's connection to it is closed, as a reset closes it.
-func (e *Engine) MemberFailed(backend string) {
+func (m Member) MemberFailed(backend string) {
+	e := m.e
 	if !e.liveness.failed.set(backend, true) {
 		return
 	}
@@ -195,7 +196,8 @@ func (e *Engine) MemberFailed(backend string) {
 // MemberAlive tells the engine that serf sees the proxy beside backend
 // alive again: the watcher's verdict on the backend is the engine's again,
 // and its copies rejoin through that proxy once the backend is up.
-func (e *Engine) MemberAlive(backend string) {
+func (m Member) MemberAlive(backend string) {
+	e := m.e
 	if !e.liveness.failed.set(backend, false) {
 		return
 	}

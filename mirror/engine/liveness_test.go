@@ -34,7 +34,7 @@ func TestMemberFailedCountsBackendDown(t *testing.T) {
 	expectHeld(t, h.engine, id, 20, "rabbit3", "rabbit1")
 
 	failed := time.Now()
-	h.engine.MemberFailed("rabbit2")
+	h.engine.Member().MemberFailed("rabbit2")
 	if !h.engine.BackendDown("rabbit2") {
 		t.Error("BackendDown(rabbit2) = false right after MemberFailed, want true")
 	}
@@ -49,7 +49,7 @@ func TestMemberFailedCountsBackendDown(t *testing.T) {
 		t.Error("rabbit2 still counts as live while its proxy is failed")
 	}
 
-	h.engine.MemberAlive("rabbit2")
+	h.engine.Member().MemberAlive("rabbit2")
 	// MemberFailed closed the watcher's connection, as a reset would; it
 	// counts up again once the watcher has reconnected.
 	testutil.Eventually(t, time.Minute, func() error {
@@ -167,13 +167,13 @@ func TestPausedEngineRecordsNoLoss(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	h.engine.SetPaused(true)
-	h.engine.MemberFailed("rabbit2")
+	h.engine.Member().SetPaused(true)
+	h.engine.Member().MemberFailed("rabbit2")
 	// Long enough for the event and a retry of it (one second later).
 	unchanged("paused", 2500*time.Millisecond)
 
 	resumed := time.Now()
-	h.engine.SetPaused(false)
+	h.engine.Member().SetPaused(false)
 	unchanged("just after serving again", 3*time.Second)
 	expectMeta(t, h.store, id, func(m mirror.QueueMeta, ok bool) error {
 		if m.Master != "rabbit3" || m.Epoch != 1 {
@@ -212,16 +212,16 @@ func TestMissedWhileCountedDownWaitsForTheBackend(t *testing.T) {
 		return i >= 0 && m.Slaves[i].Synchronised
 	}
 
-	h.engine.SetPaused(true)
-	h.engine.MemberFailed("rabbit3")
+	h.engine.Member().SetPaused(true)
+	h.engine.Member().MemberFailed("rabbit3")
 	h.engine.Missed("rabbit3", &id)
 	time.Sleep(time.Second) // five rounds of the background loop
 	if m, _ := h.store.Get(id); !synchronised(m) {
 		t.Fatalf("slaves %+v while rabbit3 is down and the engine paused; want rabbit3 still a synchronised slave", m.Slaves)
 	}
 
-	h.engine.MemberAlive("rabbit3")
-	h.engine.SetPaused(false)
+	h.engine.Member().MemberAlive("rabbit3")
+	h.engine.Member().SetPaused(false)
 	expectMeta(t, h.store, id, func(m mirror.QueueMeta, ok bool) error {
 		if !ok || m.SlaveIndex("rabbit3") < 0 || synchronised(m) {
 			return fmt.Errorf("slaves %+v; want rabbit3 an unsynchronised slave once it is up again", m.Slaves)

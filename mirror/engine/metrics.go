@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
+	"github.com/amqp-mirror/amqp-mirror/mirror/store"
 )
 
 // Metrics is where the engine registers its metrics; admin.Registry
@@ -92,7 +93,7 @@ func (e *Engine) RegisterMetrics(m Metrics, perQueue bool) {
 		[]string{"state"}, func(emit func(float64, ...string)) {
 			var counts [queueStates]int
 			for _, q := range e.opts.Store.List() {
-				counts[e.queueState(q)]++
+				counts[queueState(e.syncs, q)]++
 			}
 			for state, n := range counts {
 				emit(float64(n), queueStateNames[state])
@@ -116,16 +117,16 @@ func (e *Engine) RegisterMetrics(m Metrics, perQueue bool) {
 		"Messages syncs run by this proxy copied to slaves (counted as a copy from the master goes, and when a copy from a synchronised slave ends).",
 		func() float64 { return float64(e.metrics.syncedMessages.Load()) })
 	if perQueue {
-		e.registerQueueMetrics(m)
+		registerQueueMetrics(m, e.opts.Store, e.syncs, e.trimmers)
 	}
 }
 
 // queueState is the state of q for amqp_mirror_queues.
-func (e *Engine) queueState(q mirror.QueueMeta) int {
+func queueState(syncs *syncs, q mirror.QueueMeta) int {
 	switch {
 	case len(q.Slaves) == 0:
 		return stateUnmirrored
-	case e.syncs.running(q.ID) != nil:
+	case syncs.running(q.ID) != nil:
 		return stateSyncing
 	case len(q.SynchronisedSlaves()) == 0:
 		return stateUnsynchronised
@@ -133,12 +134,12 @@ func (e *Engine) queueState(q mirror.QueueMeta) int {
 	return stateMirrored
 }
 
-// registerQueueMetrics exposes a series per queue and, for the slave
-// messages, per backend whose slave copy this proxy trims.
-func (e *Engine) registerQueueMetrics(m Metrics) {
+// registerQueueMetrics exposes a series per queue of the metadata and, for
+// the slave messages, per backend whose slave copy this proxy trims.
+func registerQueueMetrics(m Metrics, metadata *store.Store, syncs *syncs, trimmers *trimmers) {
 	perQueue := func(value func(q mirror.QueueMeta) float64) func(emit func(float64, ...string)) {
 		return func(emit func(float64, ...string)) {
-			for _, q := range e.opts.Store.List() {
+			for _, q := range metadata.List() {
 				emit(value(q), q.ID.VHost, q.ID.Name)
 			}
 		}
@@ -150,7 +151,7 @@ func (e *Engine) registerQueueMetrics(m Metrics) {
 		perQueue(func(q mirror.QueueMeta) float64 { return float64(len(q.SynchronisedSlaves())) }))
 	m.GaugeFamily("amqp_mirror_queue_syncing", "1 while a sync this proxy runs copies to the queue's slaves.", labels,
 		perQueue(func(q mirror.QueueMeta) float64 {
-			if e.syncs.running(q.ID) != nil {
+			if syncs.running(q.ID) != nil {
 				return 1
 			}
 			return 0
@@ -160,8 +161,8 @@ func (e *Engine) registerQueueMetrics(m Metrics) {
 	m.GaugeFamily("amqp_mirror_queue_slave_messages",
 		"Messages the slave copy on backend holds, as this proxy's trimmer of that copy counts them (in a sidecar cluster, the proxy beside the backend trims it).",
 		[]string{"vhost", "queue", "backend"}, func(emit func(float64, ...string)) {
-			for _, q := range e.opts.Store.List() {
-				for backend, run := range e.trimmers.of(q.ID) {
+			for _, q := range metadata.List() {
+				for backend, run := range trimmers.of(q.ID) {
 					held, _ := run.t.Stats()
 					emit(float64(held), q.ID.VHost, q.ID.Name, backend)
 				}

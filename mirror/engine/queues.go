@@ -181,7 +181,7 @@ func (e *Engine) Bound(ctx context.Context, id mirror.QueueID, b mirror.Binding,
 // queues the work for its own goroutine, and the slaves on other nodes are
 // told through Peers.
 func (e *Engine) Settle(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome) {
-	e.SettleLocal(id, ids, outcome)
+	e.trimmers.settle(id, ids, outcome)
 	if !e.roles.clustered {
 		return
 	}

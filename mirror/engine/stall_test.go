@@ -33,6 +33,13 @@ func startStallGuard(t *testing.T, catchUp func(context.Context) error) *stallGu
 // its ticker last ran a second ago.
 func standStill(g *stallGuard) { g.lastTick.Store(g.now() - int64(time.Second)) }
 
+// stallsSeen is how many stalls g has counted.
+func stallsSeen(g *stallGuard) uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.stalls
+}
+
 // awaitWithin calls g.await and fails the test unless it returns nil
 // within d.
 func awaitWithin(t *testing.T, g *stallGuard, d time.Duration) {
@@ -124,19 +131,21 @@ func TestStallGuardRetriesAFailedCatchUp(t *testing.T) {
 // TestStallGuardStallDuringCatchUp: a stall seen while a catch-up runs
 // makes that catch-up's answer stale too: the guard catches up again.
 func TestStallGuardStallDuringCatchUp(t *testing.T) {
-	first := make(chan struct{})
 	var calls atomic.Int32
 	var g *stallGuard
-	g = startStallGuard(t, func(context.Context) error {
+	g = startStallGuard(t, func(ctx context.Context) error {
 		if calls.Add(1) == 1 {
+			// The first catch-up stands still, and returns once the
+			// guard's ticker has seen it do so.
+			before := stallsSeen(g)
 			standStill(g)
-			<-first
+			for stallsSeen(g) == before && ctx.Err() == nil {
+				time.Sleep(stallTick / 4)
+			}
 		}
 		return nil
 	})
 	standStill(g)
-	time.Sleep(3 * stallTick) // the first catch-up is under way and stood still
-	close(first)
 	awaitWithin(t, g, 10*time.Second)
 	if n := calls.Load(); n != 2 {
 		t.Errorf("%d catch-ups, want 2: the stall during the first must void it", n)

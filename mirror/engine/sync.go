@@ -285,7 +285,7 @@ func (s *syncs) inCluster(ctx context.Context, id mirror.QueueID, targets []stri
 	return nil
 }
 
-// local is Engine.SyncLocal.
+// local is Member.SyncLocal.
 func (s *syncs) local(ctx context.Context, id mirror.QueueID) error {
 	// This proxy's copy of the log may not have the slave yet when the
 	// asking proxy's has: it was just added. Wait a little for it.
