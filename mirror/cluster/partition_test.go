@@ -113,3 +113,70 @@ func TestPartitionMinorityCannotWrite(t *testing.T) {
 		})
 	}
 }
+
+// contactLimit is the engine's limit on a follower's silence from the leader
+// (engine.leaderContactLimit).
+const contactLimit = 400 * time.Millisecond
+
+// A node cut off from the other two knows that it has lost contact with the log's
+// leader (Store.InContact) before the majority can act on its failure (serf's verdict,
+// held for memberFailedFor): the engine holds its deliveries from then on, so that the
+// majority's promotions never race deliveries of the cut-off node's deposed masters.
+func TestCutOffNodeLosesContactBeforeTheMajorityActs(t *testing.T) {
+	for _, cutLeader := range []bool{true, false} {
+		name := "follower cut off"
+		if cutLeader {
+			name = "leader cut off"
+		}
+		t.Run(name, func(t *testing.T) {
+			nodes := startCluster(t, 3)
+			leader := waitLeader(t, nodes)
+			isolated := without(nodes, leader)[0]
+			if cutLeader {
+				isolated = leader
+			}
+			majority := without(nodes, isolated)
+			testutil.Eventually(t, 5*time.Second, func() error {
+				if !isolated.Store().InContact(contactLimit) {
+					return errors.New("the node to be cut off is not in contact with the leader yet")
+				}
+				return nil
+			})
+
+			cut := time.Now()
+			partition([]*testNode{isolated}, majority)
+			var lostContact, judged time.Duration
+			deadline := time.Now().Add(30 * time.Second)
+			for (lostContact == 0 || judged == 0) && time.Now().Before(deadline) {
+				if lostContact == 0 && !isolated.Store().InContact(contactLimit) {
+					lostContact = time.Since(cut)
+				}
+				if judged == 0 && failedBy(majority[0], isolated.cfg.NodeName) {
+					judged = time.Since(cut)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			if lostContact == 0 || judged == 0 {
+				t.Fatalf("30s after the cut: lost contact after %v, judged failed after %v (0: not yet)", lostContact, judged)
+			}
+			t.Logf("the cut-off node lost contact with the leader %v after the cut; the majority judged it failed after %v, and acts %v later",
+				lostContact.Round(time.Millisecond), judged.Round(time.Millisecond), memberFailedFor)
+			if acts := judged + memberFailedFor; lostContact >= acts {
+				t.Errorf("the cut-off node lost contact %v after the cut, not before the majority acts (%v): its deliveries would race the promotion", lostContact, acts)
+			}
+			for _, n := range nodes {
+				n.net.heal()
+			}
+		})
+	}
+}
+
+// failedBy reports whether n's serf holds the member named name failed.
+func failedBy(n *testNode, name string) bool {
+	for _, m := range n.Members() {
+		if m.Name == name {
+			return m.Status == StatusFailed
+		}
+	}
+	return false
+}

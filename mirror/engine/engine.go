@@ -199,7 +199,7 @@ func New(opts Options) *Engine {
 	e.records = &recorder{store: opts.Store, writer: opts.Writer, peers: opts.Peers, view: e.view, log: log, life: e.life}
 	e.operator = &operator{watcher: opts.Watcher, backends: opts.Backends, store: opts.Store, log: log, timeout: opts.OperationTimeout}
 	if e.roles.clustered {
-		e.stall = newStallGuard(e.catchUp, log)
+		e.stall = newStallGuard(e.catchUp, opts.Store.InContact, log)
 	}
 	e.liveness = &liveness{watcher: opts.Watcher, backends: e.backends, resumeSettle: opts.ResumeSettle, stall: e.stall}
 	e.trimmers = &trimmers{

@@ -28,6 +28,15 @@ import (
 // AwaitCurrent) until the metadata log has applied what the leader had
 // applied when asked, and failover leaves promotions to the other proxies
 // for ResumeSettle after that, as after a pause in a minority.
+//
+// A proxy cut off from the other proxies is in the same place without
+// stopping: the majority promotes its broker's masters away about a second
+// after the cut (serf's verdict and half a second more), while its own
+// raft follower notices the lost leader only after one to two election
+// timeouts, and pause_minority closes its clients only then. So the guard
+// also holds deliveries while the log's leader has not been heard from for
+// leaderContactLimit, well before the majority's promotion, until the log
+// has caught up again; no settle window follows, since nothing stood still.
 
 const (
 	// stallTick is how often the guard's ticker records that it ran.
@@ -42,6 +51,11 @@ const (
 	// stallCatchUpTimeout bounds one attempt to catch up; the guard tries
 	// again until one succeeds.
 	stallCatchUpTimeout = 5 * time.Second
+	// leaderContactLimit is how long a follower may go without hearing
+	// from the leader before its metadata counts as stale: eight of
+	// raft's heartbeats (ElectionTimeout/10), and below the majority's
+	// quickest promotion after a cut (about 1.1 s).
+	leaderContactLimit = 400 * time.Millisecond
 )
 
 // stallGuard is safe for concurrent use. A nil *stallGuard never stalls:
@@ -50,7 +64,10 @@ type stallGuard struct {
 	// catchUp returns once the metadata this proxy serves from shows
 	// what the leader had applied when asked.
 	catchUp func(ctx context.Context) error
-	log     *slog.Logger
+	// inContact reports whether the log's leader was heard from within
+	// the given time (store.Store.InContact); nil never loses contact.
+	inContact func(within time.Duration) bool
+	log       *slog.Logger
 	// origin is the guard's monotonic clock origin; lastTick and
 	// caughtUpAt count nanoseconds from it.
 	origin   time.Time
@@ -65,12 +82,15 @@ type stallGuard struct {
 	// stalls counts the stalls seen: a catch-up clears stale only when no
 	// stall was seen after it began.
 	stalls uint64
+	// stoodStill is set when the stale metadata being caught up includes
+	// a stall, not only a lost contact: the settle window follows then.
+	stoodStill bool
 	// fresh is closed when stale clears; nil while not stale.
 	fresh chan struct{}
 }
 
-func newStallGuard(catchUp func(ctx context.Context) error, log *slog.Logger) *stallGuard {
-	return &stallGuard{catchUp: catchUp, log: log, origin: time.Now(), wake: make(chan struct{}, 1)}
+func newStallGuard(catchUp func(ctx context.Context) error, inContact func(time.Duration) bool, log *slog.Logger) *stallGuard {
+	return &stallGuard{catchUp: catchUp, inContact: inContact, log: log, origin: time.Now(), wake: make(chan struct{}, 1)}
 }
 
 // now is the time on the guard's clock.
@@ -122,6 +142,7 @@ func (g *stallGuard) stalled() <-chan struct{} {
 	defer g.mu.Unlock()
 	if now := g.now(); g.fresh == nil || now-g.lastTick.Load() > int64(stallThreshold) {
 		g.stalls++
+		g.stoodStill = true
 		// The gap is counted: the ticker, when it runs, must not count
 		// it again and void the catch-up under way.
 		g.lastTick.Store(now)
@@ -137,7 +158,25 @@ func (g *stallGuard) stalled() <-chan struct{} {
 	return g.fresh
 }
 
-// run ticks and catches up after stalls until ctx ends.
+// lostContact marks the metadata stale for a lost contact with the
+// leader, and reports whether that begins a new stale spell.
+func (g *stallGuard) lostContact() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.fresh != nil {
+		return false
+	}
+	g.fresh = make(chan struct{})
+	g.stale.Store(true)
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// run ticks and catches up after stalls and lost contacts until ctx
+// ends.
 func (g *stallGuard) run(ctx context.Context) {
 	g.lastTick.Store(g.now())
 	done := make(chan struct{})
@@ -161,6 +200,10 @@ func (g *stallGuard) run(ctx context.Context) {
 			g.stalled()
 		}
 		g.lastTick.Store(now)
+		if g.inContact != nil && !g.stale.Load() && !g.inContact(leaderContactLimit) && g.lostContact() {
+			g.log.Warn("this proxy has not heard from the metadata log's leader lately; holding mirrored deliveries until its log has caught up with the leader",
+				"limit", leaderContactLimit)
+		}
 	}
 }
 
@@ -190,18 +233,21 @@ func (g *stallGuard) catchUpAfterStalls(ctx context.Context) {
 			}
 			g.mu.Lock()
 			if err == nil && g.stalls == seen {
-				g.caughtUpAt.Store(g.now())
+				if g.stoodStill {
+					g.caughtUpAt.Store(g.now())
+				}
+				g.stoodStill = false
 				g.stale.Store(false)
 				close(g.fresh)
 				g.fresh = nil
 				g.mu.Unlock()
-				g.log.Info("metadata log caught up with the leader after this proxy stood still; serving deliveries again",
+				g.log.Info("metadata log caught up with the leader; serving deliveries again",
 					"took", time.Since(began).Round(time.Millisecond), "attempts", attempt)
 				break
 			}
 			g.mu.Unlock()
 			if err != nil {
-				g.log.Warn("metadata log not caught up with the leader after this proxy stood still; trying again", "attempt", attempt, "err", err)
+				g.log.Warn("metadata log not caught up with the leader yet; holding mirrored deliveries and trying again", "attempt", attempt, "err", err)
 				select {
 				case <-ctx.Done():
 					return
@@ -214,8 +260,9 @@ func (g *stallGuard) catchUpAfterStalls(ctx context.Context) {
 
 // Current reports, without blocking, whether this proxy's metadata is
 // known current: always for a proxy alone; in a cluster, unless it stood
-// still lately and its log has not caught up with the leader since. It is
-// on the delivery path.
+// still lately or has not heard from the log's leader for
+// leaderContactLimit, and its log has not caught up with the leader since.
+// It is on the delivery path.
 func (e *Engine) Current() bool { return e.stall.current() }
 
 // AwaitCurrent returns once Current holds, or with ctx's error.

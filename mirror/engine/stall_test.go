@@ -12,7 +12,13 @@ import (
 // ends.
 func startStallGuard(t *testing.T, catchUp func(context.Context) error) *stallGuard {
 	t.Helper()
-	g := newStallGuard(catchUp, quietLogger())
+	return startStallGuardWith(t, catchUp, nil)
+}
+
+// startStallGuardWith is startStallGuard with a contact to the leader.
+func startStallGuardWith(t *testing.T, catchUp func(context.Context) error, inContact func(time.Duration) bool) *stallGuard {
+	t.Helper()
+	g := newStallGuard(catchUp, inContact, quietLogger())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -173,5 +179,49 @@ func TestStallGuardNil(t *testing.T) {
 	}
 	if err := g.await(context.Background()); err != nil {
 		t.Errorf("await on a nil guard: %v", err)
+	}
+}
+
+// TestStallGuardHoldsWhileOutOfContact: a proxy that has not heard from the
+// log's leader for leaderContactLimit holds its deliveries until a catch-up
+// succeeds, which needs the leader; no settle window follows, since the
+// proxy never stood still.
+func TestStallGuardHoldsWhileOutOfContact(t *testing.T) {
+	var contact atomic.Bool
+	contact.Store(true)
+	var calls atomic.Int32
+	g := startStallGuardWith(t, func(context.Context) error {
+		calls.Add(1)
+		if !contact.Load() {
+			return errors.New("no leader known among the members")
+		}
+		return nil
+	}, func(time.Duration) bool { return contact.Load() })
+	time.Sleep(3 * stallTick)
+	if !g.current() || calls.Load() != 0 {
+		t.Fatalf("current() = %v after %d catch-ups while in contact; want true, none", g.current(), calls.Load())
+	}
+
+	contact.Store(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for g.current() {
+		if time.Now().After(deadline) {
+			t.Fatal("current() still true 10s after the contact with the leader was lost")
+		}
+		time.Sleep(stallTick / 2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*stallTick)
+	defer cancel()
+	if err := g.await(ctx); err == nil {
+		t.Fatal("await returned while the leader is out of contact; want it to hold")
+	}
+
+	contact.Store(true)
+	awaitWithin(t, g, 10*time.Second)
+	if n := calls.Load(); n < 2 {
+		t.Errorf("%d catch-ups, want at least 2 (one failed out of contact)", n)
+	}
+	if g.settling(time.Minute) {
+		t.Error("settling(1m) = true after a lost contact was caught up; want no settle window")
 	}
 }

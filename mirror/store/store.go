@@ -237,6 +237,21 @@ func (s *Store) caughtUp(ctx context.Context) bool {
 	return s.WaitApplied(ctx, index) == nil
 }
 
+// InContact reports whether this node hears from a leader of the log: it
+// leads (a leader cut off from a quorum steps down within LeaderLeaseTimeout),
+// or it follows a leader whose last message arrived within the last within.
+// A follower cut off from the leader learns what the others decide
+// meanwhile only once it hears from it again.
+func (s *Store) InContact(within time.Duration) bool {
+	if s.raft.State() == raft.Leader {
+		return true
+	}
+	if addr, _ := s.raft.LeaderWithID(); addr == "" {
+		return false
+	}
+	return time.Since(s.raft.LastContact()) <= within
+}
+
 // AppliedIndex is the index of the latest entry this node's state has
 // applied: its reads show every write up to there.
 func (s *Store) AppliedIndex() uint64 { return s.fsm.appliedIndex() }
