@@ -75,7 +75,8 @@ type router struct {
 
 	// The connection's own work. A publish calls it only when a route is
 	// decided, a link opens or a write fails; a route kept for the next
-	// publish calls none of it. dial and run open a link (clientConn.openLink, runLink).
+	// publish calls none of it. dial and run open a link
+	// (linkKeeper.openLink, runLink).
 	dial        func(i int) (*wire.Socket, error)
 	run         func(l *link)
 	writeFailed func(l *link, err error)

@@ -45,7 +45,7 @@ type settler struct {
 	// out is the connection's clientOut, a copy: it keeps no state.
 	out clientOut
 	// The connection's own work: writeFailed handles a failed write to a
-	// link (clientConn.writeFailed), closeChannel closes a channel for a
+	// link (linkKeeper.writeFailed), closeChannel closes a channel for a
 	// reason the proxy found (clientConn.closeChannelByProxy).
 	writeFailed  func(l *link, err error)
 	closeChannel func(ch *channelState, code uint16, text string, classID, methodID uint16)
