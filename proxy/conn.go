@@ -203,7 +203,7 @@ func (c *clientConn) logUnconfirmed() {
 // logChannelUnconfirmed logs a channel's publishes still unconfirmed, and
 // which backends owe them, when the channel ends.
 func (c *clientConn) logChannelUnconfirmed(ch *channelState) {
-	n, owed := ch.unconfirmed()
+	n, owed := ch.confirms.unconfirmed()
 	if n == 0 {
 		return
 	}

@@ -120,7 +120,7 @@ func (d *deliverer) messageArrived(ch *channelState, l *link, m *message) {
 // passReturn passes a basic.return on, once per publish however many
 // copies the brokers returned it from.
 func (d *deliverer) passReturn(ch *channelState, m *message, header []byte, id mirror.MessageID, hasID bool) {
-	if hasID && !ch.returnArrived(id) {
+	if hasID && !ch.confirms.returnArrived(id) {
 		return
 	}
 	d.stats.Returns.Add(1)

@@ -158,12 +158,14 @@
 //     answered by the link loops, released by failover), the close in
 //     progress (closeHandshake, chanclose.go), and the reply counts of the
 //     channel's requests. Each of those types is held by value in
-//     channelState, and its methods are called with channelState.mu held,
-//     by channelState's methods only: one lock, since a lost link drops
-//     consumers and settles confirms in one step, and a settlement in a
-//     transaction changes the tags and the transaction's record together.
-//     channelState's methods, which take the lock, are in channel.go,
-//     chanclose.go (close state) and txemulated.go (a kept transaction).
+//     channelState: one lock, since a lost link drops consumers and
+//     settles confirms in one step, and a settlement in a transaction
+//     changes the tags and the transaction's record together. The
+//     confirms hold a pointer to channelState.mu and take it in their own
+//     methods (channel_confirms.go); the other parts' methods are called
+//     with it held, by channelState's methods only, which take the lock
+//     and are in channel.go, chanclose.go (close state) and txemulated.go
+//     (a kept transaction).
 //   - link.mu guards the link's side of each channel (open, in confirm mode,
 //     closing, the replies it owes) and whether the link is lost or closed;
 //     its methods are in link.go.
@@ -280,13 +282,14 @@
 // holds either of those, so the two orders never meet.
 // The parts of a channel's state (channelConsumers, channelDeliveries,
 // channelConfirms, closeHandshake) have no lock of their own: they are
-// guarded by channelState.mu, which channelState's methods take.
-// channelState.mu is held over link.mu in one place only, numberCopies,
-// which asks the links whether they were lost (a lost link settles its
-// confirms under the channel's lock); the socket writer's lock is taken
-// under channelState.mu when a crossing close answers its closer at once
-// (clientCloseCrosses, which hands a failed write back to be reported once
-// channelState.mu is released). The socket writer's lock is never held
+// guarded by channelState.mu, which channelState's methods take, and
+// channelConfirms' own, through its pointer to it.
+// channelState.mu is held over link.mu in one place only,
+// channelConfirms.numberCopies, which asks the links whether they were
+// lost (a lost link settles its confirms under the channel's lock); the
+// socket writer's lock is taken under channelState.mu when a crossing
+// close answers its closer at once (clientCloseCrosses, which hands a
+// failed write back to be reported once channelState.mu is released). The socket writer's lock is never held
 // during a system call (the writer releases it around each write), and
 // nothing else is taken under it; nor under linkSet.mu, nor under
 // sendGate.workMu, which guards the link loops' writes that wait for the
