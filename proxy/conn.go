@@ -150,8 +150,8 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	c.deliverer = deliverer{ctx: c.ctx, mirror: c.srv.opts.Mirror, stats: &c.srv.stats,
 		delivered: c.srv.delivered, out: c.out, linkFailed: writeFailed}
 	c.mover = consumerMover{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, channels: c.channels,
-		router: &c.router, send: &c.send, out: c.out, log: log, cancelNotify: opened.terms.cancelNotify,
-		done: c.done, running: &c.keeper.loops, writeFailed: writeFailed}
+		router: &c.router, locator: &c.router.locator, send: &c.send, out: c.out, log: log,
+		cancelNotify: opened.terms.cancelNotify, done: c.done, running: &c.keeper.loops, writeFailed: writeFailed}
 	// The router and the settler too: the mover reaches the router, and a
 	// link loop the watcher starts reaches the settler.
 	c.log = log
@@ -164,6 +164,8 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	rt.out, rt.settler = c.out, &c.settler
 	rt.dial, rt.run = c.keeper.openLink, c.keeper.runLink
 	rt.writeFailed, rt.closeChannel, rt.atBoundary = writeFailed, closeChannel, c.send.atBoundary
+	rt.locator = queueLocator{mirror: c.srv.opts.Mirror, vhost: c.terms.vhost, links: &c.links, log: log,
+		ctx: c.ctx, reach: rt.reach, closeChannel: closeChannel}
 	c.opened = time.Now()
 	c.opening = nil
 	c.links.begin(home, opened.failedAt)

@@ -104,9 +104,11 @@
 // connection and routes queue and consume traffic, channelwide.go,
 // exchanges.go and replyto.go its routing of channel-wide methods
 // (channel.open, qos, confirm.select, tx, recover), exchange and direct
-// reply-to traffic, declared.go its record of the queues the metadata log
-// does not record (declaredQueues), txemulated.go the transactions it keeps
-// for channels in the proxy's own confirm mode (emulatedTx); publish.go is a channel's
+// reply-to traffic, queue_locator.go how it finds where a queue lives and
+// reaches its master, waiting out a promotion (queueLocator), declared.go
+// its record of the queues the metadata log does not record
+// (declaredQueues), txemulated.go the transactions it keeps for channels in
+// the proxy's own confirm mode (emulatedTx); publish.go is a channel's
 // publishing side (publisher), which decides and keeps a publish's route
 // through the router, numbers it for the confirms and sends its frames;
 // link.go is a backend link (link) and how it logs in, links.go the
@@ -216,8 +218,8 @@
 //     its content header, the kept route), the other fields of
 //     channelState marked "client read loop only" (qos, decode scratch),
 //     the router's identities, which number the published messages, and
-//     its memory of where other connections' exclusive queues are
-//     (router.unrecorded), the settler's trim scratch and a link's
+//     its locator's memory of where other connections' exclusive queues
+//     are (queueLocator.unrecorded), the settler's trim scratch and a link's
 //     decode scratch belong to one goroutine and have no lock. Whoever
 //     holds the send gate may read whether a channel is in a publish's
 //     content (publisher.inContent).

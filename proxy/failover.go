@@ -45,9 +45,10 @@ type consumerMover struct {
 	links    *linkSet
 	channels *channelTable
 	// router reaches the new master, opening its link and the channel on
-	// it, and says whether a promotion is still to come.
-	router *router
-	send   *sendGate
+	// it; locator, the router's, says whether a promotion is still to come.
+	router  *router
+	locator *queueLocator
+	send    *sendGate
 	// out is the connection's clientOut, a copy: it keeps no state.
 	out clientOut
 	log *slog.Logger
@@ -177,7 +178,7 @@ func (m *consumerMover) moveConsumers(lost string, orphans []orphan) {
 func (m *consumerMover) cancelUnpromoted(lost string, orphans []orphan) []orphan {
 	waiting := orphans[:0]
 	for _, o := range orphans {
-		if meta, ok := m.mirror.Lookup(o.cons.queue.ID); ok && meta.Master == lost && m.router.promotionPending(meta) {
+		if meta, ok := m.mirror.Lookup(o.cons.queue.ID); ok && meta.Master == lost && m.locator.promotionPending(meta) {
 			waiting = append(waiting, o)
 			continue
 		}

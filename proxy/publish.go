@@ -223,7 +223,7 @@ func (p *publisher) queueRoute(rt *router, m *frames.BasicPublish) *publishRoute
 	}
 	r = p.route.begin(m, ch.confirming.Load())
 	if !found {
-		meta, found = rt.locate(m.RoutingKey)
+		meta, found = rt.locator.locate(m.RoutingKey)
 	}
 	if !found {
 		// Not kept: the queue may appear any moment.
