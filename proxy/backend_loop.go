@@ -143,38 +143,6 @@ func (c *clientConn) fromLinkOnClosingChannel(ch *channelState, l *link, f frame
 	return nil
 }
 
-// linkFailed ends a link that failed or sent what the proxy cannot read,
-// and reports whether the client connection goes on. Without mirroring the
-// home link's loss ends the client connection with 320; with mirroring
-// another backend becomes home (linkSet.rehome), and only when none can
-// does the client connection end.
-func (c *clientConn) linkFailed(l *link, err error) bool {
-	if c.links.home() != l {
-		c.linkLost(l, err)
-		return true
-	}
-	if c.srv.opts.Mirror == nil {
-		c.backendLost(err)
-		return false
-	}
-	next, ok := c.links.rehome(l, c.openLink, c.runLink)
-	if !ok {
-		c.backendLost(err)
-		return false
-	}
-	if next != nil {
-		c.log.Warn("home backend lost; another backend serves the connection", "lost", l.name, "home", next.name)
-	}
-	c.linkLost(l, err)
-	return true
-}
-
-// writeFailed handles a failed write to a link: the home link's loss ends
-// the connection; another link's loss is noticed by its read loop too.
-func (c *clientConn) writeFailed(l *link, err error) {
-	c.linkFailed(l, err)
-}
-
 // fromLinkConnection handles channel-0 methods of a link other than the
 // home link. A broker that closes it with 320 (it is shutting down) loses
 // the link and the client's connection goes on; another connection error is

@@ -1,11 +1,9 @@
 package proxy
 
 import (
-	"time"
 	"unicode/utf8"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
-	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 )
 
 // A client channel is open on one or more links. Closing it closes it on
@@ -52,7 +50,7 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 		// only once the broker answered this (fromLinkOnClosingChannel), so
 		// the proxy's close-ok never overtakes this close on the wire.
 		if err := l.sock.SendMethod(ch.id, &frames.ChannelClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
-			c.writeFailed(l, err)
+			c.keeper.writeFailed(l, err)
 		}
 	}
 }
@@ -145,7 +143,7 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 		// is settled by the close under way.
 		write(func() {
 			if err := l.sock.SendMethod(ch.id, &frames.ChannelCloseOk{}); err != nil {
-				c.writeFailed(l, err)
+				c.keeper.writeFailed(l, err)
 			}
 		})
 		return nil
@@ -177,7 +175,7 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 		closer := ch.closingLink()
 		if state == chanBackendClosing && closer != nil {
 			if err := closer.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
-				c.writeFailed(closer, err)
+				c.keeper.writeFailed(closer, err)
 			}
 		}
 		c.channels.remove(ch.id, ch)
@@ -193,7 +191,7 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 			// A failed answer is reported only now, with the channel's
 			// lock released: losing the link settles the channel again.
 			if answerErr != nil {
-				c.writeFailed(answerErr.link, answerErr.err)
+				c.keeper.writeFailed(answerErr.link, answerErr.err)
 			}
 			c.closeWaitDone(ch, o)
 			return
@@ -203,49 +201,11 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 			// close-ok, as a direct client would see it.
 			closer.expect(ch.id, &rpcGroup{pending: 1, primary: closer.idx})
 			if err := closer.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
-				c.writeFailed(closer, err)
+				c.keeper.writeFailed(closer, err)
 			}
 			return
 		}
 		c.out.sendOnChannel(ch, &frames.ChannelCloseOk{})
-	}
-}
-
-// channelLostLink settles what a client channel had in flight on a link that
-// was lost: consumers there are cancelled, confirms owed by the link stop
-// counting, a request also sent to other links takes their answer, a
-// basic.get on a mirrored queue gets get-empty, other requests it alone
-// could answer close the channel with 541, and a close waiting for its
-// close-ok goes on without it.
-func (c *clientConn) channelLostLink(ch *channelState, l *link, lc *linkChannel) {
-	for _, g := range lc.replies {
-		switch {
-		case g == nil:
-		case g.own:
-			g.after(nil)
-		default:
-			c.router.settleLostReply(ch, g, l)
-		}
-	}
-	ch.outMu.Lock()
-	var cancelled []string
-	var confirms []ledger.ClientConfirm
-	var missed []ledger.MissedCopy
-	c.orphans, cancelled, confirms, missed = ch.lostLink(l.idx, c.srv.opts.Mirror != nil, time.Now(), c.orphans)
-	c.settler.passConfirms(ch, confirms)
-	if len(missed) > 0 && !c.srv.opts.Mirror.BackendDown(l.name) {
-		// A backend counted down loses its slaves anyway; one still up
-		// kept its copies while this client's link to it broke.
-		c.settler.reportMissed(missed, "link lost")
-	}
-	for _, tag := range cancelled {
-		c.out.method(ch.id, &frames.BasicCancel{ConsumerTag: tag, NoWait: true})
-	}
-	ch.outMu.Unlock()
-	if ch.closing.Load() == chanBackendClosing {
-		// The client's close-ok has nowhere to go; the channel is closed
-		// once the client sends it.
-		ch.forgetCloser(l)
 	}
 }
 
@@ -399,7 +359,7 @@ func (ch *channelState) clientCloseCrosses(answerCloser func(*link) error) (cros
 }
 
 // linkWriteError is a write to a link that failed under a lock, to be
-// reported (clientConn.writeFailed) once the lock is released.
+// reported (linkKeeper.writeFailed) once the lock is released.
 type linkWriteError struct {
 	link *link
 	err  error

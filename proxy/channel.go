@@ -48,12 +48,14 @@ type channelState struct {
 
 	// mu guards the channel's consumers, its delivery tags, its publisher
 	// confirms and the close in progress, each a type of its own held by
-	// value, whose methods are called with mu held, by channelState's
-	// methods only; and the commit of a kept transaction (tx) and the reply
-	// counts of the channel's requests (rpcGroup, rpc.go). One lock, since
-	// several of them change together: a lost link drops consumers and
-	// settles confirms in one step, and a settlement in a transaction
-	// changes the tags and the transaction's record.
+	// value: the confirms take mu in their own methods (they hold a
+	// pointer to it), the others' methods are called with mu held, by
+	// channelState's methods only. It guards too the commit of a kept
+	// transaction (tx) and the reply counts of the channel's requests
+	// (rpcGroup, rpc.go). One lock, since several of them change together:
+	// a lost link drops consumers and settles confirms in one step, and a
+	// settlement in a transaction changes the tags and the transaction's
+	// record.
 	mu         sync.Mutex
 	consumers  channelConsumers
 	deliveries channelDeliveries
@@ -85,6 +87,7 @@ type channelState struct {
 func newChannelState(id uint16) *channelState {
 	ch := &channelState{id: id}
 	ch.consumers.byTag = make(map[string]consumer)
+	ch.confirms.mu = &ch.mu
 	ch.publisher.ch = ch
 	return ch
 }
@@ -237,7 +240,7 @@ func (ch *channelState) lostLink(link int, keepMirrored bool, now time.Time, orp
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	orphans, cancelled = ch.consumers.lostLink(ch, link, keepMirrored, orphans)
-	confirms, missed = ch.confirms.lostLink(link, now)
+	confirms, missed = ch.confirms.lostLinkLocked(link, now)
 	return orphans, cancelled, confirms, missed
 }
 
@@ -279,113 +282,6 @@ func (ch *channelState) settleDeliveries(tag uint64, multiple bool, kind trimKin
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	return ch.deliveries.settle(ch.transactional, tag, multiple, kind, trims)
-}
-
-// Publisher confirms (channelConfirms).
-
-// numberPublish numbers a publish to the home backend alone, which
-// arrived at arrived (zero: not timed).
-func (ch *channelState) numberPublish(arrived time.Time) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	ch.confirms.publishes.Publish(0)
-	if !arrived.IsZero() {
-		ch.confirms.publishes.Arrived(arrived)
-	}
-}
-
-// numberCopies numbers a publish to the copies of cs, after prune took out
-// the copies on links lost since the route was decided: prune runs under
-// the lock, since such a link has settled its confirms under it already,
-// and numbering the publish on it would wait for a confirm nobody sends.
-// prune returns the time of the loss of unreached copies (zero for none).
-// A publish left with no copy to wait for is confirmed at once: its
-// confirms are returned. arrived is when the publish arrived (zero: not
-// timed).
-func (ch *channelState) numberCopies(cs ledger.CopySet, arrived time.Time, prune func(*ledger.CopySet) time.Time) (uint64, []ledger.ClientConfirm) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	now := prune(&cs)
-	c := &ch.confirms.publishes
-	seq := c.PublishTo(cs, now)
-	if !arrived.IsZero() {
-		c.Arrived(arrived)
-	}
-	var out []ledger.ClientConfirm
-	if len(cs.Quorum) == 0 && len(cs.Unreached) == 0 {
-		out = c.ConfirmWithoutCopies(nil)
-	}
-	return seq, out
-}
-
-// identifyPublish records the identity the proxy gave the message of the
-// publish whose content is passing (publishing): for its returns from
-// several backends and for its confirm.
-func (ch *channelState) identifyPublish(id mirror.MessageID, pub *publishing) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	if pub.returns > 1 {
-		ch.confirms.returns.expect(id, pub.returns)
-	}
-	if pub.seq != 0 {
-		ch.confirms.publishes.Identify(pub.seq, id)
-	}
-}
-
-// returnArrived counts a backend's return of the message id, and reports
-// whether it is the one the client gets.
-func (ch *channelState) returnArrived(id mirror.MessageID) bool {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	return ch.confirms.returns.arrived(id)
-}
-
-// applyConfirm applies a backend's confirm of its publish seq (see
-// ledger.PublisherConfirms.Confirm), with the caller's scratch: the
-// client's confirms are appended to out, the slave copies a nack leaves
-// short to missed, and on a nack the publishes their master refused to
-// refused.
-func (ch *channelState) applyConfirm(backend int, seq uint64, multiple, nack bool, out []ledger.ClientConfirm, missed []ledger.MissedCopy, refused []ledger.RefusedPublish) ([]ledger.ClientConfirm, []ledger.MissedCopy, []ledger.RefusedPublish) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	out = ch.confirms.publishes.Confirm(backend, seq, multiple, nack, out, &missed)
-	if nack {
-		refused = ch.confirms.publishes.TakeRefused(refused)
-	}
-	return out, missed, refused
-}
-
-// unconfirmed returns the number of publishes still unconfirmed and, per
-// backend, the confirms it owes.
-func (ch *channelState) unconfirmed() (int, map[int]int) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	return ch.confirms.publishes.Unconfirmed(), ch.confirms.publishes.Owed()
-}
-
-// unconfirmedCount is the number of publishes still unconfirmed.
-func (ch *channelState) unconfirmedCount() int {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	return ch.confirms.publishes.Unconfirmed()
-}
-
-// holdsLostCopies reports whether lost copies keep publishes waiting.
-func (ch *channelState) holdsLostCopies() bool {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	return ch.confirms.publishes.HoldsLost()
-}
-
-// releaseLostCopies lets go of lost copies (see
-// ledger.PublisherConfirms.Release) and returns the confirms that answers,
-// in the channel's scratch; the caller holds outMu.
-func (ch *channelState) releaseLostCopies(held func(backend int, queue *mirror.QueueID) bool, expired time.Time) []ledger.ClientConfirm {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	c := &ch.confirms
-	c.confirmedLost = c.publishes.Release(held, expired, c.confirmedLost[:0])
-	return c.confirmedLost
 }
 
 // Replies (rpc.go).

@@ -214,6 +214,6 @@ func (c *clientConn) toBackend(f frames.Frame) {
 		return
 	}
 	if err := home.sock.WriteFrame(f.Type, f.Channel, f.Payload); err != nil {
-		c.linkFailed(home, err)
+		c.keeper.linkFailed(home, err)
 	}
 }

@@ -60,8 +60,10 @@ type clientConn struct {
 	// mover moves consumers of mirrored queues to their queue's new master
 	// (failover.go), set under mu before the connection counts as open.
 	mover consumerMover
-	// linkLoops counts the link read loops running.
-	linkLoops sync.WaitGroup
+	// keeper carries the links through their lives: it opens them, runs
+	// their read loops, settles what a lost one had in flight and closes
+	// them at the end (link_keeper.go).
+	keeper linkKeeper
 	// heartbeats checks the connection's heartbeats from a timer
 	// (heartbeat.go), set and started by run, and stopped once the
 	// connection ended.
@@ -82,10 +84,6 @@ type clientConn struct {
 	// opened is when the handshake finished; zero before. From then on the
 	// home link's read loop owns closing the home link's socket.
 	opened time.Time
-	// orphans collects, under orphansMu, the consumers of a lost link
-	// (see failover.go).
-	orphansMu sync.Mutex
-	orphans   []orphan
 	// send is the gate the client loop holds while it handles a frame,
 	// and the consumerMover while it writes to links for the client; the
 	// link loops' writes on channels wait there for the client loop to be
@@ -107,6 +105,9 @@ func newClientConn(srv *Server, id uint64, conn net.Conn) *clientConn {
 		c.teardown(ReasonClientGone, fmt.Sprintf("writing to client: %v", err))
 	}}
 	c.ctx, c.cancelCtx = context.WithCancel(context.Background())
+	c.keeper = linkKeeper{srv: srv, mirror: srv.opts.Mirror, ctx: c.ctx, links: &c.links, closer: &c.closer,
+		out: c.out, terms: &c.terms, router: &c.router, settler: &c.settler, mover: &c.mover,
+		fromLink: c.fromLink, backendLost: c.backendLost, teardown: c.teardown}
 	if srv.opts.Mirror != nil {
 		c.router.identities = newIdentities()
 	}
@@ -140,7 +141,7 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	}
 	home := opened.home
 	log := c.log.With("user", opened.terms.user, "vhost", opened.terms.vhost)
-	writeFailed, closeChannel := c.writeFailed, c.closeChannelByProxy
+	writeFailed, closeChannel := c.keeper.writeFailed, c.closeChannelByProxy
 	c.mu.Lock()
 	c.terms = opened.terms
 	c.channels = newChannelTable(opened.terms.channelMax)
@@ -149,19 +150,22 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 	c.deliverer = deliverer{ctx: c.ctx, mirror: c.srv.opts.Mirror, stats: &c.srv.stats,
 		delivered: c.srv.delivered, out: c.out, linkFailed: writeFailed}
 	c.mover = consumerMover{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, channels: c.channels,
-		router: &c.router, send: &c.send, out: c.out, log: log, cancelNotify: opened.terms.cancelNotify,
-		done: c.done, running: &c.linkLoops, writeFailed: writeFailed}
+		router: &c.router, locator: &c.router.locator, send: &c.send, out: c.out, log: log,
+		cancelNotify: opened.terms.cancelNotify, done: c.done, running: &c.keeper.loops, writeFailed: writeFailed}
 	// The router and the settler too: the mover reaches the router, and a
 	// link loop the watcher starts reaches the settler.
 	c.log = log
+	c.keeper.log, c.keeper.channels = log, c.channels
 	rt := &c.router
 	rt.srv, rt.mirror, rt.links = c.srv, c.srv.opts.Mirror, &c.links
 	rt.vhost, rt.log, rt.ctx = c.terms.vhost, log, c.ctx
 	c.settler = settler{srv: c.srv, mirror: c.srv.opts.Mirror, links: &c.links, log: log, out: c.out,
 		writeFailed: writeFailed, closeChannel: closeChannel}
 	rt.out, rt.settler = c.out, &c.settler
-	rt.dial, rt.run = c.openLink, c.runLink
+	rt.dial, rt.run = c.keeper.openLink, c.keeper.runLink
 	rt.writeFailed, rt.closeChannel, rt.atBoundary = writeFailed, closeChannel, c.send.atBoundary
+	rt.locator = queueLocator{mirror: c.srv.opts.Mirror, vhost: c.terms.vhost, links: &c.links, log: log,
+		ctx: c.ctx, reach: rt.reach, closeChannel: closeChannel}
 	c.opened = time.Now()
 	c.opening = nil
 	c.links.begin(home, opened.failedAt)
@@ -173,11 +177,10 @@ func (c *clientConn) open() (ok bool, reason CloseReason) {
 
 // run serves an open connection to its end and returns why it ended.
 func (c *clientConn) run() CloseReason {
-	c.linkLoops.Add(1)
-	go c.linkLoop(c.links.home())
+	c.keeper.start(c.links.home())
 	c.heartbeats = heartbeats{client: c.client, clientEvery: c.terms.clientHeartbeat,
 		links: &c.links, backendEvery: c.terms.backendHeartbeat, done: c.done,
-		teardown: c.teardown, linkFailed: c.linkFailed}
+		teardown: c.teardown, linkFailed: c.keeper.linkFailed}
 	c.heartbeats.start()
 	c.clientLoop()
 	c.wait()
@@ -202,7 +205,7 @@ func (c *clientConn) logUnconfirmed() {
 // logChannelUnconfirmed logs a channel's publishes still unconfirmed, and
 // which backends owe them, when the channel ends.
 func (c *clientConn) logChannelUnconfirmed(ch *channelState) {
-	n, owed := ch.unconfirmed()
+	n, owed := ch.confirms.unconfirmed()
 	if n == 0 {
 		return
 	}
@@ -213,10 +216,11 @@ func (c *clientConn) logChannelUnconfirmed(ch *channelState) {
 	c.log.Info("channel ended with publishes unconfirmed", "channel", ch.id, "unconfirmed", n, "owed_by_backend", byName)
 }
 
-// wait blocks until the sockets are closed and the link loops ended.
+// wait blocks until the sockets are closed and the link loops, and the
+// goroutines moving consumers, ended.
 func (c *clientConn) wait() {
 	<-c.done
-	c.linkLoops.Wait()
+	c.keeper.wait()
 }
 
 // beginClosing moves from no close to st and reports whether it did: only
@@ -253,7 +257,7 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	close(c.done)
 	c.cancelCtx()
 	c.client.Conn().Close()
-	c.closeLinks(reason)
+	c.keeper.closeLinks(reason)
 	if home == nil {
 		if pending != nil {
 			pending.abort(reason == ReasonPaused)

@@ -87,8 +87,8 @@ type deliverer struct {
 	// out is the connection's clientOut, a copy: it keeps no state.
 	out clientOut
 	// linkFailed ends a link that sent what the proxy cannot deliver, or
-	// whose delivery waited too long: clientConn.writeFailed, which is
-	// clientConn.linkFailed without its answer, the func value the
+	// whose delivery waited too long: linkKeeper.writeFailed, which is
+	// linkKeeper.linkFailed without its answer, the func value the
 	// connection's other types hold too, made once per connection.
 	linkFailed func(l *link, err error)
 }
@@ -120,7 +120,7 @@ func (d *deliverer) messageArrived(ch *channelState, l *link, m *message) {
 // passReturn passes a basic.return on, once per publish however many
 // copies the brokers returned it from.
 func (d *deliverer) passReturn(ch *channelState, m *message, header []byte, id mirror.MessageID, hasID bool) {
-	if hasID && !ch.returnArrived(id) {
+	if hasID && !ch.confirms.returnArrived(id) {
 		return
 	}
 	d.stats.Returns.Add(1)

@@ -92,41 +92,43 @@
 // In proxy, by concern: server.go accepts connections; handshake.go opens
 // them (opening, the handshake, which hands the connection its home link and
 // its terms); conn.go is the client connection (clientConn) and its
-// teardown, closer.go where its end stands (closer), client_out.go what
-// it writes to its client (clientOut), heartbeat.go its heartbeats
-// (heartbeats);
-// client_loop.go reads the client and dispatches each frame
+// teardown, closer.go where its end stands (closer), client_out.go what it
+// writes to its client (clientOut), heartbeat.go its heartbeats
+// (heartbeats); client_loop.go reads the client and dispatches each frame
 // (fromClient), client_methods.go has the handler of each client method it
 // acts on, boundary.go the gate the client loop holds while it handles a
-// frame, which other writes on its links pass through (sendGate);
-// settle.go settles the client's acks and the backends' confirms
-// (settler), and tells the engine what they mean for the slave copies;
-// route.go is the connection's router (router), which holds what
-// routing uses of the connection and routes queue and consume traffic,
-// channelwide.go, exchanges.go and replyto.go its routing of channel-wide
-// methods (channel.open, qos, confirm.select, tx, recover), exchange and
-// direct reply-to traffic, declared.go its record of the queues the
-// metadata log does not record (declaredQueues), txemulated.go the
-// transactions it keeps for channels in the proxy's own confirm mode
-// (emulatedTx); publish.go is a channel's publishing side (publisher),
-// which decides and keeps a publish's route through the router, numbers it
-// for the confirms and sends its frames; link.go is a backend link (link), how
-// it logs in and its read loop, links.go the connection's set of them
-// (linkSet), backend_loop.go what a link's loop does with each frame,
-// delivery.go the assembly of messages and how the connection passes
-// them to the client (deliverer), identity.go the identity header a
-// mirrored message carries between publish and delivery (identities stamps
-// it); rpc.go sends a routed request to its links (router.send) and
-// matches the links' replies to it (router.replyArrived);
-// channel.go is a client channel (channelState), consumers.go its
-// consumers (channelConsumers), channel_tags.go its delivery tags
-// (channelDeliveries), channel_confirms.go its publisher confirms
-// (channelConfirms), and channel_table.go the lock-free table of
-// channels; chanclose.go closes channels; failover.go
-// moves consumers to their queue's new master (consumerMover) and drops
-// the links to backends counted down, lostcopies.go lets go of the lost
-// copies that keep publishes waiting; views.go copies what ctl
-// list_connections and list_consumers show, through the types' own locks.
+// frame, which other writes on its links pass through (sendGate); settle.go
+// settles the client's acks and the backends' confirms (settler), and tells
+// the engine what they mean for the slave copies; route.go is the
+// connection's router (router), which holds what routing uses of the
+// connection and routes queue and consume traffic, channelwide.go,
+// exchanges.go and replyto.go its routing of channel-wide methods
+// (channel.open, qos, confirm.select, tx, recover), exchange and direct
+// reply-to traffic, queue_locator.go how it finds where a queue lives and
+// reaches its master, waiting out a promotion (queueLocator), declared.go
+// its record of the queues the metadata log does not record
+// (declaredQueues), txemulated.go the transactions it keeps for channels in
+// the proxy's own confirm mode (emulatedTx); publish.go is a channel's
+// publishing side (publisher), which decides and keeps a publish's route
+// through the router, numbers it for the confirms and sends its frames;
+// link.go is a backend link (link) and how it logs in, links.go the
+// connection's set of them (linkSet), link_keeper.go what carries them
+// through their lives (linkKeeper: it opens them, runs their read loops,
+// settles what a lost one had in flight and closes them), backend_loop.go
+// what a link's loop does with each frame, delivery.go the assembly of
+// messages and how the connection passes them to the client (deliverer),
+// identity.go the identity header a mirrored message carries between publish
+// and delivery (identities stamps it); rpc.go sends a routed request to its
+// links (router.send) and matches the links' replies to it
+// (router.replyArrived); channel.go is a client channel (channelState),
+// consumers.go its consumers (channelConsumers), channel_tags.go its
+// delivery tags (channelDeliveries), channel_confirms.go its publisher
+// confirms (channelConfirms), and channel_table.go the lock-free table of
+// channels; chanclose.go closes channels; failover.go moves consumers to
+// their queue's new master (consumerMover) and drops the links to backends
+// counted down, lostcopies.go lets go of the lost copies that keep publishes
+// waiting; views.go copies what ctl list_connections and list_consumers
+// show, through the types' own locks.
 //
 // # Who owns what
 //
@@ -158,12 +160,14 @@
 //     answered by the link loops, released by failover), the close in
 //     progress (closeHandshake, chanclose.go), and the reply counts of the
 //     channel's requests. Each of those types is held by value in
-//     channelState, and its methods are called with channelState.mu held,
-//     by channelState's methods only: one lock, since a lost link drops
-//     consumers and settles confirms in one step, and a settlement in a
-//     transaction changes the tags and the transaction's record together.
-//     channelState's methods, which take the lock, are in channel.go,
-//     chanclose.go (close state) and txemulated.go (a kept transaction).
+//     channelState: one lock, since a lost link drops consumers and
+//     settles confirms in one step, and a settlement in a transaction
+//     changes the tags and the transaction's record together. The
+//     confirms hold a pointer to channelState.mu and take it in their own
+//     methods (channel_confirms.go); the other parts' methods are called
+//     with it held, by channelState's methods only, which take the lock
+//     and are in channel.go, chanclose.go (close state) and txemulated.go
+//     (a kept transaction).
 //   - link.mu guards the link's side of each channel (open, in confirm mode,
 //     closing, the replies it owes) and whether the link is lost or closed;
 //     its methods are in link.go.
@@ -172,9 +176,10 @@
 //     link opens after: teardown seals the set). The home link and the
 //     count of links opened and lost, read on every frame, are atomics
 //     that change only in its methods; one backend's link opens at a time
-//     (linkSet.opening). The client connection dials a link and starts its
-//     read loop (openLink, runLink), which it hands to ensure (through
-//     router.reach) and rehome; the set's methods are in links.go.
+//     (linkSet.opening). The connection's linkKeeper dials a link and
+//     starts its read loop (openLink, runLink), which the router hands to
+//     ensure (router.reach) and the keeper to rehome; the set's methods
+//     are in links.go.
 //   - The connection's router (router) is used by the client loop, which
 //     routes every client method through it, by the link loops, which
 //     match replies to routed requests through it and run what a request
@@ -213,8 +218,8 @@
 //     its content header, the kept route), the other fields of
 //     channelState marked "client read loop only" (qos, decode scratch),
 //     the router's identities, which number the published messages, and
-//     its memory of where other connections' exclusive queues are
-//     (router.unrecorded), the settler's trim scratch and a link's
+//     its locator's memory of where other connections' exclusive queues
+//     are (queueLocator.unrecorded), the settler's trim scratch and a link's
 //     decode scratch belong to one goroutine and have no lock. Whoever
 //     holds the send gate may read whether a channel is in a publish's
 //     content (publisher.inContent).
@@ -224,6 +229,17 @@
 //     loops' writes on a channel that wait for the client loop to be
 //     between messages (guarded by sendGate.workMu, taken only in its
 //     methods); whoever lets go of the lock runs what waits.
+//
+// The connection's linkKeeper is used by every goroutine that writes to a
+// link, which hands it the links whose writes failed, by the link loops it
+// runs, by the heartbeat timer and the server's watcher, which hand it the
+// links that went silent or whose backend is counted down, by the router,
+// which opens links through it, and by teardown, which closes them. What
+// it uses of the connection is set before the connection counts as open
+// and only read; linkKeeper.orphansMu, taken only in its methods,
+// serialises the losses of links and guards the orphans a loss collects
+// for the consumerMover, and its loops count the goroutines the
+// connection's end waits for.
 //
 // The connection's closer is used by every goroutine of the connection:
 // the read loops check on every frame whether a close is in progress and
@@ -255,7 +271,7 @@
 // # Locks
 //
 // Lock order: sendGate.mu (the send gate: the client loop, per frame),
-// then clientConn.orphansMu, then Server.mu, then clientConn.mu, then
+// then linkKeeper.orphansMu, then Server.mu, then clientConn.mu, then
 // linkSet.mu, then channelState.outMu, then channelState.mu, then link.mu,
 // then the socket writer's lock (internal/wire). opening.mu is taken with
 // no other lock held. A backend's linkSet.opening is held while its link
@@ -268,13 +284,14 @@
 // holds either of those, so the two orders never meet.
 // The parts of a channel's state (channelConsumers, channelDeliveries,
 // channelConfirms, closeHandshake) have no lock of their own: they are
-// guarded by channelState.mu, which channelState's methods take.
-// channelState.mu is held over link.mu in one place only, numberCopies,
-// which asks the links whether they were lost (a lost link settles its
-// confirms under the channel's lock); the socket writer's lock is taken
-// under channelState.mu when a crossing close answers its closer at once
-// (clientCloseCrosses, which hands a failed write back to be reported once
-// channelState.mu is released). The socket writer's lock is never held
+// guarded by channelState.mu, which channelState's methods take, and
+// channelConfirms' own, through its pointer to it.
+// channelState.mu is held over link.mu in one place only,
+// channelConfirms.numberCopies, which asks the links whether they were
+// lost (a lost link settles its confirms under the channel's lock); the
+// socket writer's lock is taken under channelState.mu when a crossing
+// close answers its closer at once (clientCloseCrosses, which hands a
+// failed write back to be reported once channelState.mu is released). The socket writer's lock is never held
 // during a system call (the writer releases it around each write), and
 // nothing else is taken under it; nor under linkSet.mu, nor under
 // sendGate.workMu, which guards the link loops' writes that wait for the

@@ -43,11 +43,11 @@ func (rt *router) exchangeMethod(ch *channelState, f frames.Frame, key uint32, a
 			}
 		}
 		// Asked before the declare: once it is made, every backend has it.
-		ctx, cancel := rt.mirrorContext()
+		ctx, cancel := mirrorContext(rt.ctx)
 		x.Fresh = m.ExchangeAbsent(ctx, id)
 		cancel()
 		record = func() error {
-			ctx, cancel := rt.mirrorContext()
+			ctx, cancel := mirrorContext(rt.ctx)
 			defer cancel()
 			m.ExchangeDeclared(ctx, x)
 			return nil
@@ -59,7 +59,7 @@ func (rt *router) exchangeMethod(ch *channelState, f frames.Frame, key uint32, a
 		}
 		noWait = d.NoWait
 		record = func() error {
-			ctx, cancel := rt.mirrorContext()
+			ctx, cancel := mirrorContext(rt.ctx)
 			defer cancel()
 			m.ExchangeDeleted(ctx, mirror.ExchangeID{VHost: rt.vhost, Name: d.Exchange})
 			return nil
@@ -84,7 +84,7 @@ func (rt *router) exchangeMethod(ch *channelState, f frames.Frame, key uint32, a
 			b = mirror.ExchangeBinding{Destination: d.Destination, RoutingKey: d.RoutingKey, Arguments: encodeTable(d.Arguments)}
 		}
 		record = func() error {
-			ctx, cancel := rt.mirrorContext()
+			ctx, cancel := mirrorContext(rt.ctx)
 			defer cancel()
 			err := m.ExchangeBound(ctx, mirror.ExchangeID{VHost: rt.vhost, Name: source}, b, bound)
 			if !bound {
@@ -120,7 +120,7 @@ func (rt *router) boundUnrecorded(exchange, backend string) error {
 	if exchange == "" {
 		return nil
 	}
-	ctx, cancel := rt.mirrorContext()
+	ctx, cancel := mirrorContext(rt.ctx)
 	defer cancel()
 	return rt.mirror.BoundUnrecorded(ctx, mirror.ExchangeID{VHost: rt.vhost, Name: exchange}, backend)
 }

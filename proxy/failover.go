@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -24,20 +23,6 @@ import (
 // queues compares their links with their queues' masters.
 const masterCheckInterval = 100 * time.Millisecond
 
-// checkLinks drops the links to backends the engine counts down: a frozen
-// broker is counted down after failover_grace, but its sockets stay open
-// until it wakes or heartbeats give up, and nothing it sends after its
-// queues were promoted away may reach a client. Dropping the link settles
-// its confirms from the other copies and moves its consumers.
-func (c *clientConn) checkLinks() {
-	for i := range c.links.len() {
-		l := c.links.at(i)
-		if l != nil && c.srv.opts.Mirror.BackendDown(l.name) {
-			c.linkFailed(l, errors.New("counted down by the proxy's probe (no answer within failover_grace)"))
-		}
-	}
-}
-
 // consumerMover moves a connection's consumers of mirrored queues to
 // their queue's new master: the consumers of a lost link (orphans, which
 // linkLost collects and hands it) and those whose queue's master moved
@@ -46,8 +31,8 @@ func (c *clientConn) checkLinks() {
 //
 // Who uses it: the server's watcher (checkMasters), whoever loses a link
 // (move), and the goroutines that move consumers, one per batch of
-// orphans, counted in the connection's linkLoops so that its end waits for
-// them. It keeps no state of its own: its fields are set once by
+// orphans, counted in the linkKeeper's loops so that the connection's end
+// waits for them. It keeps no state of its own: its fields are set once by
 // clientConn.open under clientConn.mu, before the connection counts as
 // open (isOpen, which the watcher asks first), and only read after. The
 // consumers it moves are the channel's (channelState.mu, in its methods);
@@ -60,9 +45,10 @@ type consumerMover struct {
 	links    *linkSet
 	channels *channelTable
 	// router reaches the new master, opening its link and the channel on
-	// it, and says whether a promotion is still to come.
-	router *router
-	send   *sendGate
+	// it; locator, the router's, says whether a promotion is still to come.
+	router  *router
+	locator *queueLocator
+	send    *sendGate
 	// out is the connection's clientOut, a copy: it keeps no state.
 	out clientOut
 	log *slog.Logger
@@ -70,10 +56,10 @@ type consumerMover struct {
 	// told of the consumers cancelled for it.
 	cancelNotify bool
 	// done is closed when the connection ends; running counts the
-	// goroutines that move consumers (clientConn.linkLoops).
+	// goroutines that move consumers (linkKeeper.loops).
 	done    <-chan struct{}
 	running *sync.WaitGroup
-	// writeFailed handles a failed write to a link (clientConn.writeFailed).
+	// writeFailed handles a failed write to a link (linkKeeper.writeFailed).
 	writeFailed func(l *link, err error)
 }
 
@@ -192,7 +178,7 @@ func (m *consumerMover) moveConsumers(lost string, orphans []orphan) {
 func (m *consumerMover) cancelUnpromoted(lost string, orphans []orphan) []orphan {
 	waiting := orphans[:0]
 	for _, o := range orphans {
-		if meta, ok := m.mirror.Lookup(o.cons.queue.ID); ok && meta.Master == lost && m.router.promotionPending(meta) {
+		if meta, ok := m.mirror.Lookup(o.cons.queue.ID); ok && meta.Master == lost && m.locator.promotionPending(meta) {
 			waiting = append(waiting, o)
 			continue
 		}

@@ -33,7 +33,7 @@ type heartbeats struct {
 	// teardown ends the connection when the client missed heartbeats
 	// (clientConn.teardown); linkFailed handles a backend that missed them
 	// and reports false when that ends the connection
-	// (clientConn.linkFailed).
+	// (linkKeeper.linkFailed).
 	teardown   func(reason CloseReason, detail string)
 	linkFailed func(l *link, err error) bool
 

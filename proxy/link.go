@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -21,7 +20,7 @@ import (
 // and open) stay in memory for the connection's life, as RabbitMQ's
 // shovels keep theirs, and are never logged.
 //
-// A link is one socket with its own read loop (linkLoop). It is identified
+// A link is one socket with its own read loop (linkKeeper.linkLoop). It is identified
 // by its backend index and a generation: a link that is lost and opened
 // again gets a new generation, so that a delivery tag from the old one can
 // never settle a message of the new one.
@@ -281,30 +280,6 @@ func (l *link) closeOkArrived(id uint16) error {
 	return l.sock.SendMethod(id, &frames.ChannelCloseOk{})
 }
 
-// openLink connects to backend i and opens an AMQP connection on it with
-// the client's credentials, vhost and the limits negotiated with the client
-// (linkSet.ensure's dial).
-func (c *clientConn) openLink(i int) (*wire.Socket, error) {
-	b := c.srv.backends[i]
-	// The client's frames wait while a link opens: bounded by the dial
-	// timeout, not the client handshake's.
-	deadline := time.Now().Add(min(c.srv.opts.HandshakeTimeout, c.srv.opts.DialTimeout))
-	s, err := logIn(c.ctx, b, &c.terms, deadline)
-	if err != nil {
-		c.log.Warn("cannot open a link to backend", "backend", b.Name, "err", err)
-		return nil, err
-	}
-	return s, nil
-}
-
-// runLink starts the read loop of a link that opened (linkSet.ensure's
-// run).
-func (c *clientConn) runLink(l *link) {
-	c.log.Debug("link opened", "backend", l.name, "generation", l.gen)
-	c.linkLoops.Add(1)
-	go c.linkLoop(l)
-}
-
 // logIn connects to backend b and opens an AMQP connection on it with the
 // client's credentials and vhost and the limits negotiated with the client
 // (t), by deadline.
@@ -424,118 +399,9 @@ func ensureChannel(ch *channelState, l *link) error {
 	return nil
 }
 
-// linkLoop reads a link's frames and passes them to the client. After
-// teardown it keeps reading only until the backend confirms the proxy's
-// connection.close.
-func (c *clientConn) linkLoop(l *link) {
-	defer c.linkLoops.Done()
-	defer close(l.done)
-	defer l.sock.Conn().Close()
-	l.sock.WhenDry(func() { c.out.flush() })
-	for {
-		f, err := l.sock.ReadFrame()
-		if err != nil {
-			if c.closer.tornDown() {
-				return
-			}
-			if c.links.home() == l {
-				if c.closer.inProgress() == closeByClient {
-					// The backend hung up instead of sending close-ok: the
-					// client asked to close, so that is what happened.
-					reason, detail := c.closer.outcome()
-					c.closer.backendDone()
-					c.teardown(reason, detail)
-					return
-				}
-			}
-			c.linkFailed(l, err)
-			return
-		}
-		if c.closer.tornDown() {
-			if f.Type == frames.FrameMethod && f.Channel == 0 && isMethod(f.Payload, frames.ConnectionCloseOkKey, frames.ConnectionCloseKey) {
-				return
-			}
-			continue
-		}
-		if err := c.fromLink(l, f); err != nil {
-			if errors.Is(err, errBackendDone) {
-				return
-			}
-			c.linkFailed(l, err)
-			return
-		}
-	}
-}
-
-// linkLost handles the loss of a link other than the home link: the client
-// connection goes on. What was in flight on the link is settled: its
-// consumers are cancelled (as RabbitMQ cancels the consumers of a queue whose
-// node went down), the confirms it owed stop counting, and a request whose
-// answer only it could give closes its channel with 541.
-func (c *clientConn) linkLost(l *link, err error) {
-	if !c.links.drop(l) {
-		return
-	}
-	chans := l.lose()
-	// A reset, not a FIN behind what is still unsent: a link cut off by a
-	// partition would otherwise deliver its buffered publishes when the
-	// network heals, to copies that were purged and resynchronised since.
-	resetOnClose(l.sock.Conn())
-	l.sock.Conn().Close()
-	c.log.Warn("backend link lost", "backend", l.name, "generation", l.gen, "err", err)
-
-	c.orphansMu.Lock()
-	defer c.orphansMu.Unlock()
-	c.orphans = nil
-	for id, lc := range chans {
-		ch := c.channels.get(id)
-		if ch == nil {
-			continue
-		}
-		c.channelLostLink(ch, l, lc)
-	}
-	if len(c.orphans) > 0 && !c.closer.tornDown() {
-		c.mover.move(l.name, c.orphans)
-	}
-	c.orphans = nil
-	// What the loss settled (confirms, cancels) must leave now: the
-	// goroutine that noticed it may be no read loop, whose flush would
-	// follow.
-	c.out.flush()
-}
-
 // markLinkClosed records that a link's connection ended its close handshake.
 func (l *link) markClosed() {
 	l.mu.Lock()
 	l.closed = true
 	l.mu.Unlock()
-}
-
-// closeLinks says goodbye to every link but the home one (teardown does that
-// one): connection.close, and the read loop waits for close-ok until
-// CloseTimeout.
-func (c *clientConn) closeLinks(reason CloseReason) {
-	home := c.links.home()
-	links := c.links.snapshot()
-	text := "client connection closed"
-	if reason == ReasonShutdown {
-		text = "proxy shutting down"
-	}
-	for _, l := range links {
-		if l == nil || l == home {
-			continue
-		}
-		if reason == ReasonPaused {
-			// A paused proxy cannot tell which brokers the majority still
-			// reaches: what it sent them and they have not received must
-			// not arrive after the healing (see linkLost).
-			resetOnClose(l.sock.Conn())
-			l.sock.Conn().Close()
-			continue
-		}
-		l.sock.Conn().SetDeadline(time.Now().Add(c.srv.opts.CloseTimeout))
-		if err := l.sock.SendMethod(0, &frames.ConnectionClose{ReplyCode: frames.ReplySuccess, ReplyText: text}); err != nil {
-			l.sock.Conn().Close()
-		}
-	}
 }

@@ -22,11 +22,11 @@ func (c *clientConn) releaseLostCopies() {
 	}
 	expired := time.Now().Add(-c.srv.opts.FailoverWait)
 	c.channels.each(func(ch *channelState) {
-		if !ch.holdsLostCopies() {
+		if !ch.confirms.holdsLostCopies() {
 			return
 		}
 		ch.outMu.Lock()
-		out := ch.releaseLostCopies(held, expired)
+		out := ch.confirms.releaseLostCopies(held, expired)
 		c.settler.passConfirms(ch, out)
 		ch.outMu.Unlock()
 		if len(out) > 0 {

@@ -70,7 +70,7 @@ func (s *Server) confirmsPending() int {
 		}
 		c.channels.each(func(ch *channelState) {
 			if ch.confirming.Load() {
-				pending += ch.unconfirmedCount()
+				pending += ch.confirms.unconfirmedCount()
 			}
 		})
 	}

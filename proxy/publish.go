@@ -80,7 +80,7 @@ func (p *publisher) publish(rt *router, f frames.Frame, args []byte) error {
 	if rt.mirror == nil {
 		p.current = publishing{targets: rt.links.homeOnly()}
 		if ch.confirming.Load() {
-			ch.numberPublish(ch.arrival())
+			ch.confirms.numberPublish(ch.arrival())
 		}
 		rt.toHome(f)
 		return nil
@@ -143,7 +143,7 @@ func (p *publisher) sendPublish(rt *router, method []byte, r *publishRoute) erro
 		p.selectOwnConfirms(rt)
 	}
 	if confirming || ch.ownConfirms.Load() {
-		seq, out := ch.numberCopies(r.CopySet, ch.arrival(), func(cs *ledger.CopySet) time.Time {
+		seq, out := ch.confirms.numberCopies(r.CopySet, ch.arrival(), func(cs *ledger.CopySet) time.Time {
 			return withoutLostCopies(targets, cs)
 		})
 		if r.Queue != nil && r.Queue != ledger.AnyQueue {
@@ -223,7 +223,7 @@ func (p *publisher) queueRoute(rt *router, m *frames.BasicPublish) *publishRoute
 	}
 	r = p.route.begin(m, ch.confirming.Load())
 	if !found {
-		meta, found = rt.locate(m.RoutingKey)
+		meta, found = rt.locator.locate(m.RoutingKey)
 	}
 	if !found {
 		// Not kept: the queue may appear any moment.
@@ -376,7 +376,7 @@ func (rt *router) reportUnreached(r *publishRoute) {
 // lost since the route was decided, and returns when the lost quorum copies
 // of a mirrored queue, which keep counting until the metadata records their
 // loss, were lost (zero for none). The caller holds the channel's mu
-// (channelState.numberCopies).
+// (channelConfirms.numberCopies).
 func withoutLostCopies(targets []*link, cs *ledger.CopySet) time.Time {
 	var now time.Time
 	if cs.Queue != nil {
@@ -481,7 +481,7 @@ func (p *publisher) publishContent(rt *router, f frames.Frame) error {
 		}
 		payload = stamped
 		if p.current.returns > 1 || p.current.seq != 0 {
-			ch.identifyPublish(id, &p.current)
+			ch.confirms.identifyPublish(id, &p.current)
 		}
 	}
 	for _, l := range p.current.targets {

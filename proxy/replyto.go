@@ -116,7 +116,7 @@ func (rt *router) replyQueueMethod(ch *channelState, f frames.Frame, key uint32,
 	}
 	var targets []*link
 	if node, ok := mirror.ReplyToNode(q.queue); ok {
-		ctx, cancel := rt.mirrorContext()
+		ctx, cancel := mirrorContext(rt.ctx)
 		backend, owned := rt.mirror.ReplyBackend(ctx, node)
 		cancel()
 		if owned {

@@ -3,13 +3,11 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
-	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
 )
 
@@ -32,10 +30,11 @@ import (
 // (this file, channelwide.go, exchanges.go, replyto.go), where a publish
 // goes (publish.go), where a kept transaction's frames wait until its
 // commit (txemulated.go), and how a request is sent to its links and their
-// replies matched to it (rpc.go). It holds what routing uses of the
-// connection, the state routing keeps, and the connection's own work it
-// calls. The connection holds it by value and passes it by pointer to each
-// channel's publisher with every publish.
+// replies matched to it (rpc.go); where a queue lives and how its master
+// is reached is its locator's (queueLocator, queue_locator.go). It holds
+// what routing uses of the connection, the state routing keeps, and the
+// connection's own work it calls. The connection holds it by value and
+// passes it by pointer to each channel's publisher with every publish.
 //
 // The client loop routes every client method through it. The link read
 // loops match the links' replies to routed requests through it
@@ -43,12 +42,15 @@ import (
 // (rpcGroup.after: records in the Mirror and in declared, or
 // bindingNotRecorded); whoever loses a link settles the replies it owed
 // (settleLostReply). The consumerMover reaches links (reach, holding the
-// send gate) and asks promotionPending. Who touches what:
+// send gate) and asks the locator whether a promotion is pending
+// (queueLocator.promotionPending). Who touches what:
 //
-//   - everything but identities, unrecorded and declared is set once by
-//     clientConn.open under clientConn.mu, before the connection counts as
-//     open, and only read after;
-//   - identities and unrecorded belong to the client loop and have no lock;
+//   - everything but identities, declared and the locator's memory of
+//     unrecorded queues is set once by clientConn.open under
+//     clientConn.mu, before the connection counts as open, and only read
+//     after;
+//   - identities belong to the client loop and have no lock; so does the
+//     locator's unrecorded;
 //   - declared keeps its own lock (declaredQueues.mu): the link loops and
 //     the client loop add to it, the views read it.
 type router struct {
@@ -66,16 +68,17 @@ type router struct {
 	settler *settler
 	// identities numbers the published messages.
 	identities identities
-	// unrecorded remembers where exclusive queues of other connections
-	// are (see locate).
-	unrecorded map[string]mirror.QueueMeta
+	// locator finds where a queue lives and reaches its master
+	// (queue_locator.go).
+	locator queueLocator
 	// declared are the queues this connection declared that the log does
 	// not record, for list_queues.
 	declared declaredQueues
 
 	// The connection's own work. A publish calls it only when a route is
 	// decided, a link opens or a write fails; a route kept for the next
-	// publish calls none of it. dial and run open a link (clientConn.openLink, runLink).
+	// publish calls none of it. dial and run open a link
+	// (linkKeeper.openLink, runLink).
 	dial        func(i int) (*wire.Socket, error)
 	run         func(l *link)
 	writeFailed func(l *link, err error)
@@ -89,8 +92,10 @@ type router struct {
 // mirrorTimeout bounds a call to the engine made for a client request.
 const mirrorTimeout = 10 * time.Second
 
-func (rt *router) mirrorContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(rt.ctx, mirrorTimeout)
+// mirrorContext bounds a call to the engine made for a client request, on
+// a connection whose calls run under ctx.
+func mirrorContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, mirrorTimeout)
 }
 
 // reach returns the links to the named backends with the channel open on
@@ -197,42 +202,6 @@ func encodeTable(t frames.Table) []byte {
 	return b
 }
 
-// locate returns where a queue lives: from the metadata log, or found on
-// the backends (adopted). ok is false when no backend has it.
-func (rt *router) locate(name string) (mirror.QueueMeta, bool) {
-	if mirror.IsReplyTo(name) {
-		// No backend holds it; a passive declare of it would count as found.
-		return mirror.QueueMeta{}, false
-	}
-	id := mirror.QueueID{VHost: rt.vhost, Name: name}
-	if m, ok := rt.mirror.Lookup(id); ok {
-		return m, true
-	}
-	if m, ok := rt.unrecorded[name]; ok {
-		return m, true
-	}
-	ctx, cancel := rt.mirrorContext()
-	defer cancel()
-	m, ok, err := rt.mirror.Resolve(ctx, id)
-	if err != nil {
-		rt.log.Warn("cannot locate queue", "queue", name, "err", err)
-		return m, false
-	}
-	if ok && m.Version == 0 {
-		// An exclusive queue of some connection: never recorded, and it
-		// never moves, so this connection remembers where it is (an RPC
-		// server publishes every reply to one).
-		if rt.unrecorded == nil || len(rt.unrecorded) >= maxUnrecorded {
-			rt.unrecorded = make(map[string]mirror.QueueMeta)
-		}
-		rt.unrecorded[name] = m
-	}
-	return m, ok
-}
-
-// maxUnrecorded bounds a connection's memory of exclusive queues.
-const maxUnrecorded = 1024
-
 // queueMethod routes queue.declare, bind, unbind, purge and delete.
 func (rt *router) queueMethod(ch *channelState, f frames.Frame, key uint32, args []byte) error {
 	if rt.mirror == nil {
@@ -261,7 +230,7 @@ func (rt *router) queueMethod(ch *channelState, f frames.Frame, key uint32, args
 		return nil
 	}
 	id := mirror.QueueID{VHost: rt.vhost, Name: q.queue}
-	meta, found := rt.locate(q.queue)
+	meta, found := rt.locator.locate(q.queue)
 	if !found {
 		if key != frames.QueueDeclareKey || q.passive {
 			// The home broker answers 404 as RabbitMQ would (or binds a
@@ -271,9 +240,9 @@ func (rt *router) queueMethod(ch *channelState, f frames.Frame, key uint32, args
 		}
 		return rt.declareNew(ch, f, q, wantReply)
 	}
-	meta, master := rt.reachMaster(ch, meta)
+	meta, master := rt.locator.reachMaster(ch, meta)
 	if len(master) == 0 {
-		rt.masterDown(ch, meta, f)
+		rt.locator.masterDown(ch, meta, f)
 		return nil
 	}
 	masterLink := master[0]
@@ -282,7 +251,7 @@ func (rt *router) queueMethod(ch *channelState, f frames.Frame, key uint32, args
 		var after func([]byte) []byte
 		if key == frames.QueuePurgeKey && len(meta.Slaves) > 0 {
 			after = func(reply []byte) []byte {
-				ctx, cancel := rt.mirrorContext()
+				ctx, cancel := mirrorContext(rt.ctx)
 				defer cancel()
 				rt.mirror.Purged(ctx, id)
 				return reply
@@ -294,7 +263,7 @@ func (rt *router) queueMethod(ch *channelState, f frames.Frame, key uint32, args
 	default: // bind, unbind: every copy
 		targets := append([]*link{masterLink}, rt.reach(ch, slaveNames(meta)...)...)
 		after := func(reply []byte) []byte {
-			ctx, cancel := rt.mirrorContext()
+			ctx, cancel := mirrorContext(rt.ctx)
 			defer cancel()
 			var err error
 			switch {
@@ -362,7 +331,7 @@ func (rt *router) deleteQueue(ch *channelState, f frames.Frame, meta mirror.Queu
 		}
 	}
 	deleteCopies := func(reply []byte) []byte {
-		ctx, cancel := rt.mirrorContext()
+		ctx, cancel := mirrorContext(rt.ctx)
 		rt.mirror.Deleted(ctx, meta.ID)
 		cancel()
 		rt.declared.forget(meta.ID.Name)
@@ -384,75 +353,6 @@ func (rt *router) deleteQueue(ch *channelState, f frames.Frame, meta mirror.Queu
 	rt.sendTo(ch, f, deleteCopies, []*link{master}, true)
 }
 
-// promotionWait bounds how long a request for a queue whose master was
-// just lost waits for the promotion of a slave.
-const promotionWait = 10 * time.Second
-
-// reachMaster returns the link to meta's master with the channel open on
-// it. When the master cannot be reached, is counted down, and a
-// synchronised slave is live, a promotion is on its way: it waits for the
-// metadata to name another master, at most promotionWait, as RabbitMQ's
-// channel waits for a mirrored queue's new master instead of failing the
-// request. It returns the metadata it ends with, and no link when the
-// master stays unreachable.
-func (rt *router) reachMaster(ch *channelState, meta mirror.QueueMeta) (mirror.QueueMeta, []*link) {
-	// The link to a master's backend counted down a moment ago may still
-	// be open (checkLinks drops it within masterCheckInterval), and a
-	// request sent there is lost with it: with a promotion on its way, the
-	// request waits for the new master instead.
-	if m := rt.mirror; m == nil || !m.BackendDown(meta.Master) || !rt.promotionPending(meta) {
-		if master := rt.reach(ch, meta.Master); len(master) > 0 || !rt.promotionPending(meta) {
-			return meta, master
-		}
-	}
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(promotionWait)
-	for {
-		select {
-		case <-rt.ctx.Done():
-			return meta, nil
-		case <-deadline:
-			return meta, nil
-		case <-tick.C:
-		}
-		now, ok := rt.mirror.Lookup(meta.ID)
-		if !ok {
-			return meta, nil
-		}
-		// A new master, or the old one not (or no longer) counted down:
-		// one more try. A backend counted down is not dialled again.
-		if now.Master != meta.Master || !rt.mirror.BackendDown(now.Master) {
-			return now, rt.reach(ch, now.Master)
-		}
-	}
-}
-
-// promotionPending reports whether a synchronised slave of meta is live,
-// which the engine promotes when it counts the master down.
-func (rt *router) promotionPending(meta mirror.QueueMeta) bool {
-	m := rt.mirror
-	if m == nil {
-		return false
-	}
-	for _, s := range meta.Slaves {
-		if s.Synchronised && !m.BackendDown(s.Backend) {
-			return true
-		}
-	}
-	return false
-}
-
-// masterDown answers a request for a queue whose master cannot be reached
-// (its broker is down and no slave was promoted) as RabbitMQ answers for a
-// queue whose node is down.
-func (rt *router) masterDown(ch *channelState, meta mirror.QueueMeta, f frames.Frame) {
-	classID, methodID, _, _ := frames.ParseMethodID(f.Payload)
-	rt.closeChannel(ch, frames.NotFound, fmt.Sprintf(
-		"NOT_FOUND - home node '%s' of durable queue '%s' in vhost '%s' is down or inaccessible", meta.Master, meta.ID.Name, meta.ID.VHost),
-		classID, methodID)
-}
-
 func slaveNames(m mirror.QueueMeta) []string {
 	out := make([]string, len(m.Slaves))
 	for i, s := range m.Slaves {
@@ -472,7 +372,7 @@ func (rt *router) declareNew(ch *channelState, f frames.Frame, q queueMethod, wa
 		AutoDelete: d.AutoDelete,
 		Arguments:  encodeTable(d.Arguments),
 	}
-	ctx, cancel := rt.mirrorContext()
+	ctx, cancel := mirrorContext(rt.ctx)
 	placed, err := rt.mirror.Place(ctx, meta, rt.srv.opts.ClientNode)
 	cancel()
 	if err != nil {
@@ -507,7 +407,7 @@ func (rt *router) declareNew(ch *channelState, f frames.Frame, q queueMethod, wa
 	placed.Slaves = kept
 	var g *rpcGroup
 	g = &rpcGroup{pending: 1 + len(slaves), primary: masterLink.idx, after: func(reply []byte) []byte {
-		ctx, cancel := rt.mirrorContext()
+		ctx, cancel := mirrorContext(rt.ctx)
 		defer cancel()
 		if _, err := rt.mirror.Declared(ctx, placed); err != nil {
 			rt.log.Warn("queue declared but not recorded", "queue", q.queue, "err", err)
@@ -532,29 +432,6 @@ func (rt *router) declareNew(ch *channelState, f frames.Frame, q queueMethod, wa
 	return nil
 }
 
-// masterOf returns the link a consume or get of queue goes to: its master's
-// with mirroring (and the queue to trim, ref), the home link otherwise or
-// for a queue no backend has (the broker answers 404). ok is false when the
-// request was answered already (the master is down: 404) or there is no
-// link at all.
-func (rt *router) masterOf(ch *channelState, queue string, f frames.Frame) (target *link, ref *ledger.QueueRef, ok bool) {
-	if rt.mirror != nil && queue != "" {
-		if meta, found := rt.locate(queue); found {
-			meta, master := rt.reachMaster(ch, meta)
-			if len(master) == 0 {
-				rt.masterDown(ch, meta, f)
-				return nil, nil, false
-			}
-			return master[0], &ledger.QueueRef{ID: meta.ID}, true
-		}
-	}
-	home := rt.links.homeOnly()
-	if len(home) == 0 {
-		return nil, nil, false
-	}
-	return home[0], nil, true
-}
-
 // consume starts a consumer on the queue's master.
 func (rt *router) consume(ch *channelState, f frames.Frame, args []byte) error {
 	d := &ch.clientConsume
@@ -564,7 +441,7 @@ func (rt *router) consume(ch *channelState, f frames.Frame, args []byte) error {
 	if d.Queue == mirror.ReplyToQueue && rt.mirror != nil {
 		return rt.consumeReplyTo(ch, f, d)
 	}
-	target, ref, ok := rt.masterOf(ch, d.Queue, f)
+	target, ref, ok := rt.locator.masterOf(ch, d.Queue, f)
 	if !ok {
 		return nil
 	}
@@ -605,7 +482,7 @@ func (rt *router) get(ch *channelState, f frames.Frame, args []byte) error {
 	if err := d.Decode(args); err != nil {
 		return err
 	}
-	target, ref, ok := rt.masterOf(ch, d.Queue, f)
+	target, ref, ok := rt.locator.masterOf(ch, d.Queue, f)
 	if !ok {
 		return nil
 	}

@@ -222,7 +222,7 @@ func (s *Server) watchMirror() {
 		s.mu.Unlock()
 		for _, c := range conns {
 			if c.isOpen() {
-				c.checkLinks()
+				c.keeper.checkLinks()
 				c.mover.checkMasters()
 				c.releaseLostCopies()
 			}

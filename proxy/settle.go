@@ -45,7 +45,7 @@ type settler struct {
 	// out is the connection's clientOut, a copy: it keeps no state.
 	out clientOut
 	// The connection's own work: writeFailed handles a failed write to a
-	// link (clientConn.writeFailed), closeChannel closes a channel for a
+	// link (linkKeeper.writeFailed), closeChannel closes a channel for a
 	// reason the proxy found (clientConn.closeChannelByProxy).
 	writeFailed  func(l *link, err error)
 	closeChannel func(ch *channelState, code uint16, text string, classID, methodID uint16)
@@ -200,7 +200,7 @@ func (s *settler) confirm(ch *channelState, l *link, f frames.Frame, seq uint64,
 	}
 	ch.outMu.Lock()
 	defer ch.outMu.Unlock()
-	out, missed, refused := ch.applyConfirm(l.idx, seq, multiple, nack, l.confirmed[:0], l.missed[:0], l.refused[:0])
+	out, missed, refused := ch.confirms.applyConfirm(l.idx, seq, multiple, nack, l.confirmed[:0], l.missed[:0], l.refused[:0])
 	l.confirmed, l.missed, l.refused = out, missed, refused
 	if len(missed) > 0 {
 		s.reportMissed(missed, "nacked")
