@@ -8,9 +8,9 @@ import (
 )
 
 // releaseLostCopies lets go of the lost quorum copies that keep publishes
-// waiting (publisherConfirms.release) on every channel of the connection:
-// those whose loss the metadata has recorded, and those lost longer than
-// FailoverWait ago, whose publishes are nacked. The server's watcher calls
+// waiting (channelConfirms.releaseLostCopies) on every channel of the
+// connection: those whose loss the metadata has recorded, and those lost
+// longer than FailoverWait ago, whose publishes are nacked. The server's watcher calls
 // it every masterCheckInterval.
 func (c *clientConn) releaseLostCopies() {
 	m := c.srv.opts.Mirror
