@@ -185,8 +185,8 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 Starts local, independent RabbitMQ nodes (needs rabbitmq-server installed and
 root, see scripts/install-deps.sh) and, with two nodes or more, an amqp-mirror
 serve beside each, joined in a sidecar cluster (--single: one proxy in front of
-all of them), prints how to connect and the seed's walkthrough, and runs until
-Ctrl-C; then stops everything it started.`, stdout)
+all of them), prints how to connect and a walkthrough of mirrored queues, and
+runs until Ctrl-C; then stops everything it started.`, stdout)
 	nodes := fs.Int("nodes", 3, "how many RabbitMQ nodes to start")
 	listen := fs.String("listen", "127.0.0.1:5672", "the proxy's AMQP address")
 	adminAddr := fs.String("admin", "127.0.0.1:15680", "the proxy's admin API address")

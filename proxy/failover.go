@@ -10,8 +10,8 @@ import (
 
 // When a link is lost, the consumers of mirrored queues that consumed on it
 // move to the queue's new master once the engine promoted one: same
-// consumer tag, same client channel, nothing for the client to do, as the
-// seed asks. Consumers declared with x-cancel-on-ha-failover get
+// consumer tag, same client channel, nothing for the client to do, as
+// RabbitMQ's classic mirroring does. Consumers declared with x-cancel-on-ha-failover get
 // basic.cancel instead; so do consumers whose queue has no master again
 // within FailoverWait and no live synchronised slave left to promote
 // (RabbitMQ cancels the consumers of a queue whose node is down). The

@@ -67,7 +67,7 @@ func sidecarChecks(proxies []sidecarAddresses) []address {
 
 // runSidecars runs the sidecar topology: an `amqp-mirror serve` process beside each
 // broker (so that one node, broker and proxy, can be stopped on its own), prints the
-// seed's walkthrough, and stops the proxies when ctx ends.
+// walkthrough of mirrored queues, and stops the proxies when ctx ends.
 func runSidecars(ctx context.Context, brokers *localbroker.Cluster, proxies []sidecarAddresses, dir string, logger *slog.Logger, stdout io.Writer) error {
 	self, err := os.Executable()
 	if err != nil {
@@ -143,7 +143,7 @@ func runSidecars(ctx context.Context, brokers *localbroker.Cluster, proxies []si
 	}
 	ctl := func(i int) string { return fmt.Sprintf("%s ctl --config %s", self, configs[i]) }
 	url := func(i int) string { return "amqp://guest:guest@" + proxies[i].AMQP }
-	fmt.Fprintf(stdout, "\nThe seed's walkthrough (amqp-tools):\n")
+	fmt.Fprintf(stdout, "\nA walkthrough of mirrored queues (amqp-tools):\n")
 	for i := range min(3, len(nodes)) {
 		fmt.Fprintf(stdout, "  amqp-declare-queue --url %s -d -q queue_%d      # mastered on %s (client-local)\n", url(i), i+1, nodes[i].Name)
 	}
