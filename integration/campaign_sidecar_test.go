@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -224,6 +225,29 @@ func killWholeNode(t *testing.T, nodes *killSidecars, load *killLoad, _ []string
 	return fmt.Sprintf("node %d (%s and its proxy)", victim+1, nodes.brokers[victim].Name)
 }
 
+// longestPause is the longest time no consumer received anything while the publishers
+// ran (until the last publish). l.mu is held.
+func (l *killLoad) longestPause() time.Duration {
+	var lastPublish time.Time
+	for _, at := range l.publishedAt {
+		if at.After(lastPublish) {
+			lastPublish = at
+		}
+	}
+	times := make([]time.Time, 0, len(l.deliveries))
+	for _, d := range l.deliveries {
+		if !d.at.After(lastPublish) {
+			times = append(times, d.at)
+		}
+	}
+	slices.SortFunc(times, time.Time.Compare)
+	var longest time.Duration
+	for i := 1; i < len(times); i++ {
+		longest = max(longest, times[i].Sub(times[i-1]))
+	}
+	return longest
+}
+
 // sidecarCampaignReport is the table of a sidecar campaign: the faults injected by kind,
 // then what the clients saw (load.mu held). woken counts the repeats without
 // redelivered through a proxy woken from a freeze, acked the messages delivered again
@@ -263,6 +287,7 @@ func sidecarCampaignReport(kinds []sidecarNemesis, injected map[string]int, load
 		{"again without redelivered through another proxy (not guaranteed)", len(load.unflagged) - woken},
 		{fmt.Sprintf("again after an ack settled, no fault within %v", settleMargin), acked},
 		{"again after an ack settled, a fault within it (best effort)", len(load.ackedThenRedelivered(0)) - acked},
+		{"longest pause between deliveries, while publishing", load.longestPause().Round(time.Millisecond)},
 		{"client reconnects (clients of a proxy hit by the fault)", load.reconnects},
 	} {
 		fmt.Fprintf(tw, "%s\t%v\n", row.name, row.value)
