@@ -133,9 +133,9 @@ func (c *clientConn) linkClosesChannel(ch *channelState, l *link, f frames.Frame
 	}
 	// Several links may close the channel at once (a publish to a missing
 	// exchange reaches every backend): only the first one's close reaches
-	// the client, so the change of state is one compare-and-swap. Two link
-	// loops that both saw the channel open used to both become its closer,
-	// and the client got two notices; its second close-ok reached a broker
+	// the client, so the change of state is one compare-and-swap. Were two
+	// link loops that both saw the channel open both its closer, the client
+	// would get two notices, and its second close-ok would reach a broker
 	// that had freed the channel: 504, which closes the connection.
 	if !wasOpen || !ch.linkCloses(l, &cl) {
 		// Closes crossed: the proxy, the client or another link closed it
