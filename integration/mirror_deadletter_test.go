@@ -204,8 +204,9 @@ func consumeDeadLettered(t *testing.T, conn *amqp.Connection, target string, cou
 // (to a consumer or a basic.get) and settled after it, is dead-lettered by no broker when
 // the client acks it (a broker never expires a delivery waiting for its ack, and the
 // slaves' copies wait for the client too), and by every broker, once, when the client
-// requeues it (the master's broker expires it at the requeue, the slaves' brokers when
-// their trimmers give their copies back).
+// requeues it, closes its channel or connection holding it, or recovers it (the master's
+// broker expires it as it takes it back, the slaves' brokers when their trimmers give their
+// copies back).
 func TestMirrorDeadLetteringAfterTTLWhileDelivered(t *testing.T) {
 	t.Parallel()
 	const (
@@ -231,20 +232,38 @@ func TestMirrorDeadLetteringAfterTTLWhileDelivered(t *testing.T) {
 		}
 		return ch, got
 	}
-	ack := func(deliveries []amqp.Delivery) error { return deliveries[len(deliveries)-1].Ack(true) }
-	requeue := func(deliveries []amqp.Delivery) error { return deliveries[len(deliveries)-1].Nack(true, true) }
+	ack := func(_ *amqp.Channel, deliveries []amqp.Delivery) error {
+		return deliveries[len(deliveries)-1].Ack(true)
+	}
+	requeue := func(_ *amqp.Channel, deliveries []amqp.Delivery) error {
+		return deliveries[len(deliveries)-1].Nack(true, true)
+	}
+	closeChannel := func(ch *amqp.Channel, _ []amqp.Delivery) error { return ch.Close() }
+	// A consumer on a connection of its own, which the client closes.
+	p := startMirrorProxy(t, "")
+	owners := map[*amqp.Channel]*amqp.Connection{}
+	consumeAlone := func(t *testing.T, _ *amqp.Connection, queue string) (*amqp.Channel, []amqp.Delivery) {
+		own := dialURL(t, p.url("guest", "guest"))
+		ch, deliveries := takeDeliveries(t, own, queue, messages)
+		owners[ch] = own
+		return ch, deliveries
+	}
+	closeConnection := func(ch *amqp.Channel, _ []amqp.Delivery) error { return owners[ch].Close() }
+	recoverAll := func(ch *amqp.Channel, _ []amqp.Delivery) error { return ch.Recover(true) }
 	tests := []struct {
 		name       string
 		take       func(t *testing.T, conn *amqp.Connection, queue string) (*amqp.Channel, []amqp.Delivery)
-		settle     func(deliveries []amqp.Delivery) error
+		settle     func(ch *amqp.Channel, deliveries []amqp.Delivery) error
 		deadLetter int // messages on every copy of the target at the end
 	}{
 		{"consumed, acked after the TTL", consume, ack, 0},
 		{"consumed, requeued after the TTL", consume, requeue, messages},
+		{"consumed, its channel closed after the TTL", consume, closeChannel, messages},
+		{"consumed, its connection closed after the TTL", consumeAlone, closeConnection, messages},
 		{"got, acked after the TTL", get, ack, 0},
+		{"got, recovered after the TTL", get, recoverAll, messages},
 	}
 	backends := mirrorBackends()
-	p := startMirrorProxy(t, "")
 	conn := dialURL(t, p.url("guest", "guest"))
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -262,14 +281,14 @@ func TestMirrorDeadLetteringAfterTTLWhileDelivered(t *testing.T) {
 				return amqp.Publishing{Body: fmt.Appendf(nil, "expiring %d", i)}
 			})
 			awaitHeld(t, 30*time.Second, map[string]map[string]int{source: onEvery(messages, backends...)})
-			_, deliveries := tt.take(t, conn, source)
+			ch, deliveries := tt.take(t, conn, source)
 			if taken := time.Since(published); taken >= ttl {
 				t.Fatalf("the deliveries took %v, past the TTL (%v): the test needs them before it", taken, ttl)
 			}
 			// Past the TTL, and past the moment the slaves' trimmers would give back what
 			// they hold.
 			time.Sleep(time.Until(published.Add(ttl + 2*time.Second)))
-			if err := tt.settle(deliveries); err != nil {
+			if err := tt.settle(ch, deliveries); err != nil {
 				t.Fatalf("settling the deliveries: %v", err)
 			}
 			awaitHeld(t, 30*time.Second, map[string]map[string]int{

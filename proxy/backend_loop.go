@@ -97,7 +97,7 @@ func (c *clientConn) fromLink(l *link, f frames.Frame) error {
 	case frames.ChannelCloseKey: // a channel error
 		return c.linkClosesChannel(ch, l, f)
 	case frames.BasicRecoverOkKey:
-		ch.dropDeliveriesFrom(l.idx)
+		c.settler.takenBack(ch.dropDeliveriesFrom(l.idx))
 	case frames.ChannelCloseOkKey: // the answer to the client's close
 		if err := l.closeOkArrived(ch.id); err != nil {
 			return err

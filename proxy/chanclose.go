@@ -55,6 +55,14 @@ func (c *clientConn) closeOnLinks(ch *channelState, skip *link, text string) {
 	}
 }
 
+// removeChannel forgets a channel whose close handshake is over, on every
+// link: the brokers took back what the client had not settled, and the
+// engine is told (settler.takenBack).
+func (c *clientConn) removeChannel(ch *channelState) {
+	c.settler.takenBack(ch.outstandingMirrored())
+	c.channels.remove(ch.id, ch)
+}
+
 // linkCloseOk counts one link's close-ok for a close of the proxy's, and
 // tells the client once none is owed.
 func (c *clientConn) linkCloseOk(ch *channelState, l *link) {
@@ -72,7 +80,7 @@ func (c *clientConn) closeWaitDone(ch *channelState, o closeOutcome) {
 	switch {
 	case o.crossed:
 		c.out.methodOnChannel(ch, &frames.ChannelCloseOk{})
-		c.channels.remove(ch.id, ch)
+		c.removeChannel(ch)
 	case o.notice != nil:
 		c.out.methodOnChannel(ch, o.notice)
 	}
@@ -94,11 +102,11 @@ func (c *clientConn) clientClosesChannel(ch *channelState, f frames.Frame) {
 	}
 	if len(targets) == 0 {
 		c.out.sendOnChannel(ch, &frames.ChannelCloseOk{})
-		c.channels.remove(ch.id, ch)
+		c.removeChannel(ch)
 		return
 	}
 	c.router.send(ch, f, targets, true, func(reply []byte) []byte {
-		c.channels.remove(ch.id, ch)
+		c.removeChannel(ch)
 		return reply
 	})
 }
@@ -178,7 +186,7 @@ func (c *clientConn) fromClientOnClosingChannel(ch *channelState, state uint32, 
 				c.keeper.writeFailed(closer, err)
 			}
 		}
-		c.channels.remove(ch.id, ch)
+		c.removeChannel(ch)
 	case frames.ChannelCloseKey:
 		// The client closed it too. If it has not been told of our close
 		// yet, it never will be: it gets close-ok instead, once the links

@@ -137,11 +137,23 @@ func (ch *channelState) endTransaction(rollback bool, commit func([]ledger.TagEn
 }
 
 // forgetDeliveries voids every outstanding delivery tag, after
-// basic.recover-async.
-func (ch *channelState) forgetDeliveries() {
+// basic.recover-async, and returns the mirrored messages among them, which
+// the brokers take back.
+func (ch *channelState) forgetDeliveries() []ledger.Trimmed {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
+	taken := ch.deliveries.tags.AppendMirrored(nil, -1)
 	ch.deliveries.tags.DropAll()
+	return taken
+}
+
+// outstandingMirrored returns the mirrored messages of the deliveries
+// awaiting the client's settlement: when the channel ends, the brokers
+// take them back.
+func (ch *channelState) outstandingMirrored() []ledger.Trimmed {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.deliveries.tags.AppendMirrored(nil, -1)
 }
 
 // Consumers (channelConsumers). The client loop adds and cancels them, the
@@ -256,11 +268,14 @@ func (ch *channelState) deliver(d ledger.Delivered, needsAck bool) uint64 {
 }
 
 // dropDeliveriesFrom voids the outstanding deliveries from link, whose
-// broker answered basic.recover.
-func (ch *channelState) dropDeliveriesFrom(link int) {
+// broker answered basic.recover, and returns the mirrored messages among
+// them, which that broker took back.
+func (ch *channelState) dropDeliveriesFrom(link int) []ledger.Trimmed {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
+	taken := ch.deliveries.tags.AppendMirrored(nil, link)
 	ch.deliveries.tags.DropFrom(link)
+	return taken
 }
 
 // countUnacked adds the channel's deliveries awaiting settlement to counts

@@ -85,7 +85,7 @@ func (rt *router) txEnd(ch *channelState, f frames.Frame, rollback bool) error {
 // recoverAsync passes basic.recover-async on: the brokers redeliver every
 // outstanding delivery with a new tag, so the old tags are void.
 func (rt *router) recoverAsync(ch *channelState, f frames.Frame) error {
-	ch.forgetDeliveries()
+	rt.settler.takenBack(ch.forgetDeliveries())
 	return rt.onOpenLinks(ch, f, false, nil)
 }
 

@@ -252,12 +252,15 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	pending := c.opening
 	home := c.links.home()
 	sayGoodbye := home != nil && !backendClosed
+	settler := c.settler // set by open under c.mu, if it got so far; a copy
 	c.mu.Unlock()
 
 	close(c.done)
 	c.cancelCtx()
 	c.client.Conn().Close()
 	c.keeper.closeLinks(reason)
+	// The brokers take back what the client had not settled.
+	c.channels.each(func(ch *channelState) { settler.takenBack(ch.outstandingMirrored()) })
 	if home == nil {
 		if pending != nil {
 			pending.abort(reason == ReasonPaused)

@@ -191,6 +191,31 @@ func (s *settler) trim(trims []ledger.Trimmed, outcome mirror.Outcome) {
 	}
 }
 
+// takenBack tells the engine that the brokers took back the master's
+// copies of messages a client had not settled (its channel or connection
+// ended, basic.recover): they are ready again, and their TTL applies again
+// (mirror.Requeued). Any goroutine may call it: unlike trim it keeps no
+// scratch.
+func (s *settler) takenBack(messages []ledger.Trimmed) {
+	if s.mirror == nil {
+		return
+	}
+	for len(messages) > 0 {
+		q := messages[0].Queue
+		var ids []mirror.MessageID
+		rest := messages[:0]
+		for _, m := range messages {
+			if m.Queue == q {
+				ids = append(ids, m.ID)
+			} else {
+				rest = append(rest, m)
+			}
+		}
+		s.mirror.Settle(q.ID, ids, mirror.Requeued)
+		messages = rest
+	}
+}
+
 // confirm turns a backend's publisher confirm into the client's; in the
 // proxy's own confirm mode (ownConfirms) it tells the client nothing.
 func (s *settler) confirm(ch *channelState, l *link, f frames.Frame, seq uint64, multiple, nack bool) {

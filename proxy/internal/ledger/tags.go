@@ -202,6 +202,20 @@ func (d *DeliveryTags) DropFrom(backend int) {
 	d.pending = kept
 }
 
+// AppendMirrored appends to out the queue and identity of every
+// outstanding delivery of a mirrored queue that came from backend, or from
+// any backend when backend is negative.
+func (d *DeliveryTags) AppendMirrored(out []Trimmed, backend int) []Trimmed {
+	for i := range d.pending {
+		e := &d.pending[i]
+		if e.settled || e.Queue == nil || backend >= 0 && e.backend != backend {
+			continue
+		}
+		out = append(out, Trimmed{Queue: e.Queue, ID: e.ID})
+	}
+	return out
+}
+
 // Outstanding is the number of deliveries awaiting the client's ack.
 func (d *DeliveryTags) Outstanding() int { return d.live }
 

@@ -243,3 +243,34 @@ func TestDeliveryTagsCountUnacked(t *testing.T) {
 		}
 	}
 }
+
+func TestDeliveryTagsAppendMirrored(t *testing.T) {
+	orders := &QueueRef{ID: mirror.QueueID{VHost: "/", Name: "orders"}}
+	id := func(b byte) mirror.MessageID { return mirror.MessageID{b} }
+	var d DeliveryTags
+	for _, m := range []Delivered{
+		{Backend: 0, BackendTag: 1, Queue: orders, ID: id(1)},
+		{Backend: 0, BackendTag: 2, Queue: orders, ID: id(2)}, // settled below
+		{Backend: 1, BackendTag: 1, Queue: orders, ID: id(3)},
+		{Backend: 1, BackendTag: 2}, // not mirrored
+	} {
+		d.Deliver(m, true)
+	}
+	if _, _, ok := d.Settle(2, false, nil, false, nil, nil); !ok {
+		t.Fatal("settling tag 2: not found")
+	}
+	tests := []struct {
+		backend int
+		want    []Trimmed
+	}{
+		{-1, []Trimmed{{orders, id(1)}, {orders, id(3)}}},
+		{0, []Trimmed{{orders, id(1)}}},
+		{1, []Trimmed{{orders, id(3)}}},
+		{2, nil},
+	}
+	for _, tt := range tests {
+		if got := d.AppendMirrored(nil, tt.backend); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("backend %d: got %v, want %v", tt.backend, got, tt.want)
+		}
+	}
+}
