@@ -252,7 +252,8 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	pending := c.opening
 	home := c.links.home()
 	sayGoodbye := home != nil && !backendClosed
-	settler := c.settler // set by open under c.mu, if it got so far; a copy
+	// Set by open under c.mu once the handshake succeeded; nil before.
+	settler, channels := c.settler, c.channels
 	c.mu.Unlock()
 
 	close(c.done)
@@ -260,7 +261,9 @@ func (c *clientConn) teardown(reason CloseReason, detail string) {
 	c.client.Conn().Close()
 	c.keeper.closeLinks(reason)
 	// The brokers take back what the client had not settled.
-	c.channels.each(func(ch *channelState) { settler.takenBack(ch.outstandingMirrored()) })
+	if channels != nil {
+		channels.each(func(ch *channelState) { settler.takenBack(ch.outstandingMirrored()) })
+	}
 	if home == nil {
 		if pending != nil {
 			pending.abort(reason == ReasonPaused)
