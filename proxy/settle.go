@@ -174,21 +174,30 @@ func (s *settler) trimSettled(entries []ledger.TagEntry, kinds []trimKind) {
 // trim tells the engine what became of messages at their masters (acked,
 // rejected without requeue, or requeued), one call per queue.
 func (s *settler) trim(trims []ledger.Trimmed, outcome mirror.Outcome) {
-	for len(trims) > 0 {
-		q := trims[0].Queue
-		ids := s.trimIDs[:0]
-		rest := trims[:0]
-		for _, t := range trims {
-			if t.Queue == q {
-				ids = append(ids, t.ID)
+	s.trimIDs = byQueue(trims, s.trimIDs, func(q *ledger.QueueRef, ids []mirror.MessageID) {
+		s.mirror.Settle(q.ID, ids, outcome)
+	})
+}
+
+// byQueue calls f once per queue of messages, with the identities of that
+// queue's messages in ids (scratch, reused from one call to the next, and
+// returned for the caller to keep). It reorders messages.
+func byQueue(messages []ledger.Trimmed, ids []mirror.MessageID, f func(q *ledger.QueueRef, ids []mirror.MessageID)) []mirror.MessageID {
+	for len(messages) > 0 {
+		q := messages[0].Queue
+		ids = ids[:0]
+		rest := messages[:0]
+		for _, m := range messages {
+			if m.Queue == q {
+				ids = append(ids, m.ID)
 			} else {
-				rest = append(rest, t)
+				rest = append(rest, m)
 			}
 		}
-		s.mirror.Settle(q.ID, ids, outcome)
-		s.trimIDs = ids
-		trims = rest
+		f(q, ids)
+		messages = rest
 	}
+	return ids
 }
 
 // takenBack tells the engine that the brokers took back the master's
@@ -200,20 +209,9 @@ func (s *settler) takenBack(messages []ledger.Trimmed) {
 	if s.mirror == nil {
 		return
 	}
-	for len(messages) > 0 {
-		q := messages[0].Queue
-		var ids []mirror.MessageID
-		rest := messages[:0]
-		for _, m := range messages {
-			if m.Queue == q {
-				ids = append(ids, m.ID)
-			} else {
-				rest = append(rest, m)
-			}
-		}
+	byQueue(messages, nil, func(q *ledger.QueueRef, ids []mirror.MessageID) {
 		s.mirror.Settle(q.ID, ids, mirror.Requeued)
-		messages = rest
-	}
+	})
 }
 
 // confirm turns a backend's publisher confirm into the client's; in the

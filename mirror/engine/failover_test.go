@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
+	"github.com/amqp-mirror/amqp-mirror/internal/localbroker"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
@@ -31,18 +32,7 @@ func TestMasterLostAndBack(t *testing.T) {
 	publishTo(t, id.Name, 0, 50, m.Backends()...)
 	expectHeld(t, h.engine, id, 50, "rabbit1", "rabbit2")
 
-	rabbit3 := brokers.Node("rabbit3")
-	stopCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := rabbit3.Stop(stopCtx); err != nil {
-		t.Fatal(err)
-	}
-	// Whatever happens below, the node is back for the other tests.
-	t.Cleanup(func() {
-		if !rabbit3.Running() {
-			rabbit3.Restart(context.Background())
-		}
-	})
+	rabbit3 := stopBroker(t, "rabbit3")
 	promoted := expectMeta(t, h.store, id, func(m mirror.QueueMeta, ok bool) error {
 		if m.Master != "rabbit1" || m.Epoch != 1 || m.Holds("rabbit3") {
 			return fmt.Errorf("master %s, epoch %d, slaves %+v; want rabbit1, epoch 1, rabbit3 gone", m.Master, m.Epoch, m.Slaves)
@@ -67,7 +57,7 @@ func TestMasterLostAndBack(t *testing.T) {
 		return nil
 	})
 
-	if err := rabbit3.Restart(stopCtx); err != nil {
+	if err := rabbit3.Restart(restartCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	rejoined := expectMeta(t, h.store, id, synchronisedSlaves(2))
@@ -105,17 +95,7 @@ func TestMasterStaysWhileMostProxiesReachIt(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rabbit3 := brokers.Node("rabbit3")
-	stopCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := rabbit3.Stop(stopCtx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if !rabbit3.Running() {
-			rabbit3.Restart(context.Background())
-		}
-	})
+	rabbit3 := stopBroker(t, "rabbit3")
 	testutil.Eventually(t, time.Minute, func() error {
 		if !h.engine.BackendDown("rabbit3") {
 			return fmt.Errorf("the engine does not count rabbit3 down yet")
@@ -135,7 +115,30 @@ func TestMasterStaysWhileMostProxiesReachIt(t *testing.T) {
 		}
 		return nil
 	})
-	if err := rabbit3.Restart(stopCtx); err != nil {
+	if err := rabbit3.Restart(restartCtx(t)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// stopBroker stops the broker named name cleanly; whatever the test does
+// after, the broker runs again for the other tests.
+func stopBroker(t *testing.T, name string) *localbroker.Node {
+	t.Helper()
+	node := brokers.Node(name)
+	if err := node.Stop(restartCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !node.Running() {
+			node.Restart(context.Background())
+		}
+	})
+	return node
+}
+
+// restartCtx bounds a broker's stop or restart to a minute.
+func restartCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }
