@@ -30,25 +30,7 @@ func TestSidecarPartialPartitionKeepsTheMaster(t *testing.T) {
 	proxies := network.startProxies(t)
 
 	// The queue through proxy 2, client-local: mastered on rabbit2, mirrored on all three.
-	awaitCondition(t, 60*time.Second, func() error {
-		if err := declareDurable(network.dial(1))(queue); err != nil {
-			return err
-		}
-		row, err := queueStatus(t, proxies[0], queue)
-		if err != nil {
-			return err
-		}
-		if row.Master != "rabbit2" || !slices.Equal(slices.Sorted(slices.Values(row.SynchronisedSlaves)), []string{"rabbit1", "rabbit3"}) {
-			return fmt.Errorf("proxy 1 lists %v; want master rabbit2, slaves rabbit1 and rabbit3 synchronised", row)
-		}
-		return nil
-	})
-	t.Cleanup(func() {
-		if conn, err := network.dial(1); err == nil {
-			deleteQueue(conn, queue)
-			conn.Close()
-		}
-	})
+	network.declareMirrored(t, proxies, 1, queue, "rabbit2", "rabbit3", "rabbit1")
 
 	consumer := startPartialPartitionConsumer(t, network, 0, queue)
 	ctx, stopPublishing := context.WithCancel(t.Context())

@@ -64,26 +64,7 @@ func TestSidecarPartition(t *testing.T) {
 	names := mirrorBackends() // rabbit1, rabbit2, rabbit3
 
 	// The queue through proxy 1, client-local: mastered on rabbit1, mirrored on all three.
-	awaitCondition(t, 60*time.Second, func() error {
-		if err := declareDurable(network.dial(0))(queue); err != nil {
-			return err
-		}
-		row, err := queueStatus(t, proxies[0], queue)
-		if err != nil {
-			return err
-		}
-		if row.Master != "rabbit1" || !slices.Equal(row.SynchronisedSlaves, []string{"rabbit2", "rabbit3"}) {
-			return fmt.Errorf("proxy 1 lists %v; want master rabbit1, slaves rabbit2 and rabbit3 synchronised", row)
-		}
-		return nil
-	})
-	t.Cleanup(func() {
-		// Through proxy 2, which serves whatever happened to proxy 1.
-		if conn, err := network.dial(1); err == nil {
-			deleteQueue(conn, queue)
-			conn.Close()
-		}
-	})
+	network.declareMirrored(t, proxies, 0, queue, "rabbit1", "rabbit2", "rabbit3")
 
 	ctx, stopPublishing := context.WithCancel(t.Context())
 	defer stopPublishing()
@@ -315,6 +296,33 @@ func TestSidecarPartition(t *testing.T) {
 	}); err != nil {
 		t.Error(err)
 	}
+}
+
+// declareMirrored declares the durable queue through proxy i (client-local: mastered on
+// master, its node's broker) and waits until proxy 1 lists it with slaves, in that order,
+// synchronised. The queue is deleted through proxy 2 when the test ends, which serves
+// whatever the test did to proxy 1.
+func (n *partitionNetwork) declareMirrored(t *testing.T, proxies []*cliProxy, i int, queue, master string, slaves ...string) {
+	t.Helper()
+	awaitCondition(t, 60*time.Second, func() error {
+		if err := declareDurable(n.dial(i))(queue); err != nil {
+			return err
+		}
+		row, err := queueStatus(t, proxies[0], queue)
+		if err != nil {
+			return err
+		}
+		if row.Master != master || !slices.Equal(row.SynchronisedSlaves, slaves) {
+			return fmt.Errorf("proxy 1 lists %v; want master %s, slaves %v synchronised", row, master, slaves)
+		}
+		return nil
+	})
+	t.Cleanup(func() {
+		if conn, err := n.dial(1); err == nil {
+			deleteQueue(conn, queue)
+			conn.Close()
+		}
+	})
 }
 
 // partitionNetwork is the namespaces of TestSidecarPartition and TestCampaignPartitions: a
