@@ -49,8 +49,9 @@ func TestDemoScriptStopsItsBrokers(t *testing.T) {
 			t.Parallel()
 			// One node keeps the run short; the broker count does not change how the demo
 			// stops them.
+			ports := freePorts(t, 2)
 			demo := startDemoScript(t, "--nodes", "1",
-				"--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--admin", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+				"--listen", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--admin", fmt.Sprintf("127.0.0.1:%d", ports[1]))
 			output := demo.awaitReady(t)
 			starting := demoStartingLine.FindStringSubmatch(output)
 			if starting == nil {
@@ -126,9 +127,10 @@ func TestDemoScriptRefusesBadAddresses(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
+			ports := freePorts(t, 2)
 			addresses := map[string]string{
-				"--listen": fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-				"--admin":  fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+				"--listen": fmt.Sprintf("127.0.0.1:%d", ports[0]),
+				"--admin":  fmt.Sprintf("127.0.0.1:%d", ports[1]),
 			}
 			addresses[c.flag] = c.address
 			demo := startDemoScript(t, "--nodes", "1", "--listen", addresses["--listen"], "--admin", addresses["--admin"])

@@ -505,18 +505,15 @@ func (m *mirroredBench) startServerOf(ctx context.Context, binary string) (*prox
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	addr, err := freeAddress()
+	addrs, err := freeAddresses(2)
 	if err != nil {
 		return nil, err
 	}
+	addr := addrs[0]
 	path := filepath.Join(dir, "amqp-mirror.yaml")
 	config := serverConfig(addr, filepath.Join(dir, "state"), m.cfg.proxyLogLevel, m.plain.Nodes())
 	if m.withAdmin {
-		admin, err := freeAddress()
-		if err != nil {
-			return nil, err
-		}
-		config = strings.Replace(config, `admin: ""`, "admin: "+admin, 1)
+		config = strings.Replace(config, `admin: ""`, "admin: "+addrs[1], 1)
 	}
 	m.serverConfigPath = path
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
@@ -571,14 +568,20 @@ func serverConfig(addr, stateDir, level string, nodes []*harness.Node) string {
 	return b.String()
 }
 
-// freeAddress is a loopback address with a port nothing listens on right now.
-func freeAddress() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// freeAddresses are n distinct loopback addresses with ports nothing
+// listens on right now. Each listener stays open until all n are picked: a
+// port freed at once can come back from the next pick.
+func freeAddresses(n int) ([]string, error) {
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
 	}
-	addr := ln.Addr().String()
-	return addr, ln.Close()
+	return addrs, nil
 }
 
 // awaitAccept waits until p accepts TCP connections on its address.

@@ -151,7 +151,8 @@ func servedAs(served map[string]string, name string) error {
 func scrapeRunningNode(t *testing.T) map[string]string {
 	t.Helper()
 	dir := t.TempDir()
-	admin := closedPort(t)
+	ports := closedPorts(t, 5)
+	admin := ports[0]
 	yaml := fmt.Sprintf(`node: rabbit1
 listen: {amqp: 127.0.0.1:5672, admin: %q}
 state_dir: %s
@@ -160,7 +161,7 @@ backends:
   - {name: rabbit1, url: "amqp://guest:guest@%s/"}
   - {name: rabbit2, url: "amqp://guest:guest@%s/"}
 cluster: {bind: %q, raft_bind: %q, bootstrap_expect: 1}
-`, admin, filepath.Join(dir, "state"), closedPort(t), closedPort(t), closedPort(t), closedPort(t))
+`, admin, filepath.Join(dir, "state"), ports[1], ports[2], ports[3], ports[4])
 	path := filepath.Join(dir, "amqp-mirror.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
@@ -192,6 +193,7 @@ cluster: {bind: %q, raft_bind: %q, bootstrap_expect: 1}
 	select {
 	case <-ready:
 	case err := <-done:
+		done <- err // for the cleanup, which waits for Run to return
 		t.Fatalf("Run returned before it was ready: %v\n%s", err, logs.String())
 	case <-time.After(60 * time.Second):
 		t.Fatalf("Run not ready within 60s:\n%s", logs.String())

@@ -38,13 +38,25 @@ func (b *syncBuffer) String() string {
 // closedPort is an address nothing listens on.
 func closedPort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return closedPorts(t, 1)[0]
+}
+
+// closedPorts are n distinct addresses nothing listens on. Each listener
+// stays open until all n are picked: a port freed at once can come back
+// from the next pick, and two listeners of one Run on the same port fail
+// it.
+func closedPorts(t *testing.T, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs[i] = ln.Addr().String()
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	return addrs
 }
 
 // oneBackendConfig is a drop-in proxy in front of one backend that is
@@ -137,8 +149,8 @@ func TestRunServesReloadsAndStops(t *testing.T) {
 // and leaves no port of it open.
 func TestRunRefusesAMissingCertificate(t *testing.T) {
 	cfg := oneBackendConfig(t)
-	cfg.Listen.AMQP = closedPort(t)
-	cfg.Listen.AMQPS = closedPort(t)
+	ports := closedPorts(t, 2)
+	cfg.Listen.AMQP, cfg.Listen.AMQPS = ports[0], ports[1]
 	cfg.Listen.TLS = config.TLS{Cert: filepath.Join(t.TempDir(), "missing.pem"), Key: filepath.Join(t.TempDir(), "missing.key")}
 	err := Run(context.Background(), cfg, Options{Level: new(slog.LevelVar), Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || !strings.HasPrefix(err.Error(), "listen.tls:") {
