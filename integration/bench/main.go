@@ -85,6 +85,12 @@
 //     messages confirmed and never delivered, duplicates, publishes neither confirmed nor
 //     nacked, and the time from each kill to the first delivery of a message published
 //     after it. About four minutes with the default five kills.
+//   - connections (connections.go; not in the default list): amqp-mirror serve in front
+//     of three plain nodes, -conns-queues mirrored queues; -conns-idle idle amqp091-go
+//     connections, then -conns-active working ones (half publish -conns-rate msg/s in all
+//     with confirms, half consume with manual acks). At each step the proxy's resident
+//     set, open files and CPU and the brokers' resident sets and CPU over a -duration
+//     window, and the confirm latency: what a connection costs a mirroring proxy.
 //   - report (reportrun.go; not in the default list): the benchmark report, in under ten
 //     minutes on two cores. On the mirrored scenario's nodes: full's load on the first plain
 //     node directly and through the proxy, alternately (direct, proxy, direct, proxy,
@@ -187,6 +193,9 @@ type config struct {
 	// second over all of them.
 	scaleQueues int
 	scaleRate   float64
+	// connsIdle, connsActive, connsQueues and connsRate size the connections scenario.
+	connsIdle, connsActive, connsQueues int
+	connsRate                           float64
 
 	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
 	failoverTargets []string
@@ -216,7 +225,7 @@ func parseFlags(args []string) (config, error) {
 	var cfg config
 	var scenarios, targets, idleCounts, mirrored, failover, campaigns string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), connections (not in the default: -conns-idle idle and -conns-active working connections through a mirroring proxy; see connections.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
@@ -250,6 +259,10 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.mirrorBaselineBin, "amqp-mirror-baseline-bin", "", "mirrored: the amqp-mirror `binary` of row amqp-mirror-baseline (add it to -mirrored-targets), e.g. an older commit's build, measured on the same nodes in the same rounds")
 	fs.IntVar(&cfg.scaleQueues, "scale-queues", 1000, "scale: how many mirrored `queues` to declare")
 	fs.Float64Var(&cfg.scaleRate, "scale-rate", 1000, "scale: persistent messages per second, published to the queues in turn")
+	fs.IntVar(&cfg.connsIdle, "conns-idle", 10000, "connections: idle client `connections` to hold open")
+	fs.IntVar(&cfg.connsActive, "conns-active", 1000, "connections: working client `connections`, half publishing and half consuming")
+	fs.IntVar(&cfg.connsQueues, "conns-queues", 100, "connections: mirrored `queues` the working connections share")
+	fs.Float64Var(&cfg.connsRate, "conns-rate", 1000, "connections: persistent messages per second the publishers send in all")
 	fs.IntVar(&cfg.classicQueueVersion, "classic-queue-version", 0, "mirrored: set classic_queue.default_version to `n` (1 or 2) in every node's rabbitmq.conf, plain and clustered; 0 leaves the broker's default (1 on 3.10)")
 	fs.StringVar(&cfg.mirrorPerf, "amqp-mirror-perf", "", "mirrored: record each amqp-mirror run's server with `perf record -g` into `file` with the row and server number inserted (/tmp/m.data gives /tmp/m.amqp-mirror.2.data); read with perf report")
 	fs.Float64Var(&cfg.mirroredRate, "mirrored-rate", 0, "mirrored: publish at most `N` messages per second, all publishers together (0: as fast as confirms allow). At a rate every row sustains, the CPU per message compares rows doing the same work, which a shared machine's throughput does not")
@@ -333,8 +346,8 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "report"}, s) {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale or report", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "connections", "report"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale, connections or report", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
@@ -390,6 +403,10 @@ func (cfg config) validate() error {
 	}
 	if cfg.scaleQueues < 1 || cfg.scaleRate <= 0 {
 		errs = append(errs, fmt.Errorf("-scale-queues and -scale-rate must be positive, got %d and %g", cfg.scaleQueues, cfg.scaleRate))
+	}
+	if cfg.connsIdle < 0 || cfg.connsActive < 2 || cfg.connsQueues < 1 || cfg.connsRate <= 0 {
+		errs = append(errs, fmt.Errorf("-conns-idle must not be negative, -conns-active at least 2, -conns-queues and -conns-rate positive, got %d, %d, %d and %g",
+			cfg.connsIdle, cfg.connsActive, cfg.connsQueues, cfg.connsRate))
 	}
 	if cfg.classicQueueVersion < 0 || cfg.classicQueueVersion > 2 {
 		errs = append(errs, fmt.Errorf("-classic-queue-version must be 0, 1 or 2, got %d", cfg.classicQueueVersion))
@@ -508,7 +525,7 @@ func run(ctx context.Context, cfg config) error {
 	// The mirrored, failover and report scenarios start their own nodes: a run of them
 	// alone needs no other broker.
 	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool {
-		return s != "mirrored" && s != "failover" && s != "scale" && s != "report"
+		return s != "mirrored" && s != "failover" && s != "scale" && s != "connections" && s != "report"
 	})
 	if b.url == "" && !onlyMirrored {
 		progress("starting a RabbitMQ node")
@@ -614,6 +631,13 @@ func run(ctx context.Context, cfg config) error {
 		report.Scale = &result
 		if err != nil {
 			return errors.Join(fmt.Errorf("scale: %w", err), report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("connections") {
+		result, err := runConnections(ctx, cfg, logger)
+		report.Connections = &result
+		if err != nil {
+			return errors.Join(fmt.Errorf("connections: %w", err), report.print(os.Stdout, cfg))
 		}
 	}
 	if cfg.has("report") {

@@ -241,8 +241,10 @@ type report struct {
 	// Timelines are the report scenario's master kills.
 	Timelines []timelineResult `json:"timelines,omitempty"`
 	// Scale is the scale scenario's outcome.
-	Scale   *scaleResult `json:"scale,omitempty"`
-	Elapsed string       `json:"elapsed"`
+	Scale *scaleResult `json:"scale,omitempty"`
+	// Connections is the connections scenario's outcome.
+	Connections *connsResult `json:"connections,omitempty"`
+	Elapsed     string       `json:"elapsed"`
 }
 
 func describeConfig(cfg config) map[string]string {
@@ -347,6 +349,9 @@ func (r *report) print(out io.Writer, cfg config) error {
 	}
 	if r.Scale != nil {
 		r.Scale.print(out)
+	}
+	if r.Connections != nil {
+		r.Connections.print(out)
 	}
 	if r.Elapsed != "" {
 		fmt.Fprintf(out, "\nbench took %s\n", r.Elapsed)
