@@ -251,31 +251,8 @@ func RunCtl(ctx context.Context, args []string, client *Client, stdout, stderr i
 
 func runCtl(ctx context.Context, args []string, client *Client, getenv func(string) string, stdout, stderr io.Writer) int {
 	name, rest := splitCommand(args)
-	switch name {
-	case "":
-		if contains(rest, "-h", "--help") {
-			printUsage(stdout)
-			return ExitOK
-		}
-		fmt.Fprintln(stderr, "Error: no command given")
-		printUsage(stderr)
-		return ExitUsage
-	case "help":
-		for _, a := range rest {
-			if strings.HasPrefix(a, "-") {
-				continue // an option, such as --config, taken and ignored
-			}
-			cmd, ok := commands[a]
-			if !ok {
-				fmt.Fprintf(stderr, "Error: unknown command %q\n\n", a)
-				printUsage(stderr)
-				return ExitUsage
-			}
-			fmt.Fprintf(stdout, "Usage: amqp-mirror ctl %s\n\n%s\n", cmd.usage, cmd.summary)
-			return ExitOK
-		}
-		printUsage(stdout)
-		return ExitOK
+	if name == "" || name == "help" {
+		return runHelp(name, rest, stdout, stderr)
 	}
 	cmd, ok := commands[name]
 	if !ok {
@@ -285,6 +262,70 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 	}
 	o := &ctlOptions{stdout: stdout}
 	var conn connection
+	fs, help := commandFlags(name, cmd, o, &conn)
+	if err := fs.Parse(rest); err != nil {
+		fmt.Fprintf(stderr, "Error: %v\nUsage: amqp-mirror ctl %s\n", err, cmd.usage)
+		return ExitUsage
+	}
+	if *help {
+		fmt.Fprintf(stdout, "Usage: amqp-mirror ctl %s\n\n%s\n\nOptions:\n%s", cmd.usage, cmd.summary, fs.FlagUsages())
+		return ExitOK
+	}
+	if err := checkInvocation(cmd, o, fs.Args()); err != nil {
+		fmt.Fprintf(stderr, "Error: %v\n", err)
+		return ExitUsage
+	}
+	if client == nil {
+		var code int
+		var err error
+		if client, code, err = conn.client(getenv, !cmd.tokenless); err != nil {
+			fmt.Fprintf(stderr, "Error: %v\n", err)
+			return code
+		}
+	}
+	warned := *client
+	warned.Warn = func(warning string) { fmt.Fprintf(stderr, "warning: %s\n", warning) }
+	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
+	defer cancel()
+	if err := cmd.run(ctx, &warned, o, fs.Args()); err != nil {
+		err = explainTransport(err, client.BaseURL)
+		fmt.Fprintf(stderr, "Error: %v\n", err)
+		return exitCode(err)
+	}
+	return ExitOK
+}
+
+// runHelp answers a call without a command (name "") and `help [command]`.
+func runHelp(name string, rest []string, stdout, stderr io.Writer) int {
+	if name == "" {
+		if contains(rest, "-h", "--help") {
+			printUsage(stdout)
+			return ExitOK
+		}
+		fmt.Fprintln(stderr, "Error: no command given")
+		printUsage(stderr)
+		return ExitUsage
+	}
+	for _, a := range rest {
+		if strings.HasPrefix(a, "-") {
+			continue // an option, such as --config, taken and ignored
+		}
+		cmd, ok := commands[a]
+		if !ok {
+			fmt.Fprintf(stderr, "Error: unknown command %q\n\n", a)
+			printUsage(stderr)
+			return ExitUsage
+		}
+		fmt.Fprintf(stdout, "Usage: amqp-mirror ctl %s\n\n%s\n", cmd.usage, cmd.summary)
+		return ExitOK
+	}
+	printUsage(stdout)
+	return ExitOK
+}
+
+// commandFlags is the flag set of command name, filling o and conn, and
+// the --help flag.
+func commandFlags(name string, cmd command, o *ctlOptions, conn *connection) (*pflag.FlagSet, *bool) {
 	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.SortFlags = false
@@ -305,51 +346,29 @@ func runCtl(ctx context.Context, args []string, client *Client, getenv func(stri
 	// pass it to all; only the list commands have a table to format, and the
 	// others print no banner with json.
 	fs.StringVar(&o.formatter, "formatter", formatTable, "output format of list commands: table (tab-separated, with a header) or json (an array of objects)")
-	addConnectionFlags(fs, &conn)
-	if err := fs.Parse(rest); err != nil {
-		fmt.Fprintf(stderr, "Error: %v\nUsage: amqp-mirror ctl %s\n", err, cmd.usage)
-		return ExitUsage
-	}
-	if *help {
-		fmt.Fprintf(stdout, "Usage: amqp-mirror ctl %s\n\n%s\n\nOptions:\n%s", cmd.usage, cmd.summary, fs.FlagUsages())
-		return ExitOK
-	}
+	addConnectionFlags(fs, conn)
+	return fs, help
+}
+
+// checkInvocation checks the parsed options and the positional arguments
+// of cmd; an error about the arguments ends with the command's usage.
+func checkInvocation(cmd command, o *ctlOptions, args []string) error {
 	if o.formatter != formatTable && o.formatter != formatJSON {
-		fmt.Fprintf(stderr, "Error: --formatter: expected table or json, found %q\n", o.formatter)
-		return ExitUsage
+		return fmt.Errorf("--formatter: expected table or json, found %q", o.formatter)
 	}
-	if fs.NArg() < cmd.args || (fs.NArg() > cmd.args && !cmd.moreArgs) {
+	if len(args) < cmd.args || (len(args) > cmd.args && !cmd.moreArgs) {
 		atLeast := ""
 		if cmd.moreArgs {
 			atLeast = "at least "
 		}
-		fmt.Fprintf(stderr, "Error: expected %s%d argument(s), found %d\nUsage: amqp-mirror ctl %s\n", atLeast, cmd.args, fs.NArg(), cmd.usage)
-		return ExitUsage
+		return fmt.Errorf("expected %s%d argument(s), found %d\nUsage: amqp-mirror ctl %s", atLeast, cmd.args, len(args), cmd.usage)
 	}
 	if cmd.check != nil {
-		if err := cmd.check(fs.Args()); err != nil {
-			fmt.Fprintf(stderr, "Error: %v\nUsage: amqp-mirror ctl %s\n", err, cmd.usage)
-			return ExitUsage
+		if err := cmd.check(args); err != nil {
+			return fmt.Errorf("%w\nUsage: amqp-mirror ctl %s", err, cmd.usage)
 		}
 	}
-	if client == nil {
-		var code int
-		var err error
-		if client, code, err = conn.client(getenv, !cmd.tokenless); err != nil {
-			fmt.Fprintf(stderr, "Error: %v\n", err)
-			return code
-		}
-	}
-	warned := *client
-	warned.Warn = func(warning string) { fmt.Fprintf(stderr, "warning: %s\n", warning) }
-	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
-	defer cancel()
-	if err := cmd.run(ctx, &warned, o, fs.Args()); err != nil {
-		err = explainTransport(err, client.BaseURL)
-		fmt.Fprintf(stderr, "Error: %v\n", err)
-		return exitCode(err)
-	}
-	return ExitOK
+	return nil
 }
 
 func addConnectionFlags(fs *pflag.FlagSet, c *connection) {
