@@ -84,20 +84,7 @@ func runIdle(ctx context.Context, cfg config, b broker, target string) (idleResu
 
 	var conns []*amqp.Connection
 	closeAll := func() {
-		var wg sync.WaitGroup
-		work := make(chan *amqp.Connection)
-		for range idleDialers {
-			wg.Go(func() {
-				for c := range work {
-					c.Close()
-				}
-			})
-		}
-		for _, c := range conns {
-			work <- c
-		}
-		close(work)
-		wg.Wait()
+		closeConnections(conns)
 		conns = nil
 	}
 	defer func() { closeAll() }()
