@@ -85,6 +85,19 @@
 //     messages confirmed and never delivered, duplicates, publishes neither confirmed nor
 //     nacked, and the time from each kill to the first delivery of a message published
 //     after it. About four minutes with the default five kills.
+//   - backlog (backlog.go; not in the default list): what a long queue costs amqp-mirror.
+//     The scale scenario's setup (three plain nodes, amqp-mirror serve with ha-mode all
+//     and automatic sync) with one durable queue, filled through the proxy with
+//     -backlog-messages persistent messages of -backlog-size bytes by -publishers
+//     publishers (confirm window -confirm-window), no consumer: publish rate, the proxy's
+//     RSS before and with the backlog held (bytes per queued message) and its CPU per
+//     published message. Then a slave's node is wiped and started again empty: the time
+//     from its return until amqp-mirror ctl lists it synchronised, and the proxy's RSS
+//     meanwhile. Last a kill -9 of the master's node: the time until ctl names another
+//     master and until a consumer started after the kill (prefetch -prefetch, an ack per
+//     message) gets its first message; that consumer drains the backlog, and the table
+//     counts the confirmed messages that never arrived. About 9 minutes on two cores
+//     with the default 1 000 000 messages, 3 with -backlog-messages=100000.
 //   - report (reportrun.go; not in the default list): the benchmark report, in under ten
 //     minutes on two cores. On the mirrored scenario's nodes: full's load on the first plain
 //     node directly and through the proxy, alternately (direct, proxy, direct, proxy,
@@ -187,6 +200,10 @@ type config struct {
 	// second over all of them.
 	scaleQueues int
 	scaleRate   float64
+	// backlogMessages and backlogSize are the backlog scenario's queued messages and
+	// their body size in bytes.
+	backlogMessages int
+	backlogSize     int
 
 	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
 	failoverTargets []string
@@ -216,7 +233,7 @@ func parseFlags(args []string) (config, error) {
 	var cfg config
 	var scenarios, targets, idleCounts, mirrored, failover, campaigns string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), backlog (not in the default: -backlog-messages queued on one mirrored queue, a slave synchronised from empty, a kill of the master; see backlog.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
@@ -250,6 +267,8 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.mirrorBaselineBin, "amqp-mirror-baseline-bin", "", "mirrored: the amqp-mirror `binary` of row amqp-mirror-baseline (add it to -mirrored-targets), e.g. an older commit's build, measured on the same nodes in the same rounds")
 	fs.IntVar(&cfg.scaleQueues, "scale-queues", 1000, "scale: how many mirrored `queues` to declare")
 	fs.Float64Var(&cfg.scaleRate, "scale-rate", 1000, "scale: persistent messages per second, published to the queues in turn")
+	fs.IntVar(&cfg.backlogMessages, "backlog-messages", 1000000, "backlog: persistent `messages` to queue on the mirrored queue before the sync and the kill")
+	fs.IntVar(&cfg.backlogSize, "backlog-size", 256, "backlog: message body size in `bytes` (at least 8: the message's number)")
 	fs.IntVar(&cfg.classicQueueVersion, "classic-queue-version", 0, "mirrored: set classic_queue.default_version to `n` (1 or 2) in every node's rabbitmq.conf, plain and clustered; 0 leaves the broker's default (1 on 3.10)")
 	fs.StringVar(&cfg.mirrorPerf, "amqp-mirror-perf", "", "mirrored: record each amqp-mirror run's server with `perf record -g` into `file` with the row and server number inserted (/tmp/m.data gives /tmp/m.amqp-mirror.2.data); read with perf report")
 	fs.Float64Var(&cfg.mirroredRate, "mirrored-rate", 0, "mirrored: publish at most `N` messages per second, all publishers together (0: as fast as confirms allow). At a rate every row sustains, the CPU per message compares rows doing the same work, which a shared machine's throughput does not")
@@ -333,8 +352,8 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "report"}, s) {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale or report", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "backlog", "report"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale, backlog or report", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
@@ -390,6 +409,9 @@ func (cfg config) validate() error {
 	}
 	if cfg.scaleQueues < 1 || cfg.scaleRate <= 0 {
 		errs = append(errs, fmt.Errorf("-scale-queues and -scale-rate must be positive, got %d and %g", cfg.scaleQueues, cfg.scaleRate))
+	}
+	if cfg.backlogMessages < 1 || cfg.backlogSize < backlogIDSize {
+		errs = append(errs, fmt.Errorf("-backlog-messages must be positive and -backlog-size at least %d, got %d and %d", backlogIDSize, cfg.backlogMessages, cfg.backlogSize))
 	}
 	if cfg.classicQueueVersion < 0 || cfg.classicQueueVersion > 2 {
 		errs = append(errs, fmt.Errorf("-classic-queue-version must be 0, 1 or 2, got %d", cfg.classicQueueVersion))
@@ -505,10 +527,10 @@ func run(ctx context.Context, cfg config) error {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	b := broker{url: cfg.amqpURL}
-	// The mirrored, failover and report scenarios start their own nodes: a run of them
-	// alone needs no other broker.
+	// The mirrored, failover, scale, backlog and report scenarios start their own nodes:
+	// a run of them alone needs no other broker.
 	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool {
-		return s != "mirrored" && s != "failover" && s != "scale" && s != "report"
+		return s != "mirrored" && s != "failover" && s != "scale" && s != "backlog" && s != "report"
 	})
 	if b.url == "" && !onlyMirrored {
 		progress("starting a RabbitMQ node")
@@ -614,6 +636,13 @@ func run(ctx context.Context, cfg config) error {
 		report.Scale = &result
 		if err != nil {
 			return errors.Join(fmt.Errorf("scale: %w", err), report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("backlog") {
+		result, err := runBacklog(ctx, cfg, logger)
+		report.Backlog = &result
+		if err != nil {
+			return errors.Join(fmt.Errorf("backlog: %w", err), report.print(os.Stdout, cfg))
 		}
 	}
 	if cfg.has("report") {

@@ -241,8 +241,10 @@ type report struct {
 	// Timelines are the report scenario's master kills.
 	Timelines []timelineResult `json:"timelines,omitempty"`
 	// Scale is the scale scenario's outcome.
-	Scale   *scaleResult `json:"scale,omitempty"`
-	Elapsed string       `json:"elapsed"`
+	Scale *scaleResult `json:"scale,omitempty"`
+	// Backlog is the backlog scenario's outcome.
+	Backlog *backlogResult `json:"backlog,omitempty"`
+	Elapsed string         `json:"elapsed"`
 }
 
 func describeConfig(cfg config) map[string]string {
@@ -347,6 +349,11 @@ func (r *report) print(out io.Writer, cfg config) error {
 	}
 	if r.Scale != nil {
 		r.Scale.print(out)
+	}
+	if r.Backlog != nil {
+		if err := r.Backlog.print(out, cfg); err != nil {
+			return err
+		}
 	}
 	if r.Elapsed != "" {
 		fmt.Fprintf(out, "\nbench took %s\n", r.Elapsed)
