@@ -91,6 +91,19 @@
 //     with confirms, half consume with manual acks). At each step the proxy's resident
 //     set, open files and CPU and the brokers' resident sets and CPU over a -duration
 //     window, and the confirm latency: what a connection costs a mirroring proxy.
+//   - backlog (backlog.go; not in the default list): what a long queue costs amqp-mirror.
+//     The scale scenario's setup (three plain nodes, amqp-mirror serve with ha-mode all
+//     and automatic sync) with one durable queue, filled through the proxy with
+//     -backlog-messages persistent messages of -backlog-size bytes by -publishers
+//     publishers (confirm window -confirm-window), no consumer: publish rate, the proxy's
+//     RSS before and with the backlog held (bytes per queued message) and its CPU per
+//     published message. Then a slave's node is wiped and started again empty: the time
+//     from its return until amqp-mirror ctl lists it synchronised, and the proxy's RSS
+//     meanwhile. Last a kill -9 of the master's node: the time until ctl names another
+//     master and until a consumer started after the kill (prefetch -prefetch, an ack per
+//     message) gets its first message; that consumer drains the backlog, and the table
+//     counts the confirmed messages that never arrived. About 9 minutes on two cores
+//     with the default 1 000 000 messages, 3 with -backlog-messages=100000.
 //   - report (reportrun.go; not in the default list): the benchmark report, in under ten
 //     minutes on two cores. On the mirrored scenario's nodes: full's load on the first plain
 //     node directly and through the proxy, alternately (direct, proxy, direct, proxy,
@@ -196,6 +209,10 @@ type config struct {
 	// connsIdle, connsActive, connsQueues and connsRate size the connections scenario.
 	connsIdle, connsActive, connsQueues int
 	connsRate                           float64
+	// backlogMessages and backlogSize are the backlog scenario's queued messages and
+	// their body size in bytes.
+	backlogMessages int
+	backlogSize     int
 
 	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
 	failoverTargets []string
@@ -225,7 +242,7 @@ func parseFlags(args []string) (config, error) {
 	var cfg config
 	var scenarios, targets, idleCounts, mirrored, failover, campaigns string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), connections (not in the default: -conns-idle idle and -conns-active working connections through a mirroring proxy; see connections.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), connections (not in the default: -conns-idle idle and -conns-active working connections through a mirroring proxy; see connections.go), backlog (not in the default: -backlog-messages queued on one mirrored queue, a slave synchronised from empty, a kill of the master; see backlog.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
@@ -263,6 +280,8 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.connsActive, "conns-active", 1000, "connections: working client `connections`, half publishing and half consuming")
 	fs.IntVar(&cfg.connsQueues, "conns-queues", 100, "connections: mirrored `queues` the working connections share")
 	fs.Float64Var(&cfg.connsRate, "conns-rate", 1000, "connections: persistent messages per second the publishers send in all")
+	fs.IntVar(&cfg.backlogMessages, "backlog-messages", 1000000, "backlog: persistent `messages` to queue on the mirrored queue before the sync and the kill")
+	fs.IntVar(&cfg.backlogSize, "backlog-size", 256, "backlog: message body size in `bytes` (at least 8: the message's number)")
 	fs.IntVar(&cfg.classicQueueVersion, "classic-queue-version", 0, "mirrored: set classic_queue.default_version to `n` (1 or 2) in every node's rabbitmq.conf, plain and clustered; 0 leaves the broker's default (1 on 3.10)")
 	fs.StringVar(&cfg.mirrorPerf, "amqp-mirror-perf", "", "mirrored: record each amqp-mirror run's server with `perf record -g` into `file` with the row and server number inserted (/tmp/m.data gives /tmp/m.amqp-mirror.2.data); read with perf report")
 	fs.Float64Var(&cfg.mirroredRate, "mirrored-rate", 0, "mirrored: publish at most `N` messages per second, all publishers together (0: as fast as confirms allow). At a rate every row sustains, the CPU per message compares rows doing the same work, which a shared machine's throughput does not")
@@ -346,8 +365,8 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "connections", "report"}, s) {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale, connections or report", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "connections", "backlog", "report"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale, connections, backlog or report", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
@@ -407,6 +426,9 @@ func (cfg config) validate() error {
 	if cfg.connsIdle < 0 || cfg.connsActive < 2 || cfg.connsQueues < 1 || cfg.connsRate <= 0 {
 		errs = append(errs, fmt.Errorf("-conns-idle must not be negative, -conns-active at least 2, -conns-queues and -conns-rate positive, got %d, %d, %d and %g",
 			cfg.connsIdle, cfg.connsActive, cfg.connsQueues, cfg.connsRate))
+	}
+	if cfg.backlogMessages < 1 || cfg.backlogSize < backlogIDSize {
+		errs = append(errs, fmt.Errorf("-backlog-messages must be positive and -backlog-size at least %d, got %d and %d", backlogIDSize, cfg.backlogMessages, cfg.backlogSize))
 	}
 	if cfg.classicQueueVersion < 0 || cfg.classicQueueVersion > 2 {
 		errs = append(errs, fmt.Errorf("-classic-queue-version must be 0, 1 or 2, got %d", cfg.classicQueueVersion))
@@ -522,10 +544,11 @@ func run(ctx context.Context, cfg config) error {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	b := broker{url: cfg.amqpURL}
-	// The mirrored, failover and report scenarios start their own nodes: a run of them
-	// alone needs no other broker.
+	// The mirrored, failover, scale, connections, backlog and report scenarios start their
+	// own nodes:
+	// a run of them alone needs no other broker.
 	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool {
-		return s != "mirrored" && s != "failover" && s != "scale" && s != "connections" && s != "report"
+		return s != "mirrored" && s != "failover" && s != "scale" && s != "connections" && s != "backlog" && s != "report"
 	})
 	if b.url == "" && !onlyMirrored {
 		progress("starting a RabbitMQ node")
@@ -638,6 +661,13 @@ func run(ctx context.Context, cfg config) error {
 		report.Connections = &result
 		if err != nil {
 			return errors.Join(fmt.Errorf("connections: %w", err), report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("backlog") {
+		result, err := runBacklog(ctx, cfg, logger)
+		report.Backlog = &result
+		if err != nil {
+			return errors.Join(fmt.Errorf("backlog: %w", err), report.print(os.Stdout, cfg))
 		}
 	}
 	if cfg.has("report") {

@@ -244,7 +244,9 @@ type report struct {
 	Scale *scaleResult `json:"scale,omitempty"`
 	// Connections is the connections scenario's outcome.
 	Connections *connsResult `json:"connections,omitempty"`
-	Elapsed     string       `json:"elapsed"`
+	// Backlog is the backlog scenario's outcome.
+	Backlog *backlogResult `json:"backlog,omitempty"`
+	Elapsed string         `json:"elapsed"`
 }
 
 func describeConfig(cfg config) map[string]string {
@@ -352,6 +354,11 @@ func (r *report) print(out io.Writer, cfg config) error {
 	}
 	if r.Connections != nil {
 		r.Connections.print(out)
+	}
+	if r.Backlog != nil {
+		if err := r.Backlog.print(out, cfg); err != nil {
+			return err
+		}
 	}
 	if r.Elapsed != "" {
 		fmt.Fprintf(out, "\nbench took %s\n", r.Elapsed)
