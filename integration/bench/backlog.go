@@ -36,7 +36,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"time"
 
@@ -118,29 +117,14 @@ type backlogRun struct {
 
 // runBacklog runs the backlog scenario, stopping what it started however it returns.
 func runBacklog(ctx context.Context, cfg config, logger *slog.Logger) (result backlogResult, err error) {
-	began := time.Now()
-	m := &mirroredBench{cfg: cfg, withAdmin: true, plainOnly: true}
-	m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-")
+	setup, err := startPlainMirror(ctx, cfg, logger, "backlog")
 	if err != nil {
 		return result, err
 	}
-	defer os.RemoveAll(m.dir)
-	defer m.close()
-	if err := m.start(ctx, logger); err != nil {
-		return result, err
-	}
-	server, err := m.startServer(ctx)
-	if err != nil {
-		return result, err
-	}
-	defer server.stop()
-	progress("backlog: nodes and amqp-mirror ready in %s", time.Since(began).Round(100*time.Millisecond))
-	r := &backlogRun{cfg: cfg, m: m, result: &result,
-		url:    proxyURL(m.plain.Nodes()[0].URL(), server.addr),
+	defer setup.close()
+	m := setup.m
+	r := &backlogRun{cfg: cfg, m: m, result: &result, pid: setup.pid, url: setup.url,
 		target: &mirrorTarget{m: m, config: m.serverConfigPath, queue: backlogQueue},
-	}
-	if r.pid, err = serverProcess(server.pid(), m.binary); err != nil {
-		return result, err
 	}
 	result.Messages, result.BodyBytes = cfg.backlogMessages, cfg.backlogSize
 	for _, step := range []func(context.Context) error{r.declare, r.fill, r.syncEmptySlave, r.failOver} {

@@ -73,26 +73,13 @@ func runConnections(ctx context.Context, cfg config, logger *slog.Logger) (resul
 	if err := raiseFileLimitTo(uint64(2*cfg.connsIdle + 5*cfg.connsActive + 1000)); err != nil {
 		return result, err
 	}
-	m := &mirroredBench{cfg: cfg, withAdmin: true, plainOnly: true}
-	if m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-"); err != nil {
-		return result, err
-	}
-	defer os.RemoveAll(m.dir)
-	defer m.close()
-	if err := m.start(ctx, logger); err != nil {
-		return result, err
-	}
-	server, err := m.startServer(ctx)
+	setup, err := startPlainMirror(ctx, cfg, logger, "connections")
 	if err != nil {
 		return result, err
 	}
-	defer server.stop()
-	proxy, err := serverProcess(server.pid(), m.binary)
-	if err != nil {
-		return result, err
-	}
-	watch := connsWatch{proxy: proxy, brokers: pids(m.plain), window: cfg.duration}
-	url := proxyURL(m.plain.Nodes()[0].URL(), server.addr)
+	defer setup.close()
+	m, url := setup.m, setup.url
+	watch := connsWatch{proxy: setup.pid, brokers: pids(m.plain), window: cfg.duration}
 	result = connsResult{Queues: cfg.connsQueues, Rate: cfg.connsRate, Window: cfg.duration.Seconds()}
 	queues, err := declareMirrored(ctx, m, url, cfg.connsQueues)
 	if err != nil {

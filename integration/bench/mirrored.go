@@ -491,6 +491,52 @@ kill -KILL "$watcher" 2>/dev/null
 exit "$status"
 `
 
+// plainMirror is amqp-mirror serve, with its admin API, in front of three plain nodes:
+// the setup of the scenarios that look at amqp-mirror alone (scale, connections,
+// backlog).
+type plainMirror struct {
+	m      *mirroredBench
+	server *proxyProcess
+	pid    int    // amqp-mirror serve's own process, under the server's wrapper
+	url    string // the client URL through the proxy
+}
+
+// startPlainMirror starts the nodes and the server; close stops them. On an error it
+// stops what it started.
+func startPlainMirror(ctx context.Context, cfg config, logger *slog.Logger, scenario string) (_ *plainMirror, err error) {
+	began := time.Now()
+	p := &plainMirror{m: &mirroredBench{cfg: cfg, withAdmin: true, plainOnly: true}}
+	if p.m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-"); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if err := p.m.start(ctx, logger); err != nil {
+		return nil, err
+	}
+	if p.server, err = p.m.startServer(ctx); err != nil {
+		return nil, err
+	}
+	if p.pid, err = serverProcess(p.server.pid(), p.m.binary); err != nil {
+		return nil, err
+	}
+	p.url = proxyURL(p.m.plain.Nodes()[0].URL(), p.server.addr)
+	progress("%s: nodes and amqp-mirror ready in %s", scenario, time.Since(began).Round(100*time.Millisecond))
+	return p, nil
+}
+
+// close stops the server and the nodes and removes their files.
+func (p *plainMirror) close() {
+	if p.server != nil {
+		p.server.stop()
+	}
+	p.m.close()
+	os.RemoveAll(p.m.dir)
+}
+
 // startServer starts `amqp-mirror serve` in front of the plain nodes with the ha-all
 // policy, as a deployment would, and waits until it accepts connections. Each server has
 // its own state directory: every run starts from the same state.

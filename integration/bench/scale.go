@@ -62,29 +62,13 @@ const scaleTimeout = 5 * time.Minute
 
 // runScale runs the scale scenario, stopping what it started however it returns.
 func runScale(ctx context.Context, cfg config, logger *slog.Logger) (result scaleResult, err error) {
-	began := time.Now()
-	m := &mirroredBench{cfg: cfg, withAdmin: true, plainOnly: true}
-	m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-")
+	setup, err := startPlainMirror(ctx, cfg, logger, "scale")
 	if err != nil {
 		return result, err
 	}
-	defer os.RemoveAll(m.dir)
-	defer m.close()
-	if err := m.start(ctx, logger); err != nil {
-		return result, err
-	}
-	server, err := m.startServer(ctx)
-	if err != nil {
-		return result, err
-	}
-	defer server.stop()
-	progress("scale: nodes and amqp-mirror ready in %s", time.Since(began).Round(100*time.Millisecond))
-	serverPID, err := serverProcess(server.pid(), m.binary)
-	if err != nil {
-		return result, err
-	}
+	defer setup.close()
+	m, serverPID, url := setup.m, setup.pid, setup.url
 	target := &mirrorTarget{m: m, config: m.serverConfigPath}
-	url := proxyURL(m.plain.Nodes()[0].URL(), server.addr)
 
 	result.Queues = cfg.scaleQueues
 	if result.ProxyRSSBefore, err = rssOf(serverPID); err != nil {
