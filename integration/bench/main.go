@@ -91,6 +91,15 @@
 //     with confirms, half consume with manual acks). At each step the proxy's resident
 //     set, open files and CPU and the brokers' resident sets and CPU over a -duration
 //     window, and the confirm latency: what a connection costs a mirroring proxy.
+//   - sync (sync.go; not in the default list): on each of -sync-targets (amqp-mirror,
+//     native-ha), a mirrored queue with ha-sync-mode manual gets a backlog of
+//     -sync-messages while a slave's node is stopped; the node comes back with an
+//     unsynchronised slave, the queue's own clients start (one publisher at -sync-rate
+//     waiting for each confirm, one consumer with manual acks at the same pace), and the
+//     queue is synchronised: amqp-mirror ctl sync_queue, or RabbitMQ's blocking sync. One
+//     table: the sync's time and rate, and the clients' confirm latencies, longest confirm
+//     and longest wait between two deliveries before and during the sync, and messages
+//     confirmed and never delivered. About five minutes at the defaults.
 //   - report (reportrun.go; not in the default list): the benchmark report, in under ten
 //     minutes on two cores. On the mirrored scenario's nodes: full's load on the first plain
 //     node directly and through the proxy, alternately (direct, proxy, direct, proxy,
@@ -196,6 +205,11 @@ type config struct {
 	// connsIdle, connsActive, connsQueues and connsRate size the connections scenario.
 	connsIdle, connsActive, connsQueues int
 	connsRate                           float64
+	// syncTargets, syncMessages and syncRate are the sync scenario's rows, backlog and
+	// clients' pace.
+	syncTargets  []string
+	syncMessages int
+	syncRate     float64
 
 	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
 	failoverTargets []string
@@ -223,9 +237,9 @@ var hiddenFlags = map[string]bool{"role": true, "backend": true, "listen": true,
 
 func parseFlags(args []string) (config, error) {
 	var cfg config
-	var scenarios, targets, idleCounts, mirrored, failover, campaigns string
+	var scenarios, targets, idleCounts, mirrored, failover, campaigns, syncTargets string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), connections (not in the default: -conns-idle idle and -conns-active working connections through a mirroring proxy; see connections.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), connections (not in the default: -conns-idle idle and -conns-active working connections through a mirroring proxy; see connections.go), sync (not in the default: a slave synchronised under its queue's clients, amqp-mirror and native; see sync.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
@@ -263,6 +277,9 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.connsActive, "conns-active", 1000, "connections: working client `connections`, half publishing and half consuming")
 	fs.IntVar(&cfg.connsQueues, "conns-queues", 100, "connections: mirrored `queues` the working connections share")
 	fs.Float64Var(&cfg.connsRate, "conns-rate", 1000, "connections: persistent messages per second the publishers send in all")
+	fs.StringVar(&syncTargets, "sync-targets", targetMirror+","+targetNativeHA, "sync: comma-separated `list` of rows: amqp-mirror (serve in front of three plain nodes), native-ha (RabbitMQ's classic mirroring on a three-node cluster)")
+	fs.IntVar(&cfg.syncMessages, "sync-messages", 100000, "sync: the backlog's `messages` (-size bytes, persistent), which the sync copies")
+	fs.Float64Var(&cfg.syncRate, "sync-rate", 500, "sync: the queue's clients' pace in messages per second, publishing and consuming")
 	fs.IntVar(&cfg.classicQueueVersion, "classic-queue-version", 0, "mirrored: set classic_queue.default_version to `n` (1 or 2) in every node's rabbitmq.conf, plain and clustered; 0 leaves the broker's default (1 on 3.10)")
 	fs.StringVar(&cfg.mirrorPerf, "amqp-mirror-perf", "", "mirrored: record each amqp-mirror run's server with `perf record -g` into `file` with the row and server number inserted (/tmp/m.data gives /tmp/m.amqp-mirror.2.data); read with perf report")
 	fs.Float64Var(&cfg.mirroredRate, "mirrored-rate", 0, "mirrored: publish at most `N` messages per second, all publishers together (0: as fast as confirms allow). At a rate every row sustains, the CPU per message compares rows doing the same work, which a shared machine's throughput does not")
@@ -311,6 +328,7 @@ func parseFlags(args []string) (config, error) {
 	cfg.targets = splitList(targets)
 	cfg.mirroredTargets = splitList(mirrored)
 	cfg.failoverTargets = splitList(failover)
+	cfg.syncTargets = splitList(syncTargets)
 	var errs []error
 	for _, c := range splitList(idleCounts) {
 		n, err := strconv.Atoi(c)
@@ -346,8 +364,8 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "connections", "report"}, s) {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale, connections or report", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "connections", "sync", "report"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale, connections, sync or report", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
@@ -376,6 +394,14 @@ func (cfg config) validate() error {
 		if t != targetMirror && t != targetNativeHA {
 			errs = append(errs, fmt.Errorf("-failover-targets: unknown target %q, want %s or %s", t, targetMirror, targetNativeHA))
 		}
+	}
+	for _, t := range cfg.syncTargets {
+		if t != targetMirror && t != targetNativeHA {
+			errs = append(errs, fmt.Errorf("-sync-targets: unknown target %q, want %s or %s", t, targetMirror, targetNativeHA))
+		}
+	}
+	if cfg.syncMessages <= 0 || cfg.syncRate <= 0 {
+		errs = append(errs, fmt.Errorf("-sync-messages and -sync-rate must be positive, got %d and %g", cfg.syncMessages, cfg.syncRate))
 	}
 	if cfg.failoverKills <= 0 {
 		errs = append(errs, fmt.Errorf("-failover-kills must be positive, got %d", cfg.failoverKills))
@@ -522,10 +548,10 @@ func run(ctx context.Context, cfg config) error {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	b := broker{url: cfg.amqpURL}
-	// The mirrored, failover and report scenarios start their own nodes: a run of them
+	// The mirrored, failover, scale, connections, sync and report scenarios start their own nodes: a run of them
 	// alone needs no other broker.
 	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool {
-		return s != "mirrored" && s != "failover" && s != "scale" && s != "connections" && s != "report"
+		return s != "mirrored" && s != "failover" && s != "scale" && s != "connections" && s != "sync" && s != "report"
 	})
 	if b.url == "" && !onlyMirrored {
 		progress("starting a RabbitMQ node")
@@ -638,6 +664,13 @@ func run(ctx context.Context, cfg config) error {
 		report.Connections = &result
 		if err != nil {
 			return errors.Join(fmt.Errorf("connections: %w", err), report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("sync") {
+		results, err := runSync(ctx, cfg, logger)
+		report.Sync = results
+		if err != nil {
+			return errors.Join(fmt.Errorf("sync: %w", err), report.print(os.Stdout, cfg))
 		}
 	}
 	if cfg.has("report") {

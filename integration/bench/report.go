@@ -244,7 +244,9 @@ type report struct {
 	Scale *scaleResult `json:"scale,omitempty"`
 	// Connections is the connections scenario's outcome.
 	Connections *connsResult `json:"connections,omitempty"`
-	Elapsed     string       `json:"elapsed"`
+	// Sync is the sync scenario's rows.
+	Sync    []syncResult `json:"sync,omitempty"`
+	Elapsed string       `json:"elapsed"`
 }
 
 func describeConfig(cfg config) map[string]string {
@@ -352,6 +354,9 @@ func (r *report) print(out io.Writer, cfg config) error {
 	}
 	if r.Connections != nil {
 		r.Connections.print(out)
+	}
+	if err := printSync(out, cfg, r.Sync); err != nil {
+		return err
 	}
 	if r.Elapsed != "" {
 		fmt.Fprintf(out, "\nbench took %s\n", r.Elapsed)
