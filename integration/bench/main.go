@@ -99,7 +99,7 @@
 //     queue is synchronised: amqp-mirror ctl sync_queue, or RabbitMQ's blocking sync. One
 //     table: the sync's time and rate, and the clients' confirm latencies, longest confirm
 //     and longest wait between two deliveries before and during the sync, and messages
-//     confirmed and never delivered. About five minutes at the defaults.
+//     confirmed and never delivered. About three minutes at the defaults.
 //   - report (reportrun.go; not in the default list): the benchmark report, in under ten
 //     minutes on two cores. On the mirrored scenario's nodes: full's load on the first plain
 //     node directly and through the proxy, alternately (direct, proxy, direct, proxy,
@@ -548,8 +548,8 @@ func run(ctx context.Context, cfg config) error {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	b := broker{url: cfg.amqpURL}
-	// The mirrored, failover, scale, connections, sync and report scenarios start their own nodes: a run of them
-	// alone needs no other broker.
+	// The mirrored, failover, scale, connections, sync and report scenarios start their
+	// own nodes: a run of them alone needs no other broker.
 	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool {
 		return s != "mirrored" && s != "failover" && s != "scale" && s != "connections" && s != "sync" && s != "report"
 	})

@@ -11,17 +11,21 @@ package main
 // stops a slave's node gracefully (Node.Stop). With the slave gone, it publishes
 // -sync-messages persistent messages of -size bytes (confirmed, 256 in flight): the
 // backlog. It restarts the node, on which the queue's slave comes back empty and
-// unsynchronised, and waits until the master lists it so. Then the queue's own clients
-// start: one publisher at -sync-rate messages per second that waits for each confirm, and
-// one consumer with manual acks (prefetch 100) that takes messages at the same pace, so
-// that the backlog stays as it is. After a 2 s warm-up, a 10 s window measures them
-// before the sync. Then the sync: `amqp-mirror ctl sync_queue --wait`, which returns once
-// ctl lists every slave synchronised, or rabbit_amqqueue:sync_mirrors on the master's node
-// (what `rabbitmqctl sync_queue` calls), which returns when RabbitMQ's blocking sync is
-// done; the time is taken around the call, and the window "during" is that time. The
-// backlog synced is the master's ready messages just before the call. At the end the
-// publisher stops, the consumer drains the queue at full speed, and every confirmed
-// message, backlog included, should have been delivered: those that were not are lost.
+// unsynchronised, and waits until the master's side lists it so. Then the queue's own
+// clients start: one publisher at -sync-rate messages per second that waits for each
+// confirm, and one consumer with manual acks (prefetch 100) that takes messages at the
+// same pace, so that the backlog stays as it is. After a 2 s warm-up, a 10 s window
+// measures them before the sync. Then the sync, timed from the call until the slave is
+// listed synchronised: `amqp-mirror ctl sync_queue --wait`, which returns once ctl lists
+// every slave synchronised (it asks every 200 ms); on the cluster
+// rabbit_amqqueue:sync_mirrors on the master's node (what `rabbitmqctl sync_queue` calls,
+// through erl_call: rabbitmqctl boots a VM for seconds), which returns once the master
+// has sent its messages, and then the wait, 10 ms at a time, until the new mirror has
+// recorded itself synchronised: until then it holds back the queue's confirms. The
+// window "during" is that time. The backlog synced is the master's ready messages just
+// before the call. At the end the publisher stops, the consumer drains the queue at full
+// speed, and every confirmed message, backlog included, should have been delivered:
+// those that were not are lost.
 //
 // The clients connect to the proxy, and on the cluster to the master's node; the stopped
 // node is a slave's on both.
@@ -215,9 +219,9 @@ func runSyncTarget(ctx context.Context, cfg config, t syncTarget, queue string) 
 		return result, err
 	}
 	progress("  synchronised in %.1f s; draining the queue", result.SyncSeconds)
-	load.drain(ctx)
+	drained := load.drain(ctx)
 	result.Confirmed, result.Lost, result.Duplicates = ledger.tally()
-	return result, load.failure()
+	return result, firstError(drained, load.failure())
 }
 
 // mirrorSyncTarget is amqp-mirror serve in front of the plain nodes, asked with
@@ -243,6 +247,9 @@ func (t *mirrorSyncTarget) isolate(ctx context.Context) error {
 	row, err := t.ctl.row(ctx)
 	if err != nil {
 		return err
+	}
+	if len(row.Synchronised) == 0 {
+		return fmt.Errorf("the queue has no synchronised slave to stop (%s)", t.ctl)
 	}
 	t.master = t.ctl.m.plain.Node(row.Master)
 	t.stopped = t.ctl.m.plain.Node(row.Synchronised[len(row.Synchronised)-1])
@@ -744,13 +751,15 @@ func summarizeSyncWindow(confirms []confirmSample, deliveries []time.Time, from,
 }
 
 // drain stops the publisher and lets the consumer take the rest of the queue at full
-// speed, until every confirmed message arrived or syncDrainTimeout passed.
-func (l *syncLoad) drain(ctx context.Context) {
+// speed, until every confirmed message arrived or syncDrainTimeout passed: what has not
+// arrived then counts as lost. Its error is ctx's.
+func (l *syncLoad) drain(ctx context.Context) error {
 	l.stopPublishing()
 	close(l.unpaced)
 	_ = awaitConditionEvery(ctx, syncDrainTimeout, 100*time.Millisecond, "every confirmed message delivered", func() (bool, error) {
 		return l.ledger.undelivered() == 0, nil
 	})
+	return ctx.Err()
 }
 
 func (l *syncLoad) stopPublishing() {
