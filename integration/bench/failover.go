@@ -287,12 +287,13 @@ type mirrorTarget struct {
 type mirrorQueueRow struct {
 	Name         string   `json:"name"`
 	Master       string   `json:"master"`
+	Slaves       []string `json:"slaves"`
 	Synchronised []string `json:"synchronised_slaves"`
 }
 
 func (t *mirrorTarget) row(ctx context.Context) (mirrorQueueRow, error) {
 	cmd := exec.CommandContext(ctx, t.m.binary, "ctl", "list_queues", "--config", t.config, "--formatter", "json",
-		"name", "master", "synchronised_slaves")
+		"name", "master", "slaves", "synchronised_slaves")
 	out, err := cmd.Output()
 	if err != nil {
 		return mirrorQueueRow{}, fmt.Errorf("amqp-mirror ctl list_queues: %w: %s", err, out)
@@ -303,7 +304,7 @@ func (t *mirrorTarget) row(ctx context.Context) (mirrorQueueRow, error) {
 	}
 	for _, r := range rows {
 		if r.Name == t.queue {
-			t.last = fmt.Sprintf("master %s, synchronised slaves %v", r.Master, r.Synchronised)
+			t.last = fmt.Sprintf("master %s, slaves %v, synchronised slaves %v", r.Master, r.Slaves, r.Synchronised)
 			return r, nil
 		}
 	}

@@ -104,6 +104,15 @@
 //     message) gets its first message; that consumer drains the backlog, and the table
 //     counts the confirmed messages that never arrived. About 9 minutes on two cores
 //     with the default 1 000 000 messages, 3 with -backlog-messages=100000.
+//   - sync (sync.go; not in the default list): on each of -sync-targets (amqp-mirror,
+//     native-ha), a mirrored queue with ha-sync-mode manual gets a backlog of
+//     -sync-messages while a slave's node is stopped; the node comes back with an
+//     unsynchronised slave, the queue's own clients start (one publisher at -sync-rate
+//     waiting for each confirm, one consumer with manual acks at the same pace), and the
+//     queue is synchronised: amqp-mirror ctl sync_queue, or RabbitMQ's blocking sync. One
+//     table: the sync's time and rate, and the clients' confirm latencies, longest confirm
+//     and longest wait between two deliveries before and during the sync, and messages
+//     confirmed and never delivered. About three minutes at the defaults.
 //   - report (reportrun.go; not in the default list): the benchmark report, in under ten
 //     minutes on two cores. On the mirrored scenario's nodes: full's load on the first plain
 //     node directly and through the proxy, alternately (direct, proxy, direct, proxy,
@@ -213,6 +222,11 @@ type config struct {
 	// their body size in bytes.
 	backlogMessages int
 	backlogSize     int
+	// syncTargets, syncMessages and syncRate are the sync scenario's rows, backlog and
+	// clients' pace.
+	syncTargets  []string
+	syncMessages int
+	syncRate     float64
 
 	// failoverTargets are the failover scenario's rows; failoverKills the kills per row.
 	failoverTargets []string
@@ -240,9 +254,9 @@ var hiddenFlags = map[string]bool{"role": true, "backend": true, "listen": true,
 
 func parseFlags(args []string) (config, error) {
 	var cfg config
-	var scenarios, targets, idleCounts, mirrored, failover, campaigns string
+	var scenarios, targets, idleCounts, mirrored, failover, campaigns, syncTargets string
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), connections (not in the default: -conns-idle idle and -conns-active working connections through a mirroring proxy; see connections.go), backlog (not in the default: -backlog-messages queued on one mirrored queue, a slave synchronised from empty, a kill of the master; see backlog.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
+	fs.StringVar(&scenarios, "scenario", "full,full-raw,light,idle,rss", "comma-separated `list` of scenarios to run: full, full-raw, light, idle, rss, mirrored (not in the default: it starts six nodes and takes three to four minutes with -rounds=1), failover (not in the default: kills brokers; see failover.go), scale (not in the default: -scale-queues mirrored queues, then a kill of the node mastering the most; see scale.go), connections (not in the default: -conns-idle idle and -conns-active working connections through a mirroring proxy; see connections.go), backlog (not in the default: -backlog-messages queued on one mirrored queue, a slave synchronised from empty, a kill of the master; see backlog.go), sync (not in the default: a slave synchronised under its queue's clients, amqp-mirror and native; see sync.go), report (not in the default: pass-through, mirrored and a master kill per target, written to -report-dir; see reportrun.go)")
 	fs.IntVar(&cfg.rounds, "rounds", 1, "rounds per load scenario; each round runs every target once, and a last direct run ends the scenario")
 	fs.StringVar(&targets, "targets", "direct,socat,proxy", "comma-separated `list` of where full, full-raw and light load goes, in the order of each round: direct (the broker), socat (a plain TCP forwarder), proxy (amqp-mirror), baseline (-baseline-cmd)")
 	fs.StringVar(&cfg.baselineCmd, "baseline-cmd", "", "a second proxy `command`, for target baseline (e.g. an older build): same contract as -proxy-cmd")
@@ -282,6 +296,9 @@ func parseFlags(args []string) (config, error) {
 	fs.Float64Var(&cfg.connsRate, "conns-rate", 1000, "connections: persistent messages per second the publishers send in all")
 	fs.IntVar(&cfg.backlogMessages, "backlog-messages", 1000000, "backlog: persistent `messages` to queue on the mirrored queue before the sync and the kill")
 	fs.IntVar(&cfg.backlogSize, "backlog-size", 256, "backlog: message body size in `bytes` (at least 8: the message's number)")
+	fs.StringVar(&syncTargets, "sync-targets", targetMirror+","+targetNativeHA, "sync: comma-separated `list` of rows: amqp-mirror (serve in front of three plain nodes), native-ha (RabbitMQ's classic mirroring on a three-node cluster)")
+	fs.IntVar(&cfg.syncMessages, "sync-messages", 100000, "sync: the backlog's `messages` (-size bytes, persistent), which the sync copies")
+	fs.Float64Var(&cfg.syncRate, "sync-rate", 500, "sync: the queue's clients' pace in messages per second, publishing and consuming")
 	fs.IntVar(&cfg.classicQueueVersion, "classic-queue-version", 0, "mirrored: set classic_queue.default_version to `n` (1 or 2) in every node's rabbitmq.conf, plain and clustered; 0 leaves the broker's default (1 on 3.10)")
 	fs.StringVar(&cfg.mirrorPerf, "amqp-mirror-perf", "", "mirrored: record each amqp-mirror run's server with `perf record -g` into `file` with the row and server number inserted (/tmp/m.data gives /tmp/m.amqp-mirror.2.data); read with perf report")
 	fs.Float64Var(&cfg.mirroredRate, "mirrored-rate", 0, "mirrored: publish at most `N` messages per second, all publishers together (0: as fast as confirms allow). At a rate every row sustains, the CPU per message compares rows doing the same work, which a shared machine's throughput does not")
@@ -330,6 +347,7 @@ func parseFlags(args []string) (config, error) {
 	cfg.targets = splitList(targets)
 	cfg.mirroredTargets = splitList(mirrored)
 	cfg.failoverTargets = splitList(failover)
+	cfg.syncTargets = splitList(syncTargets)
 	var errs []error
 	for _, c := range splitList(idleCounts) {
 		n, err := strconv.Atoi(c)
@@ -365,8 +383,8 @@ func (cfg config) validate() error {
 	}
 	var errs []error
 	for _, s := range cfg.scenarios {
-		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "connections", "backlog", "report"}, s) {
-			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale, connections, backlog or report", s))
+		if !slices.Contains([]string{"full", "full-raw", "light", "idle", "rss", "mirrored", "failover", "scale", "connections", "backlog", "sync", "report"}, s) {
+			errs = append(errs, fmt.Errorf("-scenario: unknown scenario %q, want full, full-raw, light, idle, rss, mirrored, failover, scale, connections, backlog, sync or report", s))
 		}
 	}
 	if len(cfg.scenarios) == 0 {
@@ -395,6 +413,14 @@ func (cfg config) validate() error {
 		if t != targetMirror && t != targetNativeHA {
 			errs = append(errs, fmt.Errorf("-failover-targets: unknown target %q, want %s or %s", t, targetMirror, targetNativeHA))
 		}
+	}
+	for _, t := range cfg.syncTargets {
+		if t != targetMirror && t != targetNativeHA {
+			errs = append(errs, fmt.Errorf("-sync-targets: unknown target %q, want %s or %s", t, targetMirror, targetNativeHA))
+		}
+	}
+	if cfg.syncMessages <= 0 || cfg.syncRate <= 0 {
+		errs = append(errs, fmt.Errorf("-sync-messages and -sync-rate must be positive, got %d and %g", cfg.syncMessages, cfg.syncRate))
 	}
 	if cfg.failoverKills <= 0 {
 		errs = append(errs, fmt.Errorf("-failover-kills must be positive, got %d", cfg.failoverKills))
@@ -544,11 +570,10 @@ func run(ctx context.Context, cfg config) error {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	b := broker{url: cfg.amqpURL}
-	// The mirrored, failover, scale, connections, backlog and report scenarios start their
-	// own nodes:
-	// a run of them alone needs no other broker.
+	// The mirrored, failover, scale, connections, backlog, sync and report scenarios start
+	// their own nodes: a run of them alone needs no other broker.
 	onlyMirrored := !slices.ContainsFunc(cfg.scenarios, func(s string) bool {
-		return s != "mirrored" && s != "failover" && s != "scale" && s != "connections" && s != "backlog" && s != "report"
+		return s != "mirrored" && s != "failover" && s != "scale" && s != "connections" && s != "backlog" && s != "sync" && s != "report"
 	})
 	if b.url == "" && !onlyMirrored {
 		progress("starting a RabbitMQ node")
@@ -668,6 +693,13 @@ func run(ctx context.Context, cfg config) error {
 		report.Backlog = &result
 		if err != nil {
 			return errors.Join(fmt.Errorf("backlog: %w", err), report.print(os.Stdout, cfg))
+		}
+	}
+	if cfg.has("sync") {
+		results, err := runSync(ctx, cfg, logger)
+		report.Sync = results
+		if err != nil {
+			return errors.Join(fmt.Errorf("sync: %w", err), report.print(os.Stdout, cfg))
 		}
 	}
 	if cfg.has("report") {

@@ -593,8 +593,9 @@ func (m *mirroredBench) startServerOf(ctx context.Context, binary string) (*prox
 }
 
 // serverConfig is the amqp-mirror config of a bench server: the three plain nodes as
-// backends, every bench queue ha-mode all with automatic sync, no admin API and no
-// gossip (nothing that could collide with another program's ports).
+// backends, every bench queue ha-mode all with automatic sync but the sync scenario's,
+// synchronised on demand only, no admin API and no gossip (nothing that could collide
+// with another program's ports).
 func serverConfig(addr, stateDir, level string, nodes []*harness.Node) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "node: %s\nlisten:\n  amqp: %s\n  admin: \"\"\n", nodes[0].Name, addr)
@@ -602,16 +603,24 @@ func serverConfig(addr, stateDir, level string, nodes []*harness.Node) string {
 	for _, node := range nodes {
 		fmt.Fprintf(&b, "  - name: %s\n    url: %s\n", node.Name, node.URL())
 	}
-	fmt.Fprintf(&b, "policies:\n  - name: bench-ha-all\n    pattern: \"^bench-\"\n    apply-to: queues\n    definition:\n")
-	keys := make([]string, 0, len(haPolicy))
-	for k := range haPolicy {
+	b.WriteString("policies:\n")
+	writePolicy(&b, "bench-ha-all", "^bench-", 0, haPolicy)
+	// Both patterns match the sync scenario's queues: the higher priority wins.
+	writePolicy(&b, "bench-sync-manual", "^"+syncQueuePrefix, 1, syncPolicy)
+	return b.String()
+}
+
+// writePolicy writes one policy of a config's policies list, its keys sorted.
+func writePolicy(b *strings.Builder, name, pattern string, priority int, definition map[string]string) {
+	fmt.Fprintf(b, "  - name: %s\n    pattern: %s\n    apply-to: queues\n    priority: %d\n    definition:\n", name, strconv.Quote(pattern), priority)
+	keys := make([]string, 0, len(definition))
+	for k := range definition {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		fmt.Fprintf(&b, "      %s: %s\n", k, haPolicy[k])
+		fmt.Fprintf(b, "      %s: %s\n", k, definition[k])
 	}
-	return b.String()
 }
 
 // freeAddresses are n distinct loopback addresses with ports nothing

@@ -12,9 +12,9 @@ import (
 
 // TestServerConfig: the config the mirrored scenario gives `amqp-mirror serve` loads
 // with the product's own loader, lists the three nodes as backends, and mirrors every
-// queue of the amqp-mirror row (ha-mode all, automatic sync), not the queues the
-// native cluster's policy is for. A row measured with a config the proxy read otherwise
-// would compare the wrong thing.
+// queue of the amqp-mirror row (ha-mode all, automatic sync) and the sync scenario's
+// with manual sync, not the queues the native cluster's policy is for. A row measured
+// with a config the proxy read otherwise would compare the wrong thing.
 func TestServerConfig(t *testing.T) {
 	nodes := []*harness.Node{{Name: "plain1", Port: 5701}, {Name: "plain2", Port: 5702}, {Name: "plain3", Port: 5703}}
 	dir := t.TempDir()
@@ -45,11 +45,13 @@ func TestServerConfig(t *testing.T) {
 	cases := []struct {
 		queue    string
 		mirrored bool
+		sync     productconfig.SyncMode
 	}{
-		{queuePrefix(targetMirror) + "-x-0", true},
-		{queuePrefix(targetMirror) + "-declare-x", true},
-		{queuePrefix(targetDirect) + "-x-0", true}, // never declared through the proxy; matched all the same
-		{"other", false},
+		{queuePrefix(targetMirror) + "-x-0", true, productconfig.SyncAutomatic},
+		{queuePrefix(targetMirror) + "-declare-x", true, productconfig.SyncAutomatic},
+		{queuePrefix(targetDirect) + "-x-0", true, productconfig.SyncAutomatic}, // never declared through the proxy; matched all the same
+		{syncQueuePrefix + targetMirror, true, productconfig.SyncManual},
+		{"other", false, 0},
 	}
 	for _, c := range cases {
 		policy, _ := productconfig.Match(cfg.Policies, "/", c.queue, productconfig.KindQueue, false)
@@ -61,8 +63,8 @@ func TestServerConfig(t *testing.T) {
 			continue
 		}
 		d := productconfig.Effective(policy, nil)
-		if d.HAMode != productconfig.HAAll || d.SyncMode != productconfig.SyncAutomatic {
-			t.Errorf("queue %s: got ha-mode %v ha-sync-mode %v, want all and automatic", c.queue, d.HAMode, d.SyncMode)
+		if d.HAMode != productconfig.HAAll || d.SyncMode != c.sync {
+			t.Errorf("queue %s: got ha-mode %v ha-sync-mode %v, want all and %v", c.queue, d.HAMode, d.SyncMode, c.sync)
 		}
 	}
 }

@@ -246,7 +246,9 @@ type report struct {
 	Connections *connsResult `json:"connections,omitempty"`
 	// Backlog is the backlog scenario's outcome.
 	Backlog *backlogResult `json:"backlog,omitempty"`
-	Elapsed string         `json:"elapsed"`
+	// Sync is the sync scenario's rows.
+	Sync    []syncResult `json:"sync,omitempty"`
+	Elapsed string       `json:"elapsed"`
 }
 
 func describeConfig(cfg config) map[string]string {
@@ -359,6 +361,9 @@ func (r *report) print(out io.Writer, cfg config) error {
 		if err := r.Backlog.print(out, cfg); err != nil {
 			return err
 		}
+	}
+	if err := printSync(out, cfg, r.Sync); err != nil {
+		return err
 	}
 	if r.Elapsed != "" {
 		fmt.Fprintf(out, "\nbench took %s\n", r.Elapsed)
