@@ -32,8 +32,9 @@ var errTrimmerClosed = errors.New("trimmer closed")
 // master already settled it, and the marker ends the copy. Messages that
 // arrive both ways are kept once by the new slave's trimmer.
 //
-// The copy is confirmed by dst's broker in batches of batch messages; when
-// CopyTo returns nil every copied message was confirmed, and the new slave
+// The copy is confirmed by dst's broker in batches of batch messages, at
+// most two batches unconfirmed at a time; when CopyTo returns nil every
+// copied message was confirmed, and the new slave
 // holds everything the master held when the copy began that the master
 // still holds.
 //
@@ -139,15 +140,20 @@ func (j *copyJob) send(d amqp.Delivery) error {
 	}
 	j.copied++
 	j.unsettled = append(j.unsettled, confirmation)
-	if len(j.unsettled) >= j.batch {
-		return j.awaitConfirms()
+	// Two batches in flight: the older one's confirms are awaited once the
+	// newer one is sent, so that the destination's broker has a batch to
+	// take in while the older one's confirms come back, instead of idling
+	// between batches.
+	if len(j.unsettled) >= 2*j.batch {
+		return j.awaitConfirms(j.batch)
 	}
 	return nil
 }
 
-// awaitConfirms waits until the destination confirmed every copy sent.
-func (j *copyJob) awaitConfirms() error {
-	for _, c := range j.unsettled {
+// awaitConfirms waits until the destination confirmed the oldest n copies
+// not confirmed yet.
+func (j *copyJob) awaitConfirms(n int) error {
+	for _, c := range j.unsettled[:n] {
 		ok, err := c.WaitContext(j.ctx)
 		if err != nil {
 			return fmt.Errorf("waiting for the destination's confirms: %w", err)
@@ -156,12 +162,12 @@ func (j *copyJob) awaitConfirms() error {
 			return errors.New("the destination broker nacked a copy")
 		}
 	}
-	j.unsettled = j.unsettled[:0]
+	j.unsettled = append(j.unsettled[:0], j.unsettled[n:]...)
 	return nil
 }
 
-// finish ends a copy whose marker arrived: the last batch is confirmed.
-func (j *copyJob) finish() error { return j.awaitConfirms() }
+// finish ends a copy whose marker arrived: every copy sent is confirmed.
+func (j *copyJob) finish() error { return j.awaitConfirms(len(j.unsettled)) }
 
 // end answers CopyTo and releases the destination channel.
 func (j *copyJob) end(err error) {
