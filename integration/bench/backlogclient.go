@@ -152,7 +152,7 @@ type backlogConsumer struct {
 	began       time.Time
 	first, last atomic.Int64
 	attempts    atomic.Int64
-	failed      atomic.Pointer[error]
+	firstFailure
 
 	mu     sync.Mutex
 	conn   *amqp.Connection
@@ -174,7 +174,7 @@ func startBacklogConsumer(ctx context.Context, url, queue string, prefetch int, 
 		defer close(c.done)
 		deliveries, err := c.connect(ctx, url, queue, prefetch)
 		if err != nil {
-			c.failed.CompareAndSwap(nil, &err)
+			c.fail(err)
 			return
 		}
 		c.consume(deliveries)
@@ -183,7 +183,7 @@ func startBacklogConsumer(ctx context.Context, url, queue string, prefetch int, 
 		c.mu.Unlock()
 		if !closed {
 			err := errors.New("the consumer's deliveries ended: its channel or connection closed")
-			c.failed.CompareAndSwap(nil, &err)
+			c.fail(err)
 		}
 	}()
 	return c
@@ -279,13 +279,6 @@ func (c *backlogConsumer) at(since int64) time.Time {
 		return time.Time{}
 	}
 	return c.began.Add(time.Duration(since - 1))
-}
-
-func (c *backlogConsumer) failure() error {
-	if err := c.failed.Load(); err != nil {
-		return *err
-	}
-	return nil
 }
 
 // close stops the consumer and waits for its goroutine; it may be called again.

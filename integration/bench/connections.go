@@ -269,7 +269,7 @@ type connsLoad struct {
 	done  sync.WaitGroup
 
 	consumed atomic.Int64
-	failed   atomic.Pointer[error]
+	firstFailure
 
 	mu sync.Mutex // guards the window's fields
 	// windowFrom is the consumed count when the window began; latencies are the
@@ -381,15 +381,6 @@ func (l *connsLoad) startConsumer(ch *amqp.Channel, queue string) error {
 			l.consumed.Add(1)
 		}
 	})
-	return nil
-}
-
-func (l *connsLoad) fail(err error) { l.failed.CompareAndSwap(nil, &err) }
-
-func (l *connsLoad) failure() error {
-	if err := l.failed.Load(); err != nil {
-		return *err
-	}
 	return nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"os"
 	"os/exec"
 	"strings"
 	"time"
@@ -75,18 +74,11 @@ type failoverTarget interface {
 // runFailover runs the failover scenario on each target of -failover-targets. It stops
 // every node and process it started before it returns, however it returns.
 func runFailover(ctx context.Context, cfg config, logger *slog.Logger) (results []failoverResult, err error) {
-	began := time.Now()
 	m := &mirroredBench{cfg: cfg, withAdmin: true}
-	m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-")
-	if err != nil {
+	defer m.shutdown()
+	if err := m.open(ctx, logger, "failover"); err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(m.dir)
-	defer m.close()
-	if err := m.start(ctx, logger); err != nil {
-		return nil, err
-	}
-	progress("failover: nodes, cluster and amqp-mirror ready in %s", time.Since(began).Round(100*time.Millisecond))
 	for _, target := range cfg.failoverTargets {
 		var r failoverResult
 		var err error

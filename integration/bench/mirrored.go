@@ -92,18 +92,11 @@ const (
 // after round and a last direct run, then the queue.declare rates. It stops every node
 // and process it started before it returns, however it returns.
 func runMirrored(ctx context.Context, cfg config, logger *slog.Logger) (runs []runResult, declares []declareResult, err error) {
-	began := time.Now()
 	m := &mirroredBench{cfg: cfg}
-	m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-")
-	if err != nil {
+	defer m.shutdown()
+	if err := m.open(ctx, logger, "mirrored"); err != nil {
 		return nil, nil, err
 	}
-	defer os.RemoveAll(m.dir)
-	defer m.close()
-	if err := m.start(ctx, logger); err != nil {
-		return nil, nil, err
-	}
-	progress("mirrored: nodes, cluster and amqp-mirror ready in %s", time.Since(began).Round(100*time.Millisecond))
 	if runs, err = m.runLoads(ctx); err != nil {
 		return runs, nil, err
 	}
@@ -192,6 +185,31 @@ func (m *mirroredBench) close() {
 		if err := c.Close(); err != nil {
 			progress("stopping RabbitMQ: %v", err)
 		}
+	}
+}
+
+// open makes the bench's temporary directory and starts its nodes (and builds
+// amqp-mirror); shutdown undoes it, whatever open got to. scenario names the progress
+// line.
+func (m *mirroredBench) open(ctx context.Context, logger *slog.Logger, scenario string) error {
+	began := time.Now()
+	dir, err := os.MkdirTemp("", "amqp-mirror-bench-")
+	if err != nil {
+		return err
+	}
+	m.dir = dir
+	if err := m.start(ctx, logger); err != nil {
+		return err
+	}
+	progress("%s: nodes ready in %s", scenario, time.Since(began).Round(100*time.Millisecond))
+	return nil
+}
+
+// shutdown stops the nodes and removes the temporary directory.
+func (m *mirroredBench) shutdown() {
+	m.close()
+	if m.dir != "" {
+		os.RemoveAll(m.dir)
 	}
 }
 
@@ -504,17 +522,13 @@ type plainMirror struct {
 // startPlainMirror starts the nodes and the server; close stops them. On an error it
 // stops what it started.
 func startPlainMirror(ctx context.Context, cfg config, logger *slog.Logger, scenario string) (_ *plainMirror, err error) {
-	began := time.Now()
 	p := &plainMirror{m: &mirroredBench{cfg: cfg, withAdmin: true, plainOnly: true}}
-	if p.m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-"); err != nil {
-		return nil, err
-	}
 	defer func() {
 		if err != nil {
 			p.close()
 		}
 	}()
-	if err := p.m.start(ctx, logger); err != nil {
+	if err := p.m.open(ctx, logger, scenario); err != nil {
 		return nil, err
 	}
 	if p.server, err = p.m.startServer(ctx); err != nil {
@@ -524,7 +538,6 @@ func startPlainMirror(ctx context.Context, cfg config, logger *slog.Logger, scen
 		return nil, err
 	}
 	p.url = proxyURL(p.m.plain.Nodes()[0].URL(), p.server.addr)
-	progress("%s: nodes and amqp-mirror ready in %s", scenario, time.Since(began).Round(100*time.Millisecond))
 	return p, nil
 }
 
@@ -533,8 +546,7 @@ func (p *plainMirror) close() {
 	if p.server != nil {
 		p.server.stop()
 	}
-	p.m.close()
-	os.RemoveAll(p.m.dir)
+	p.m.shutdown()
 }
 
 // startServer starts `amqp-mirror serve` in front of the plain nodes with the ha-all

@@ -25,16 +25,10 @@ func runReport(ctx context.Context, cfg config, logger *slog.Logger) (r benchRep
 	r.Command = commandLine(os.Args[1:])
 	r.Loads = reportLoads(cfg)
 	m := &mirroredBench{cfg: cfg}
-	m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-")
-	if err != nil {
+	defer m.shutdown()
+	if err := m.open(ctx, logger, "report"); err != nil {
 		return r, err
 	}
-	defer os.RemoveAll(m.dir)
-	defer m.close()
-	if err := m.start(ctx, logger); err != nil {
-		return r, err
-	}
-	progress("report: nodes, cluster and amqp-mirror ready in %s", time.Since(began).Round(100*time.Millisecond))
 	r.Machine = describeMachine(ctx, m.plain.Nodes()[0])
 
 	b, err := brokerOf(m.plain.Nodes()[0])

@@ -244,7 +244,7 @@ type scaleLoad struct {
 	// after since, with since set by resumedAll's first call.
 	since      time.Time
 	firstAfter map[int]time.Time
-	failed     atomic.Pointer[error]
+	firstFailure
 }
 
 func startScaleLoad(ctx context.Context, url string, queues []string, rate float64) (*scaleLoad, error) {
@@ -297,6 +297,21 @@ func startScaleLoad(ctx context.Context, url string, queues []string, rate float
 	return l, nil
 }
 
+// firstFailure keeps the first error the goroutines of a load report; the load embeds
+// it, so that any goroutine may call fail and the scenario asks failure.
+type firstFailure struct{ failed atomic.Pointer[error] }
+
+// fail records err unless an error is recorded already.
+func (f *firstFailure) fail(err error) { f.failed.CompareAndSwap(nil, &err) }
+
+// failure is the first error recorded, nil for none.
+func (f *firstFailure) failure() error {
+	if err := f.failed.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
 // firstError is the first of errs that is not nil.
 func firstError(errs ...error) error {
 	for _, err := range errs {
@@ -345,15 +360,6 @@ func (l *scaleLoad) consume(deliveries <-chan amqp.Delivery) {
 		l.mu.Unlock()
 		d.Ack(false)
 	}
-}
-
-func (l *scaleLoad) fail(err error) { l.failed.CompareAndSwap(nil, &err) }
-
-func (l *scaleLoad) failure() error {
-	if err := l.failed.Load(); err != nil {
-		return *err
-	}
-	return nil
 }
 
 // resumedAll reports whether every queue's consumer got a message published after since.

@@ -37,12 +37,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -129,17 +127,11 @@ type syncTarget interface {
 // runSync runs the sync scenario on each of -sync-targets, stopping every node and
 // process it started however it returns.
 func runSync(ctx context.Context, cfg config, logger *slog.Logger) (results []syncResult, err error) {
-	began := time.Now()
 	m := &mirroredBench{cfg: cfg, withAdmin: true, plainOnly: !slices.Contains(cfg.syncTargets, targetNativeHA)}
-	if m.dir, err = os.MkdirTemp("", "amqp-mirror-bench-"); err != nil {
+	defer m.shutdown()
+	if err := m.open(ctx, logger, "sync"); err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(m.dir)
-	defer m.close()
-	if err := m.start(ctx, logger); err != nil {
-		return nil, err
-	}
-	progress("sync: nodes ready in %s", time.Since(began).Round(100*time.Millisecond))
 	for _, name := range cfg.syncTargets {
 		r, err := m.syncOn(ctx, name)
 		r.Target = name
@@ -585,7 +577,7 @@ type syncLoad struct {
 	// stop ends the publisher; unpaced lets the consumer take messages at full speed.
 	stop, unpaced chan struct{}
 	done          sync.WaitGroup
-	failed        atomic.Pointer[error]
+	firstFailure
 
 	mu         sync.Mutex
 	confirms   []confirmSample
@@ -768,15 +760,6 @@ func (l *syncLoad) stopPublishing() {
 	default:
 		close(l.stop)
 	}
-}
-
-func (l *syncLoad) fail(err error) { l.failed.CompareAndSwap(nil, &err) }
-
-func (l *syncLoad) failure() error {
-	if err := l.failed.Load(); err != nil {
-		return *err
-	}
-	return nil
 }
 
 // close stops the clients and waits for them.
