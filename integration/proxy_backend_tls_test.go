@@ -3,8 +3,12 @@ package integration
 import (
 	"crypto/tls"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -57,19 +61,46 @@ func freePort(t testing.TB) int {
 	return freePorts(t, 1)[0]
 }
 
-// freePorts returns n distinct loopback ports nothing listens on right
-// now. Each listener stays open until all n are picked: a port freed at
-// once can come back from the next pick.
+// freePorts returns n distinct loopback ports nothing listens on right now. They lie below
+// the kernel's ephemeral range: a test hands them to a process that binds them seconds
+// later, and in the meantime a bind to port 0 anywhere on the machine (a broker's, in
+// this or another test binary) never returns them. Each listener stays open until all n
+// are picked, so no two are the same.
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
-	ports := make([]int, n)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	const lowest = 10000
+	highest := ephemeralLow() - 1
+	ports := make([]int, 0, n)
+	for attempt := 0; len(ports) < n; attempt++ {
+		if attempt == 1000 {
+			t.Fatalf("no free port from %d to %d after %d attempts", lowest, highest, attempt)
+		}
+		port := lowest + rand.IntN(highest-lowest+1)
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
 		defer ln.Close()
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
+		ports = append(ports, port)
 	}
 	return ports
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, which binds to port 0
+// draw from; Linux's default when the range cannot be read.
+func ephemeralLow() int {
+	const linuxDefault = 32768
+	raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return linuxDefault
+	}
+	fields := strings.Fields(string(raw))
+	if len(fields) != 2 {
+		return linuxDefault
+	}
+	low, err := strconv.Atoi(fields[0])
+	if err != nil || low <= 10001 {
+		return linuxDefault
+	}
+	return low
 }

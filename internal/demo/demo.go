@@ -51,8 +51,9 @@ func Run(ctx context.Context, opts Options) error {
 	if nodes < 1 {
 		return fmt.Errorf("--nodes %d: the demo needs at least one node", nodes)
 	}
-	// The proxy binds its ports only once the brokers are up, 10-20 s later: check them
-	// first, so that a port in use fails at once, before any broker starts.
+	// The proxy binds its ports only once the brokers are up, 10-20 s later: hold them
+	// first, so that a port in use fails at once, before any broker starts, and so that
+	// no broker is given one of them while it starts.
 	addresses := []address{
 		{"the proxy's AMQP address", listen, "--listen"},
 		{"the admin API address", adminAddr, "--admin"},
@@ -65,9 +66,11 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		addresses = sidecarChecks(proxies)
 	}
-	if err := checkAddresses(addresses); err != nil {
+	held, err := holdAddresses(addresses)
+	if err != nil {
 		return err
 	}
+	defer held.release()
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "amqp-mirror-demo-")
 		if err != nil {
@@ -84,6 +87,7 @@ func Run(ctx context.Context, opts Options) error {
 	startCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	cluster, err := localbroker.Start(startCtx, localbroker.Options{Nodes: nodes, BaseDir: filepath.Join(dir, "nodes"), Logger: opts.Logger})
 	cancel()
+	held.release()
 	if err != nil {
 		return err
 	}
@@ -139,22 +143,41 @@ Press Ctrl-C to stop.
 // address is an address the demo's proxy listens on and the flag that sets it.
 type address struct{ what, address, flag string }
 
-// checkAddresses fails when one of the addresses cannot be listened on, naming the flag
-// that changes it. The listeners close again at once: the proxies bind the addresses later. The
-// config wants fixed ports, so port 0 is refused here too rather than after the brokers.
-func checkAddresses(addresses []address) error {
+// heldAddresses are listeners on the proxies' addresses, open while the brokers start
+// so that the brokers' free-port picks cannot land on them.
+type heldAddresses []net.Listener
+
+// release closes the listeners so that the proxies can bind the addresses. It may be
+// called more than once.
+func (h *heldAddresses) release() {
+	for _, listener := range *h {
+		listener.Close()
+	}
+	*h = nil
+}
+
+// holdAddresses listens on every address, or fails naming the flag that changes the one
+// that cannot be listened on. The config wants fixed ports, so port 0 is refused here
+// too rather than after the brokers.
+func holdAddresses(addresses []address) (*heldAddresses, error) {
+	held := new(heldAddresses)
 	for _, a := range addresses {
 		_, port, err := net.SplitHostPort(a.address)
 		if number, convErr := strconv.Atoi(port); err != nil || convErr != nil || number < 1 || number > 65535 {
-			return fmt.Errorf("%s %s has no port from 1 to 65535; set one with %s HOST:PORT", a.what, a.address, a.flag)
+			held.release()
+			return nil, fmt.Errorf("%s %s has no port from 1 to 65535; set one with %s HOST:PORT", a.what, a.address, a.flag)
 		}
 		listener, err := net.Listen("tcp", a.address)
 		if err != nil {
-			return fmt.Errorf("%s %s is not available; choose another with %s HOST:PORT: %w", a.what, a.address, a.flag, err)
+			held.release()
+			if a.flag == "" {
+				return nil, fmt.Errorf("%s %s is not available: %w", a.what, a.address, err)
+			}
+			return nil, fmt.Errorf("%s %s is not available; choose another with %s HOST:PORT: %w", a.what, a.address, a.flag, err)
 		}
-		listener.Close()
+		*held = append(*held, listener)
 	}
-	return nil
+	return held, nil
 }
 
 func describeNodes(c *localbroker.Cluster) string {

@@ -34,12 +34,15 @@ func TestCheckAddressesNamesTheFlagToChange(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := checkAddresses([]address{{"the proxy's AMQP address", tt.address, "--listen"}})
+			held, err := holdAddresses([]address{{"the proxy's AMQP address", tt.address, "--listen"}})
+			if err == nil {
+				held.release()
+			}
 			switch {
 			case tt.wantErr == "" && err != nil:
-				t.Errorf("checkAddresses(%s) = %v, want nil", tt.address, err)
+				t.Errorf("holdAddresses(%s) = %v, want nil", tt.address, err)
 			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
-				t.Errorf("checkAddresses(%s) = %v, want an error with %q", tt.address, err, tt.wantErr)
+				t.Errorf("holdAddresses(%s) = %v, want an error with %q", tt.address, err, tt.wantErr)
 			}
 		})
 	}
@@ -111,4 +114,30 @@ func closedAddress(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// TestHeldAddressesStayTakenUntilReleased: while the brokers start, nothing else may be
+// given the proxies' ports, and the proxies can bind them once released.
+func TestHeldAddressesStayTakenUntilReleased(t *testing.T) {
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := free.Addr().String()
+	free.Close()
+	held, err := holdAddresses([]address{{"the proxy's AMQP address", addr, "--listen"}})
+	if err != nil {
+		t.Fatalf("holdAddresses(%s): %v", addr, err)
+	}
+	if ln, err := net.Listen("tcp", addr); err == nil {
+		ln.Close()
+		t.Fatalf("%s could be listened on while held", addr)
+	}
+	held.release()
+	held.release()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("%s after release: %v", addr, err)
+	}
+	ln.Close()
 }

@@ -53,14 +53,16 @@ func sidecarAddressesFor(nodes int, listen, admin string) ([]sidecarAddresses, e
 	return out, nil
 }
 
-// sidecarChecks are the client-facing addresses of the demo's proxies, for
-// checkAddresses.
+// sidecarChecks are the addresses of the demo's proxies, for holdAddresses. Gossip and
+// raft have no flag: their ports were free a moment ago and are held from here on.
 func sidecarChecks(proxies []sidecarAddresses) []address {
 	var out []address
 	for i, p := range proxies {
 		out = append(out,
 			address{fmt.Sprintf("the AMQP address of node %d's proxy (--listen's port + %d)", i+1, i), p.AMQP, "--listen"},
-			address{fmt.Sprintf("the admin address of node %d's proxy (--admin's port + %d)", i+1, i), p.Admin, "--admin"})
+			address{fmt.Sprintf("the admin address of node %d's proxy (--admin's port + %d)", i+1, i), p.Admin, "--admin"},
+			address{fmt.Sprintf("the gossip address of node %d's proxy", i+1), p.Gossip, ""},
+			address{fmt.Sprintf("the raft address of node %d's proxy", i+1), p.Raft, ""})
 	}
 	return out
 }
