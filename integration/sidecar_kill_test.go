@@ -766,6 +766,37 @@ func (l *killLoad) resumedWithin(at time.Time, queues []string, limit time.Durat
 	return took, err == nil
 }
 
+// describeQueues logs, for the one who reads a failure, where the messages are: each
+// queue's copies as every broker counts them, and the master and slaves a proxy lists.
+func (l *killLoad) describeQueues(t *testing.T) {
+	t.Helper()
+	for _, b := range l.nodes.brokers {
+		counts, err := b.Queues(testContext(t, 10*time.Second), "/")
+		if err != nil {
+			t.Logf("%s: %v", b.Name, err)
+			continue
+		}
+		for _, q := range l.queues {
+			c, ok := counts[q]
+			if !ok {
+				t.Logf("%s: no %s", b.Name, q)
+				continue
+			}
+			t.Logf("%s: %s holds %d ready, %d unacknowledged", b.Name, q, c.MessagesReady, c.MessagesUnacknowledged)
+		}
+	}
+	for i := range l.nodes.brokers {
+		rows, err := listQueues(t, l.nodes.proxy(i))
+		if err != nil {
+			t.Logf("proxy %d: %v", i+1, err)
+			continue
+		}
+		for _, q := range l.queues {
+			t.Logf("proxy %d lists %s: %+v", i+1, q, rows[q])
+		}
+	}
+}
+
 // finish stops the publishers, then the consumers once every confirmed message arrived,
 // and fails the test for what a client should never have seen.
 func (l *killLoad) finish(t *testing.T) {
@@ -789,6 +820,9 @@ func (l *killLoad) finish(t *testing.T) {
 		}
 		return nil
 	})
+	if err != nil {
+		l.describeQueues(t) // while the consumers still hold what they were sent
+	}
 	l.stop()
 	l.clients.Wait()
 	if err != nil {
