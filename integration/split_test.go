@@ -114,8 +114,8 @@ var integrationParts = [][]string{
 		"TestMirrorMultipleAckAcrossMasters", "TestMirrorPropertiesUnchanged", "TestMirrorPriorityQueue", "TestMirrorDeadLettering",
 		// mirror_replyto_test.go
 		"TestMirrorDirectReplyTo", "TestMirrorDirectReplyToPika",
-		// sidecar_routing_test.go
-		"TestSidecarBindingRoutesThroughEveryProxyAtOnce",
+		// sidecar_routing_test.go, sidecar_sync_test.go
+		"TestSidecarBindingRoutesThroughEveryProxyAtOnce", "TestSidecarSyncCopiesWhatClientsHold",
 		"TestAmqp091PublishConfirmConsumeAck", "TestPikaPublishesAmqp091Consumes",
 		"TestStartOptionErrors", "TestNodesDieWithTheHarnessProcess",
 		"TestIntegrationPartsCoverEveryTest", "TestPartPattern",

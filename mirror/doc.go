@@ -275,9 +275,16 @@
 //     proxy is down its broker is usually down too, and the queue is
 //     promoted first.
 //   - Synchronisation: the proxy beside the slave (it owns the slave's
-//     trimmer), copying from the master, one slave of a queue at a time,
-//     the first unsynchronised live slave in join order, so that two
-//     proxies never take the master's messages at once. ctl sync_queue,
+//     trimmer), one slave of a queue at a time, the first unsynchronised
+//     live slave in join order. It asks the proxy beside a synchronised
+//     slave to copy that slave's copy into the new one (a job on the
+//     source's proxy, which the asker names and asks after until it ends),
+//     since only that proxy's trimmer holds the messages clients hold
+//     unacknowledged at the master; with no synchronised slave it copies
+//     from the master, so that two proxies never take the master's
+//     messages at once. The slave is recorded synchronised only when no
+//     other proxy counts its broker down (such a proxy sends it nothing).
+//     ctl sync_queue,
 //     through any proxy, asks the proxy beside the first unsynchronised
 //     slave, which hands the request on to the next when it is done.
 //   - A backend that comes back: the proxy beside it lets its copies
@@ -439,7 +446,7 @@
 // them would leave the slave short of the rest). A copy that ended half
 // way is purged from the slaves before the next one. With a synchronised
 // slave, new slaves are copied from it one after another
-// (Trimmer.CopyTo). Syncs run on
+// (Trimmer.CopyTo), in a sidecar cluster by the proxy beside it. Syncs run on
 // connections of their own, never the watcher's: RabbitMQ throttles a
 // connection that publishes fast, and probes waiting behind the throttle
 // would call the backend down. RabbitMQ sets the redelivered flag on
@@ -447,7 +454,8 @@
 // those messages with redelivered=true; while it runs, clients are served
 // the messages behind them. Messages clients hold unacknowledged at the
 // master are not ready and are not copied: one requeued after the sync is
-// missing on the slave.
+// missing on the slave. That is why a copy from the master is the last
+// resort, for a queue with no synchronised slave.
 //
 // What a manual slave's backlog counts is an approximation: the master's
 // ready count when the engine first looks at the slave (messages clients

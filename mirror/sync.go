@@ -86,3 +86,26 @@ func SyncBatches(messages int, def config.Definition) int {
 	}
 	return (messages + size - 1) / size
 }
+
+// CopyJob asks the proxy beside a synchronised slave to copy that slave's copy of
+// Queue into the copy on Target, a slave that synchronises. In a sidecar cluster only
+// that proxy's trimmer holds the slave's messages, and a synchronised slave holds every
+// message the master does, those clients hold unacknowledged included, which a copy from
+// the master cannot see.
+type CopyJob struct {
+	// ID names the job in the asker's questions about it; the asker chooses it.
+	ID     string
+	Queue  QueueID
+	Target string
+	// Batch is the sync's ha-sync-batch-size: how many copies the target's broker
+	// confirms at a time.
+	Batch int
+}
+
+// CopyState is how a CopyJob stands.
+type CopyState struct {
+	Done   bool
+	Copied int
+	// Err says why a job that is done failed; "" when it copied everything.
+	Err string
+}

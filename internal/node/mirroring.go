@@ -101,6 +101,7 @@ func startMirroring(ctx context.Context, cfg *config.Config, backends *backends,
 		m.cluster.Peers().HandleSettles(member.SettleLocal)
 		m.cluster.Peers().HandlePurges(member.PurgeLocal)
 		m.cluster.Peers().HandleSyncs(member.SyncLocal)
+		m.cluster.Peers().HandleCopies(member.CopyLocal, member.CopyStateLocal)
 		m.cluster.Peers().HandleWaitApplied(member.WaitApplied)
 		m.cluster.Peers().HandleDown(m.engine.BackendDown)
 		m.stopMembers = cluster.WatchMembers(m.cluster, member, cfg.Node)

@@ -423,6 +423,85 @@ func (p *Peers) SyncSlave(ctx context.Context, backend string, id mirror.QueueID
 	return err
 }
 
+// copyCall is the kind of the call that starts copying a synchronised
+// slave's copy into a slave that synchronises; copyStateCall asks how the
+// copy stands. A copy outlasts a call, so the asker starts it and then
+// asks until it is done.
+const (
+	copyCall      = "copy-slave"
+	copyStateCall = "copy-slave-state"
+)
+
+// copyStateQuestion is the payload of copyStateCall.
+type copyStateQuestion struct {
+	Job    string `json:"job"`
+	Cancel bool   `json:"cancel,omitempty"`
+}
+
+// HandleCopies sets the functions that start a copy of this node's slave
+// copy into another node's (engine.Member.CopyLocal) and tell how it stands
+// (engine.Member.CopyStateLocal).
+func (p *Peers) HandleCopies(start func(ctx context.Context, job mirror.CopyJob) error, state func(ctx context.Context, job string, cancel bool) (mirror.CopyState, error)) {
+	p.calls.Store(copyCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+		var job mirror.CopyJob
+		if err := json.Unmarshal(payload, &job); err != nil {
+			return nil, fmt.Errorf("decoding a copy request: %w", err)
+		}
+		return nil, start(ctx, job)
+	}))
+	p.calls.Store(copyStateCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+		var q copyStateQuestion
+		if err := json.Unmarshal(payload, &q); err != nil {
+			return nil, fmt.Errorf("decoding a copy question: %w", err)
+		}
+		st, err := state(ctx, q.Job, q.Cancel)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(st)
+	}))
+}
+
+// StartCopy asks the proxy beside source, a synchronised slave's backend,
+// to copy its slave copy of job.Queue into the copy on job.Target, and
+// returns once the copy started (or was refused).
+func (p *Peers) StartCopy(ctx context.Context, source string, job mirror.CopyJob) error {
+	node := (*p.backends.Load())[source]
+	if node == "" {
+		return fmt.Errorf("copying the slave of %s on %s: no alive proxy beside it", job.Queue, source)
+	}
+	payload, err := json.Marshal(job)
+	if err != nil {
+		return err
+	}
+	if _, err := p.call(ctx, node, copyCall, payload); err != nil {
+		return fmt.Errorf("copying the slave of %s on %s: %w", job.Queue, source, err)
+	}
+	return nil
+}
+
+// CopyState asks the proxy beside source how the copy job stands, and with
+// cancel set stops it.
+func (p *Peers) CopyState(ctx context.Context, source, job string, cancel bool) (mirror.CopyState, error) {
+	node := (*p.backends.Load())[source]
+	if node == "" {
+		return mirror.CopyState{}, fmt.Errorf("asking after copy %s on %s: no alive proxy beside it", job, source)
+	}
+	payload, err := json.Marshal(copyStateQuestion{Job: job, Cancel: cancel})
+	if err != nil {
+		return mirror.CopyState{}, err
+	}
+	answer, err := p.call(ctx, node, copyStateCall, payload)
+	if err != nil {
+		return mirror.CopyState{}, fmt.Errorf("asking after copy %s on %s: %w", job, source, err)
+	}
+	var st mirror.CopyState
+	if err := json.Unmarshal(answer, &st); err != nil {
+		return mirror.CopyState{}, fmt.Errorf("decoding the state of copy %s on %s: %w", job, source, err)
+	}
+	return st, nil
+}
+
 // unackedCall is the kind of the call that asks a proxy how many messages
 // its clients hold unacknowledged.
 const unackedCall = "unacked"

@@ -52,6 +52,13 @@ type Peers interface {
 	// SyncSlave asks the proxy beside backend to start synchronising its
 	// slave copy of the queue (SyncQueue there), and returns once it did.
 	SyncSlave(ctx context.Context, backend string, id mirror.QueueID) error
+	// StartCopy asks the proxy beside source, a synchronised slave's
+	// backend, to copy its slave copy of job.Queue into job.Target's
+	// (Member.CopyLocal there), and returns once the copy started.
+	StartCopy(ctx context.Context, source string, job mirror.CopyJob) error
+	// CopyState asks the proxy beside source how a copy StartCopy started
+	// stands (Member.CopyStateLocal there); with cancel set it stops it.
+	CopyState(ctx context.Context, source, job string, cancel bool) (mirror.CopyState, error)
 	// Unacked asks every other live proxy how many messages of each queue
 	// of vhost its clients hold unacknowledged, and adds them up; an error
 	// when one did not answer.
@@ -141,6 +148,19 @@ func (m Member) SettleLocal(id mirror.QueueID, ids []mirror.MessageID, outcome m
 // proxies that see the cluster differently.
 func (m Member) SyncLocal(ctx context.Context, id mirror.QueueID) error {
 	return m.e.syncs.local(ctx, id)
+}
+
+// CopyLocal starts copying this node's synchronised slave copy of a queue
+// into another node's slave copy, for the sync the proxy beside that one
+// runs (Peers.StartCopy there).
+func (m Member) CopyLocal(_ context.Context, job mirror.CopyJob) error {
+	return m.e.syncs.copyLocal(job)
+}
+
+// CopyStateLocal tells how a copy CopyLocal started stands, waiting a moment
+// for its end; with cancel set it stops the copy first.
+func (m Member) CopyStateLocal(ctx context.Context, job string, cancel bool) (mirror.CopyState, error) {
+	return m.e.syncs.copyState(ctx, job, cancel)
 }
 
 // PurgeLocal empties this node's slave copy of a queue, through its

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/amqp-mirror/amqp-mirror/mirror"
@@ -19,6 +20,12 @@ func (noPeers) Unrecorded(context.Context, string) ([]mirror.UnrecordedQueue, er
 }
 func (noPeers) Unacked(context.Context, string) (map[mirror.QueueID]int, error) {
 	return nil, nil
+}
+func (noPeers) StartCopy(context.Context, string, mirror.CopyJob) error {
+	return errors.New("no peers")
+}
+func (noPeers) CopyState(context.Context, string, string, bool) (mirror.CopyState, error) {
+	return mirror.CopyState{}, errors.New("no peers")
 }
 
 // TestClusterShares checks who does what for a queue mastered on rabbit1

@@ -23,7 +23,8 @@ import (
 //
 // The source is a synchronised slave when there is one: its trimmer holds
 // every message in queue order and no client consumes from it
-// (controllink.Trimmer.CopyTo). A queue with no synchronised slave (the
+// (controllink.Trimmer.CopyTo); in a sidecar cluster the proxy beside it
+// makes the copy (synccopy.go). A queue with no synchronised slave (the
 // master alone, as an adopted queue is) is copied from the master by a
 // short-lived consumer of the proxy's own: it takes the messages the
 // master holds ready, copies each to the slave, and when it has seen them
@@ -75,6 +76,10 @@ type syncs struct {
 	life     lifetime
 	metrics  *counters
 	wg       sync.WaitGroup // the sync goroutines
+
+	// forPeers are the copies of this node's slave copies this proxy runs
+	// for other proxies' syncs (synccopy.go).
+	forPeers copiesForPeers
 
 	mu      sync.RWMutex
 	byQueue map[mirror.QueueID]*queueSyncs
@@ -376,6 +381,30 @@ func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, de
 			return nil
 		}
 		source := s.source(m)
+		if source == "" && s.peers != nil {
+			// From a synchronised slave beside another proxy (synccopy.go).
+			target := pending[0]
+			started := time.Now()
+			copied, from, err := s.copyFromPeer(ctx, m, target, batch)
+			if !errors.Is(err, errNoPeerSource) {
+				s.metrics.synced(copied)
+				copiedBefore += copied
+				s.copiedSoFar(id, copiedBefore, 0)
+				if err == nil {
+					err = s.reachedByEveryProxy(ctx, target)
+				}
+				if err != nil {
+					s.markPartial(id, []string{target})
+					log.Warn("sync failed", "slave", target, "source", from, "copied", copied, "err", err)
+					return fmt.Errorf("synchronising the slave of %s on %s: %w", id, target, err)
+				}
+				if err := s.records.markSlave(id, target, true); err != nil {
+					return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, target, err)
+				}
+				log.Info("slave synchronised", "slave", target, "source", from, "copied", copied, "took", time.Since(started))
+				continue
+			}
+		}
 		if source == "" {
 			// From the master, to every target at once.
 			started := time.Now()
@@ -383,6 +412,11 @@ func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, de
 				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
 			}
 			copied, err := s.copyFromMaster(ctx, m, pending, batch)
+			for _, t := range pending {
+				if err == nil {
+					err = s.reachedByEveryProxy(ctx, t)
+				}
+			}
 			if err != nil {
 				s.markPartial(id, pending)
 				log.Warn("sync failed", "slaves", pending, "source", m.Master, "copied", copied.copied, "read", copied.read, "err", err)
