@@ -180,7 +180,8 @@ func (r *reconciler) checkBacklogs() {
 	}
 }
 
-// checkBacklog checks the unsynchronised slaves of one queue (mirror.Backlog):
+// checkBacklog checks the unsynchronised slaves of one queue under
+// ha-sync-mode manual (mirror.Backlog):
 // the backlog is the master's message count when the engine first looks at
 // the slave, and is settled by the settlements the slave's trimmer missed
 // (the messages it never had). A priority queue delivers out of order, so
@@ -191,6 +192,12 @@ func (r *reconciler) checkBacklog(m mirror.QueueMeta) {
 		return
 	}
 	if r.syncs.running(m.ID) != nil {
+		return
+	}
+	// Under ha-sync-mode automatic the sync marks the slave once it copied
+	// what the master holds. The backlog is manual mode's approximation: it
+	// could call the slave synchronised while clients hold messages it lacks.
+	if def, _ := definition(r.policies, m.ID); mirror.AutomaticSync(def) {
 		return
 	}
 	q, err := r.operator.inspect(m.Master, m.ID)
@@ -214,6 +221,9 @@ func (r *reconciler) checkBacklog(m mirror.QueueMeta) {
 			b.Held = max(b.Held, 1)
 		}
 		if b.CaughtUp(q.Messages == 0) {
+			if err := r.syncs.reachedByEveryProxy(r.life.ctx, s.Backend); err != nil {
+				continue // a proxy that counts it down sends it nothing
+			}
 			if err := r.records.markSlave(m.ID, s.Backend, true); err != nil {
 				r.log.Warn("cannot record a caught-up slave", "queue", m.ID.Name, "backend", s.Backend, "err", err)
 			}
