@@ -221,7 +221,8 @@ func (r *reconciler) checkBacklog(m mirror.QueueMeta) {
 			b.Held = max(b.Held, 1)
 		}
 		if b.CaughtUp(q.Messages == 0) {
-			if err := r.syncs.reachedByEveryProxy(r.life.ctx, s.Backend); err != nil {
+			// On the loop's goroutine: a short question, asked again next round.
+			if err := r.syncs.reachedByEveryProxy(r.life.ctx, s.Backend, countDownTimeout); err != nil {
 				continue // a proxy that counts it down sends it nothing
 			}
 			if err := r.records.markSlave(m.ID, s.Backend, true); err != nil {

@@ -391,7 +391,7 @@ func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, de
 				copiedBefore += copied
 				s.copiedSoFar(id, copiedBefore, 0)
 				if err == nil {
-					err = s.reachedByEveryProxy(ctx, target)
+					err = s.reachedByEveryProxy(ctx, target, copyQuestionTimeout)
 				}
 				if err != nil {
 					s.markPartial(id, []string{target})
@@ -414,7 +414,7 @@ func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, de
 			copied, err := s.copyFromMaster(ctx, m, pending, batch)
 			for _, t := range pending {
 				if err == nil {
-					err = s.reachedByEveryProxy(ctx, t)
+					err = s.reachedByEveryProxy(ctx, t, copyQuestionTimeout)
 				}
 			}
 			if err != nil {

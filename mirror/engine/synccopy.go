@@ -254,12 +254,13 @@ func (s *syncs) copyThroughPeer(ctx context.Context, m mirror.QueueMeta, source,
 
 // reachedByEveryProxy fails when another proxy counts target down: that
 // proxy sends target none of its clients' publishes, so a slave recorded
-// synchronised there would lack them. The sync is tried again later.
-func (s *syncs) reachedByEveryProxy(ctx context.Context, target string) error {
+// synchronised there would lack them. The sync is tried again later. The
+// question waits up to timeout for the other proxies' answers.
+func (s *syncs) reachedByEveryProxy(ctx context.Context, target string, timeout time.Duration) error {
 	if s.peers == nil {
 		return nil
 	}
-	ask, cancel := context.WithTimeout(ctx, copyQuestionTimeout)
+	ask, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	down, _, err := s.peers.CountDown(ask, target)
 	switch {
