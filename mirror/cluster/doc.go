@@ -132,7 +132,9 @@
 // ack path. Work whose caller must know it is done before it answers its
 // client, such as purging the slave copy another proxy trims
 // (PurgeSlave), is a call instead: a connection of its own that waits for
-// the answer, as forwarded writes do.
+// the answer, as forwarded writes do. Work that outlasts a call, the copy
+// of a synchronised slave into a new one for its sync (StartCopy), runs as
+// a job on the callee, which the caller names and asks after (CopyState).
 //
 // # Not guaranteed
 //

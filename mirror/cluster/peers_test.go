@@ -145,6 +145,74 @@ func TestPurgeSlaveWaitsForTheProxyBesideIt(t *testing.T) {
 	}
 }
 
+// TestCopyJobsRunOnTheProxyBesideTheSource: StartCopy hands the job, whole,
+// to the handler of the proxy beside the source, CopyState carries its
+// answers and the cancel flag back and forth, and errors on either side
+// come back; a backend without an alive proxy is an error at once.
+func TestCopyJobsRunOnTheProxyBesideTheSource(t *testing.T) {
+	nodes := startCluster(t, 2)
+	job := mirror.CopyJob{ID: "job-1", Queue: mirror.QueueID{VHost: "prod", Name: "orders"}, Target: "rabbit1", Batch: 128}
+	started := make(chan mirror.CopyJob, 1)
+	refuse := errors.New("no synchronised slave here")
+	nodes[1].Peers().HandleCopies(func(_ context.Context, j mirror.CopyJob) error {
+		if j.ID == "refused" {
+			return refuse
+		}
+		started <- j
+		return nil
+	}, func(_ context.Context, name string, cancel bool) (mirror.CopyState, error) {
+		switch {
+		case name != job.ID:
+			return mirror.CopyState{}, fmt.Errorf("no copy named %q here", name)
+		case cancel:
+			return mirror.CopyState{Done: true, Copied: 3, Err: "cancelled"}, nil
+		}
+		return mirror.CopyState{Done: true, Copied: 7}, nil
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	peers := nodes[0].Peers()
+	if err := peers.StartCopy(ctx, "rabbit2", job); err != nil {
+		t.Fatalf("StartCopy: %v", err)
+	}
+	if got := <-started; got != job {
+		t.Errorf("the handler got %+v, want %+v", got, job)
+	}
+	tests := []struct {
+		name    string
+		job     string
+		cancel  bool
+		want    mirror.CopyState
+		wantErr string
+	}{
+		{name: "done", job: job.ID, want: mirror.CopyState{Done: true, Copied: 7}},
+		{name: "cancelled", job: job.ID, cancel: true, want: mirror.CopyState{Done: true, Copied: 3, Err: "cancelled"}},
+		{name: "unknown job", job: "job-2", wantErr: `no copy named "job-2" here`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st, err := peers.CopyState(ctx, "rabbit2", tt.job, tt.cancel)
+			switch {
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("CopyState(%s) = %v, want an error saying %q", tt.job, err, tt.wantErr)
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("CopyState(%s): %v", tt.job, err)
+			case st != tt.want:
+				t.Errorf("CopyState(%s) = %+v, want %+v", tt.job, st, tt.want)
+			}
+		})
+	}
+	if err := peers.StartCopy(ctx, "rabbit2", mirror.CopyJob{ID: "refused"}); err == nil || !strings.Contains(err.Error(), refuse.Error()) {
+		t.Errorf("StartCopy refused: got %v, want an error saying %q", err, refuse)
+	}
+	if err := peers.StartCopy(ctx, "rabbit9", job); err == nil {
+		t.Error("StartCopy for a backend without a proxy: got nil, want an error")
+	}
+	if _, err := peers.CopyState(ctx, "rabbit9", job.ID, false); err == nil {
+		t.Error("CopyState for a backend without a proxy: got nil, want an error")
+	}
+}
+
 // TestListingsAskEveryOtherProxy: Unrecorded gathers the queues every
 // other proxy lists, and Unacked adds up their counts; a proxy that cannot
 // answer makes an error, with the others' queues still returned.
