@@ -28,10 +28,7 @@ func TestSidecarSyncCopiesWhatClientsHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	publisher, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	publisher := openChannel(t, conn)
 	if err := publisher.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
@@ -45,10 +42,7 @@ func TestSidecarSyncCopiesWhatClientsHold(t *testing.T) {
 			t.Fatalf("publish %d: confirmed %v, %v", i, ok, err)
 		}
 	}
-	holder, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	holder := openChannel(t, conn)
 	if err := holder.Qos(messages, 0, false); err != nil {
 		t.Fatal(err)
 	}
@@ -102,10 +96,7 @@ func TestSidecarSyncCopiesWhatClientsHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer survivor.Close()
-	ch, err := survivor.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := openChannel(t, survivor)
 	got := map[string]bool{}
 	deadline := time.Now().Add(10 * time.Second)
 	for len(got) < messages && time.Now().Before(deadline) {

@@ -380,63 +380,28 @@ func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, de
 		if len(pending) == 0 {
 			return nil
 		}
-		source := s.source(m)
-		if source == "" && s.peers != nil {
-			// From a synchronised slave beside another proxy (synccopy.go).
-			target := pending[0]
-			started := time.Now()
-			copied, from, err := s.copyFromPeer(ctx, m, target, batch)
-			if !errors.Is(err, errNoPeerSource) {
-				s.metrics.synced(copied)
-				copiedBefore += copied
-				s.copiedSoFar(id, copiedBefore, 0)
-				if err == nil {
-					err = s.reachedByEveryProxy(ctx, target, copyQuestionTimeout)
-				}
-				if err != nil {
-					s.markPartial(id, []string{target})
-					log.Warn("sync failed", "slave", target, "source", from, "copied", copied, "err", err)
-					return fmt.Errorf("synchronising the slave of %s on %s: %w", id, target, err)
-				}
-				if err := s.records.markSlave(id, target, true); err != nil {
-					return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, target, err)
-				}
-				log.Info("slave synchronised", "slave", target, "source", from, "copied", copied, "took", time.Since(started))
-				continue
-			}
-		}
-		if source == "" {
-			// From the master, to every target at once.
-			started := time.Now()
-			if err := s.purgePartial(ctx, id, pending); err != nil {
-				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
-			}
-			copied, err := s.copyFromMaster(ctx, m, pending, batch)
-			for _, t := range pending {
-				if err == nil {
-					err = s.reachedByEveryProxy(ctx, t, copyQuestionTimeout)
-				}
-			}
-			if err != nil {
-				s.markPartial(id, pending)
-				log.Warn("sync failed", "slaves", pending, "source", m.Master, "copied", copied.copied, "read", copied.read, "err", err)
-				return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, pending, err)
-			}
-			for _, t := range pending {
-				if err := s.records.markSlave(id, t, true); err != nil {
-					return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, t, err)
-				}
-			}
-			log.Info("slaves synchronised", "slaves", pending, "source", m.Master, "copied", copied.copied, "read", copied.read, "took", time.Since(started))
-			return nil
-		}
 		target := pending[0]
 		started := time.Now()
-		copied, err := s.copyFromSlave(ctx, m, source, target, batch)
+		source := s.source(m)
+		var copied int
+		var err error
+		if source != "" {
+			copied, err = s.copyFromSlave(ctx, m, source, target, batch)
+		} else {
+			// From a synchronised slave beside another proxy (synccopy.go).
+			copied, source, err = s.copyFromPeer(ctx, m, target, batch)
+		}
+		if errors.Is(err, errNoPeerSource) {
+			return s.syncFromMaster(ctx, log, m, pending, batch)
+		}
 		s.metrics.synced(copied)
 		copiedBefore += copied
 		s.copiedSoFar(id, copiedBefore, 0)
+		if err == nil {
+			err = s.reachedByEveryProxy(ctx, target, copyQuestionTimeout)
+		}
 		if err != nil {
+			s.markPartial(id, []string{target})
 			log.Warn("sync failed", "slave", target, "source", source, "copied", copied, "err", err)
 			return fmt.Errorf("synchronising the slave of %s on %s: %w", id, target, err)
 		}
@@ -445,6 +410,34 @@ func (s *syncs) run(ctx context.Context, id mirror.QueueID, targets []string, de
 		}
 		log.Info("slave synchronised", "slave", target, "source", source, "copied", copied, "took", time.Since(started))
 	}
+}
+
+// syncFromMaster copies the master to every target at once, for a queue with
+// no synchronised slave, and records them synchronised.
+func (s *syncs) syncFromMaster(ctx context.Context, log *slog.Logger, m mirror.QueueMeta, targets []string, batch int) error {
+	id := m.ID
+	started := time.Now()
+	if err := s.purgePartial(ctx, id, targets); err != nil {
+		return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, targets, err)
+	}
+	copied, err := s.copyFromMaster(ctx, m, targets, batch)
+	for _, t := range targets {
+		if err == nil {
+			err = s.reachedByEveryProxy(ctx, t, copyQuestionTimeout)
+		}
+	}
+	if err != nil {
+		s.markPartial(id, targets)
+		log.Warn("sync failed", "slaves", targets, "source", m.Master, "copied", copied.copied, "read", copied.read, "err", err)
+		return fmt.Errorf("synchronising the slaves of %s on %v: %w", id, targets, err)
+	}
+	for _, t := range targets {
+		if err := s.records.markSlave(id, t, true); err != nil {
+			return fmt.Errorf("recording the slave of %s on %s synchronised: %w", id, t, err)
+		}
+	}
+	log.Info("slaves synchronised", "slaves", targets, "source", m.Master, "copied", copied.copied, "read", copied.read, "took", time.Since(started))
+	return nil
 }
 
 // markPartial remembers that a copy from the master into targets ended

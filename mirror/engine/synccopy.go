@@ -127,8 +127,12 @@ func (s *syncs) copyInto(ctx context.Context, m mirror.QueueMeta, tr *trimmerRun
 	}
 	defer dst.Close()
 	copied, err := tr.t.CopyTo(ctx, dst, m.ID.Name, job.Batch)
-	s.log.Info("copied a slave for another proxy's sync", "queue", m.ID.Name, "vhost", m.ID.VHost,
-		"target", job.Target, "copied", copied, "err", err)
+	log := s.log.With("queue", m.ID.Name, "vhost", m.ID.VHost, "target", job.Target, "copied", copied)
+	if err != nil {
+		log.Warn("a copy for another proxy's sync failed", "err", err)
+	} else {
+		log.Info("copied a slave for another proxy's sync")
+	}
 	return copied, err
 }
 
@@ -186,37 +190,42 @@ func (s *syncs) copyState(ctx context.Context, name string, cancel bool) (mirror
 }
 
 // copyFromPeer synchronises target, a slave beside this proxy, from a live
-// synchronised slave beside another proxy, the oldest first. It returns
-// errNoPeerSource when there is none; when there are some but none could
-// start a copy it fails, and the sync is tried again later: a copy from the
-// master instead would leave out what clients hold.
+// synchronised slave beside another proxy, the oldest first, and returns
+// the copy's source. It returns errNoPeerSource when there is none (or no
+// cluster); when there are some but none could start a copy it fails, and
+// the sync is tried again later: a copy from the master instead would leave
+// out what clients hold.
 func (s *syncs) copyFromPeer(ctx context.Context, m mirror.QueueMeta, target string, batch int) (copied int, source string, err error) {
+	if s.peers == nil {
+		return 0, "", errNoPeerSource
+	}
 	live := s.liveness.live()
-	var refused []error
+	var sources []string
 	for _, sl := range m.Slaves {
-		if !sl.Synchronised || sl.Backend == target || sl.Backend == s.roles.node || !live.Has(sl.Backend) {
-			continue
+		if sl.Synchronised && sl.Backend != target && sl.Backend != s.roles.node && live.Has(sl.Backend) {
+			sources = append(sources, sl.Backend)
 		}
-		if len(refused) == 0 {
-			// A copy the last sync left half done is stale (it missed
-			// publishes): empty it first, as before a copy from the master.
-			if err := s.purgePartial(ctx, m.ID, []string{target}); err != nil {
-				return 0, "", err
-			}
-		}
+	}
+	if len(sources) == 0 {
+		return 0, "", errNoPeerSource
+	}
+	// A copy the last sync left half done is stale (it missed publishes):
+	// empty it first, as before a copy from the master.
+	if err := s.purgePartial(ctx, m.ID, []string{target}); err != nil {
+		return 0, "", err
+	}
+	var refused []error
+	for _, source := range sources {
 		done, err := s.trimmers.expectCopies(m.ID, []string{target})
 		if err != nil {
 			return 0, "", err
 		}
-		copied, started, err := s.copyThroughPeer(ctx, m, sl.Backend, target, batch)
+		copied, started, err := s.copyThroughPeer(ctx, m, source, target, batch)
 		done()
 		if started {
-			return copied, sl.Backend, err
+			return copied, source, err
 		}
 		refused = append(refused, err)
-	}
-	if len(refused) == 0 {
-		return 0, "", errNoPeerSource
 	}
 	return 0, "", fmt.Errorf("no proxy beside a synchronised slave could copy it: %w", errors.Join(refused...))
 }
