@@ -7,10 +7,10 @@ import (
 )
 
 // Settles can come before the trimmer they are for: the proxy beside a
-// new queue's slave starts its trimmer when its loop next sees the record
-// (within Options.Interval), while the master's clients ack from the first
-// message on, and a trimmer replaced on the watcher's new connection is
-// gone for a moment too. A settle with no trimmer to take it would leave
+// new queue's slave starts its trimmer once its copy of the metadata log
+// has the record (and logChangeCoalesce has passed), while the master's
+// clients ack from the first message on, and a trimmer replaced on the
+// watcher's new connection is gone for a moment too. A settle with no trimmer to take it would leave
 // its message on the slave, to come back (redelivered) after a promotion
 // although it was acked. So the settles of a slave copy this proxy trims
 // whose trimmer is not running wait for it, at most earlyCap of them per

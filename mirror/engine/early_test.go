@@ -2,8 +2,11 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
+	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 )
 
@@ -59,4 +62,29 @@ func TestSettlesWaitForTheTrimmer(t *testing.T) {
 			t.Errorf("%s's copy holds %d ready messages after every message was acked, want 0", b, n)
 		}
 	}
+}
+
+// TestTrimmerStartsWithTheRecord: a slave copy recorded by another proxy (a write
+// this proxy's metadata log applies) gets its trimmer at once, not at the loop's
+// next round: the master's clients settle from the first message on, and a
+// promotion before the trimmer starts drops the settles that wait for it, so that
+// acked messages come back. The loop's Interval here is an hour.
+func TestTrimmerStartsWithTheRecord(t *testing.T) {
+	h := newHarnessWith(t, "", nil, func(o *Options) {
+		o.Node, o.Peers, o.Interval = "rabbit2", noPeers{}, time.Hour
+	})
+	setPolicy(t, h.policies, "ha-all", "^recorded-", `{"ha-mode": "all"}`)
+	id := queueID(uniqueName(t, "recorded"))
+	placed := mirror.QueueMeta{ID: id, Durable: true, Master: "rabbit1",
+		Slaves: []mirror.Slave{{Backend: "rabbit2", Synchronised: true}, {Backend: "rabbit3", Synchronised: true}}}
+	declareCopies(t, placed)
+	if _, err := h.store.Put(context.Background(), placed, 0); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if held(h.engine, id, "rabbit2") < 0 {
+			return fmt.Errorf("no trimmer for this proxy's slave copy on rabbit2")
+		}
+		return nil
+	})
 }

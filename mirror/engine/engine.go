@@ -151,7 +151,13 @@ type Engine struct {
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
 	wake   chan struct{} // capacity one: liveness changed
-	wg     sync.WaitGroup
+	// logChanged (capacity one) says the metadata log changed: the
+	// trimmers of this proxy's new slave copies start at once, since the
+	// master's clients settle from the first message on, and a promotion
+	// before the trimmer starts would drop the settles that wait for it
+	// (early.go).
+	logChanged chan struct{}
+	wg         sync.WaitGroup
 
 	startOnce sync.Once
 	closeOnce sync.Once
@@ -181,13 +187,14 @@ func New(opts Options) *Engine {
 	opts.Trimmer.Logger = opts.Logger
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
-		opts:   opts,
-		log:    log,
-		roles:  newRoles(opts),
-		life:   lifetime{ctx: ctx, timeout: opts.OperationTimeout},
-		ctx:    ctx,
-		cancel: cancel,
-		wake:   make(chan struct{}, 1),
+		opts:       opts,
+		log:        log,
+		roles:      newRoles(opts),
+		life:       lifetime{ctx: ctx, timeout: opts.OperationTimeout},
+		ctx:        ctx,
+		cancel:     cancel,
+		wake:       make(chan struct{}, 1),
+		logChanged: make(chan struct{}, 1),
 	}
 	for _, b := range opts.Backends {
 		e.backends = append(e.backends, b.Name)
@@ -268,6 +275,10 @@ func (e *Engine) Start(ctx context.Context) error {
 					return
 				}
 				e.view.rebuild()
+				select {
+				case e.logChanged <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}()
@@ -311,16 +322,29 @@ func (e *Engine) poke() {
 	}
 }
 
+// logChangeCoalesce is how long the loop waits after a change of the
+// metadata log before it starts the trimmers of new slave copies, so that
+// a storm of writes costs a look at every queue at most this often.
+const logChangeCoalesce = 20 * time.Millisecond
+
 // run is the background loop.
 func (e *Engine) run(policies <-chan *config.Snapshot) {
 	tick := time.NewTicker(e.opts.Interval)
 	defer tick.Stop()
+	var trimmersDue <-chan time.Time // set while a log change waits
 	for {
 		select {
 		case <-e.ctx.Done():
 			return
 		case <-policies:
 			e.reconciler.all()
+		case <-e.logChanged:
+			if trimmersDue == nil {
+				trimmersDue = time.After(logChangeCoalesce)
+			}
+		case <-trimmersDue:
+			trimmersDue = nil
+			e.reconciler.ensureTrimmers()
 		case <-e.wake:
 			for _, ev := range e.failover.takeEvents() {
 				e.failover.handleEvent(ev)
