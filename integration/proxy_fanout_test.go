@@ -122,6 +122,12 @@ func (m *fixedPlacement) AwaitCurrent(context.Context) error { return nil }
 // dropped.
 func (m *fixedPlacement) ReplyBackend(context.Context, string) (string, bool) { return "", false }
 
+// One proxy alone: nobody else delivers.
+func (m *fixedPlacement) Clustered() bool { return false }
+func (m *fixedPlacement) DeliveredByPeers(context.Context, mirror.QueueID, uint64) ([]mirror.MessageID, error) {
+	return nil, nil
+}
+
 func (m *fixedPlacement) Missed(string, *mirror.QueueID) {}
 
 // No exchange is recorded: every exchange publish goes to every backend.

@@ -116,6 +116,8 @@ var integrationParts = [][]string{
 		"TestMirrorDirectReplyTo", "TestMirrorDirectReplyToPika",
 		// sidecar_routing_test.go, sidecar_sync_test.go
 		"TestSidecarBindingRoutesThroughEveryProxyAtOnce", "TestSidecarSyncCopiesWhatClientsHold",
+		// sidecar_redelivered_test.go
+		"TestSidecarRedeliveredAcrossProxies",
 		"TestAmqp091PublishConfirmConsumeAck", "TestPikaPublishesAmqp091Consumes",
 		"TestStartOptionErrors", "TestNodesDieWithTheHarnessProcess",
 		"TestIntegrationPartsCoverEveryTest", "TestPartPattern",

@@ -85,7 +85,8 @@
 //     client's delivery tags to links and backend tags; PublisherConfirms
 //     counts the backends' confirms towards the client's; DeliveredIDs
 //     remembers recent deliveries of mirrored queues, to flag a promoted
-//     slave's redeliveries.
+//     slave's redeliveries, and in a sidecar cluster learns the other
+//     proxies' (the server asks them, watchMirror).
 //   - internal/memory: the releaser that returns memory to the system after
 //     a storm of closed connections.
 //

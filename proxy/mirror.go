@@ -102,6 +102,15 @@ type Mirror interface {
 	Current() bool
 	// AwaitCurrent returns once Current holds, or with ctx's error.
 	AwaitCurrent(ctx context.Context) error
+	// Clustered reports whether other proxies share the metadata log (a
+	// sidecar cluster): each delivers its own clients' messages, so what
+	// one delivered another may deliver again after a promotion.
+	Clustered() bool
+	// DeliveredByPeers asks every other live proxy which messages of queue
+	// id it delivered while the queue's epoch was below epoch (their
+	// Server.DeliveredBefore). With an error, which names the proxies that
+	// did not answer before ctx ended, it returns what the others said.
+	DeliveredByPeers(ctx context.Context, id mirror.QueueID, epoch uint64) ([]mirror.MessageID, error)
 	// ReplyBackend returns the backend whose broker runs node, the Erlang
 	// node of a direct reply-to name (mirror.ReplyToNode): the only broker
 	// that can deliver a reply to it. It may ask backends it has not asked

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/ledger"
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/memory"
 	"github.com/amqp-mirror/amqp-mirror/proxy/internal/wire"
@@ -188,18 +189,53 @@ func New(opts Options) (*Server, error) {
 		delivered:    ledger.NewDeliveredIDs(),
 	}
 	if opts.Mirror != nil {
-		go s.watchMirror()
+		var asks <-chan ledger.PeerAsk
+		if opts.Mirror.Clustered() {
+			asks = s.delivered.AskPeers(askBacklog)
+		}
+		go s.watchMirror(asks)
 	} else {
 		close(s.watchDone)
 	}
 	return s, nil
 }
 
+// askBacklog bounds the questions for the other proxies waiting to be
+// asked (ledger.DeliveredIDs.AskPeers); askers is how many are asked at
+// once, so that the promotions of a whole node's queues do not open a
+// connection to every other proxy for each queue at the same moment.
+const (
+	askBacklog = 1024
+	askers     = 8
+)
+
 // watchMirror checks every connection's links against the engine's view
 // of the backends and its consumers against their queues' masters (see
-// failover.go), until the server closes.
-func (s *Server) watchMirror() {
-	defer close(s.watchDone)
+// failover.go), and has the askers put to the other proxies of a sidecar
+// cluster the questions of the record of deliveries (asks, nil for a
+// proxy alone), until the server closes.
+func (s *Server) watchMirror(asks <-chan ledger.PeerAsk) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var asking sync.WaitGroup
+	defer func() {
+		cancel()
+		asking.Wait()
+		close(s.watchDone)
+	}()
+	if asks != nil {
+		for range askers {
+			asking.Go(func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case a := <-asks:
+						s.askPeers(ctx, a)
+					}
+				}
+			})
+		}
+	}
 	ticker := time.NewTicker(masterCheckInterval)
 	defer ticker.Stop()
 	lastSweep := time.Now()
@@ -228,6 +264,27 @@ func (s *Server) watchMirror() {
 			}
 		}
 	}
+}
+
+// askPeers asks the other proxies which messages of a queue they
+// delivered before its epoch, and hands the answer to the record of
+// deliveries.
+func (s *Server) askPeers(ctx context.Context, a ledger.PeerAsk) {
+	ctx, cancel := context.WithTimeout(ctx, ledger.AskWait)
+	defer cancel()
+	ids, err := s.opts.Mirror.DeliveredByPeers(ctx, a.Queue, a.Epoch)
+	s.delivered.Answered(a.Queue, a.Epoch, ids, time.Now())
+	if err != nil && ctx.Err() != context.Canceled {
+		s.log.Warn("cannot learn what the other proxies delivered of a queue before its promotion; a message they delivered may come back through this proxy without redelivered",
+			"queue", a.Queue.Name, "vhost", a.Queue.VHost, "epoch", a.Epoch, "learned", len(ids), "err", err)
+	}
+}
+
+// DeliveredBefore returns the messages of queue id this proxy delivered
+// while its epoch was below epoch, for another proxy's question (its
+// askPeers).
+func (s *Server) DeliveredBefore(id mirror.QueueID, epoch uint64) []mirror.MessageID {
+	return s.delivered.DeliveredBefore(id, epoch)
 }
 
 // stopWatching ends watchMirror and waits for it.

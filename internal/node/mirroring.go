@@ -131,6 +131,15 @@ func (m *mirroring) listUnrecorded(f func(vhost string) []mirror.UnrecordedQueue
 	}
 }
 
+// answerDelivered lets the other proxies of a sidecar cluster ask which
+// messages of a queue this proxy delivered before a promotion, to flag
+// them when the new master delivers them through another proxy.
+func (m *mirroring) answerDelivered(f func(id mirror.QueueID, epoch uint64) []mirror.MessageID) {
+	if m.cluster != nil {
+		m.cluster.Peers().HandleDelivered(f)
+	}
+}
+
 // mirror returns the engine as the proxy's Mirror, nil (not a nil
 // *engine.Engine) with one backend.
 func (m *mirroring) mirror() proxy.Mirror {

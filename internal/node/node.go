@@ -89,6 +89,7 @@ func Run(ctx context.Context, cfg *config.Config, opts Options) error {
 	}
 	mirroring.countUnacked(srv.Unacked)
 	mirroring.listUnrecorded(srv.UnrecordedQueues)
+	mirroring.answerDelivered(srv.DeliveredBefore)
 	mirroring.serveViews(srv)
 
 	listeners, err := listen(cfg.Listen)

@@ -135,6 +135,9 @@
 // the answer, as forwarded writes do. Work that outlasts a call, the copy
 // of a synchronised slave into a new one for its sync (StartCopy), runs as
 // a job on the callee, which the caller names and asks after (CopyState).
+// Questions for every other proxy at once (Unacked, Unrecorded, CountDown,
+// Delivered: which messages of a queue each delivered before a promotion)
+// are calls to each, in parallel, bounded by the caller's context.
 //
 // # Not guaranteed
 //

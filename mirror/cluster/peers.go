@@ -626,6 +626,63 @@ func (p *Peers) CountDown(ctx context.Context, backend string) (down, members in
 	return down, int(p.members.Load()), err
 }
 
+// deliveredCall is the kind of the call that asks a proxy which messages
+// of a queue it delivered before the queue's epoch rose.
+const deliveredCall = "delivered"
+
+// deliveredQuestion is a deliveredCall's request; its answer is the
+// identities, 16 bytes each, concatenated.
+type deliveredQuestion struct {
+	VHost string `json:"v"`
+	Name  string `json:"q"`
+	Epoch uint64 `json:"e"`
+}
+
+// HandleDelivered sets the function that answers other proxies'
+// Delivered: the messages of a queue this proxy delivered while its epoch
+// was below epoch (proxy.Server.DeliveredBefore).
+func (p *Peers) HandleDelivered(f func(id mirror.QueueID, epoch uint64) []mirror.MessageID) {
+	p.calls.Store(deliveredCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
+		var q deliveredQuestion
+		if err := json.Unmarshal(payload, &q); err != nil {
+			return nil, fmt.Errorf("decoding a deliveries question: %w", err)
+		}
+		ids := f(mirror.QueueID{VHost: q.VHost, Name: q.Name}, q.Epoch)
+		raw := make([]byte, 0, len(ids)*len(mirror.MessageID{}))
+		for _, id := range ids {
+			raw = append(raw, id[:]...)
+		}
+		return json.Marshal(raw)
+	}))
+}
+
+// Delivered asks every other alive proxy, at once, which messages of queue
+// id its clients were delivered while the queue's epoch was below epoch,
+// for the redelivered flag of what the queue's new master delivers through
+// this proxy. When one does not answer before ctx ends it returns the
+// others' messages with the error.
+func (p *Peers) Delivered(ctx context.Context, id mirror.QueueID, epoch uint64) ([]mirror.MessageID, error) {
+	var all []mirror.MessageID
+	err := p.askEveryone(ctx, deliveredCall, deliveredQuestion{VHost: id.VHost, Name: id.Name, Epoch: epoch}, func(node string, raw []byte) error {
+		var ids []byte
+		if err := json.Unmarshal(raw, &ids); err != nil {
+			return fmt.Errorf("decoding %s's deliveries: %w", node, err)
+		}
+		size := len(mirror.MessageID{})
+		if len(ids)%size != 0 {
+			return fmt.Errorf("%s's deliveries: %d bytes is no whole number of identities", node, len(ids))
+		}
+		for i := 0; i < len(ids); i += size {
+			all = append(all, mirror.MessageID(ids[i:i+size]))
+		}
+		return nil
+	})
+	if err != nil {
+		return all, fmt.Errorf("asking what the other proxies delivered of queue %q in vhost %q: %w", id.Name, id.VHost, err)
+	}
+	return all, nil
+}
+
 // askEveryone sends a call of kind with request to every other alive
 // proxy at once and hands each answer to take, one at a time, on the
 // calling goroutine. The error names the proxies that did not answer or

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -282,5 +283,36 @@ func TestCountDownAsksEveryOtherProxy(t *testing.T) {
 	down, members, err := nodes[0].Peers().CountDown(ctx, "rabbit1")
 	if down != 0 || members != 3 || err == nil || !strings.Contains(err.Error(), "calls of kind") {
 		t.Errorf("CountDown(rabbit1) with the third proxy not answering: %d of %d, %v; want 0 of 3 and an error naming the call it cannot answer", down, members, err)
+	}
+}
+
+func TestDeliveredAsksEveryOtherProxy(t *testing.T) {
+	nodes := startCluster(t, 3)
+	q := mirror.QueueID{VHost: "v", Name: "q"}
+	delivered := map[int][]mirror.MessageID{1: {{1}, {2}}, 2: {{3}}}
+	for i, ids := range delivered {
+		nodes[i].Peers().HandleDelivered(func(id mirror.QueueID, epoch uint64) []mirror.MessageID {
+			if id != q || epoch != 4 {
+				return nil
+			}
+			return ids
+		})
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	want := []mirror.MessageID{{1}, {2}, {3}}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		got, err := nodes[0].Peers().Delivered(ctx, q, 4)
+		slices.SortFunc(got, func(a, b mirror.MessageID) int { return bytes.Compare(a[:], b[:]) })
+		if err != nil || !slices.Equal(got, want) {
+			return fmt.Errorf("Delivered: %v, %v; want %v", got, err, want)
+		}
+		return nil
+	})
+
+	nodes[2].peers.calls.Delete(deliveredCall)
+	got, err := nodes[0].Peers().Delivered(ctx, q, 4)
+	if len(got) != 2 || err == nil || !strings.Contains(err.Error(), "calls of kind") {
+		t.Errorf("Delivered with the third proxy not answering: %v, %v; want the second's two and an error naming the call", got, err)
 	}
 }

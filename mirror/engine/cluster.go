@@ -76,6 +76,24 @@ type Peers interface {
 	// metadata log up to index (bounded: an error names those that did
 	// not answer in time).
 	WaitApplied(ctx context.Context, index uint64) error
+	// Delivered asks every other live proxy which messages of the queue
+	// its clients were delivered while the queue's epoch was below epoch;
+	// with an error naming those that did not answer in time, the others'.
+	Delivered(ctx context.Context, id mirror.QueueID, epoch uint64) ([]mirror.MessageID, error)
+}
+
+// Clustered reports whether other proxies share the metadata log: a
+// sidecar cluster (Options.Peers set).
+func (e *Engine) Clustered() bool { return e.roles.clustered }
+
+// DeliveredByPeers asks the other proxies which messages of queue id they
+// delivered while its epoch was below epoch (Peers.Delivered); nothing for
+// a proxy alone.
+func (e *Engine) DeliveredByPeers(ctx context.Context, id mirror.QueueID, epoch uint64) ([]mirror.MessageID, error) {
+	if e.opts.Peers == nil {
+		return nil, nil
+	}
+	return e.opts.Peers.Delivered(ctx, id, epoch)
 }
 
 // roles says which work on a queue falls to this proxy: all of it for one

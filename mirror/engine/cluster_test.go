@@ -27,6 +27,9 @@ func (noPeers) StartCopy(context.Context, string, mirror.CopyJob) error {
 func (noPeers) CopyState(context.Context, string, string, bool) (mirror.CopyState, error) {
 	return mirror.CopyState{}, errors.New("no peers")
 }
+func (noPeers) Delivered(context.Context, mirror.QueueID, uint64) ([]mirror.MessageID, error) {
+	return nil, nil
+}
 
 // TestClusterShares checks who does what for a queue mastered on rabbit1
 // with a slave on rabbit2: one proxy alone does everything; in a cluster

@@ -42,11 +42,22 @@ import (
 // messages expire back into it) keeps its identity, yet RabbitMQ delivers it
 // as a new message.
 //
-// Each proxy knows only its own deliveries: a message delivered through one
-// proxy and then, after a promotion, through another may still arrive there
-// without the flag (docs/guarantees.md says so). Messages without an identity (on
-// the broker before the proxy) are not tracked: their content is their only
-// identity, and two equal bodies are not a redelivery.
+// Each proxy of a sidecar cluster knows only its own deliveries, and after a
+// promotion the new master may deliver through any proxy what the old one
+// delivered through another. So a proxy whose record of a queue starts at,
+// or rises to, an epoch above zero asks the other proxies which messages
+// they delivered before it (AskPeers hands the questions to the server,
+// which asks them through the Mirror, and Answered takes the answers in).
+// Until the answers are in, at most AskWait, every delivery of the queue
+// at that epoch is flagged: the flag says a message may have been
+// delivered before, and a flag too many costs a consumer a check, a flag
+// too few a repeat it takes for new. A record starts again only after
+// keepRecent of the queue's silence, so the question follows a promotion,
+// or a queue this proxy had not delivered from lately.
+//
+// Messages without an identity (on the broker before the proxy) are not
+// tracked: their content is their only identity, and two equal bodies are
+// not a redelivery.
 const (
 	keepRecent   = time.Minute
 	keepPromoted = 10 * time.Minute
@@ -56,12 +67,28 @@ const (
 	maxPromotions = 4
 	// SweepEvery is how often idle queues' records are pruned.
 	SweepEvery = time.Second
+	// AskWait bounds a question to the other proxies, and so how long a
+	// queue's deliveries are all flagged while it is out.
+	AskWait = 2 * time.Second
+	// maxAnswer bounds the identities one answer to another proxy carries
+	// (2 MiB).
+	maxAnswer = maxRecent
 )
+
+// PeerAsk is a question for the other proxies of a sidecar cluster: which
+// messages of Queue did they deliver while its epoch was below Epoch?
+type PeerAsk struct {
+	Queue mirror.QueueID
+	Epoch uint64
+}
 
 // DeliveredIDs is the record of recent deliveries, per mirrored queue.
 type DeliveredIDs struct {
 	mu     sync.RWMutex
 	queues map[mirror.QueueID]*queueDeliveries
+	// asks carries the questions for the other proxies; nil for a proxy
+	// alone. Set by AskPeers before the first delivery.
+	asks chan PeerAsk
 }
 
 // queueDeliveries is one queue's record.
@@ -78,6 +105,10 @@ type queueDeliveries struct {
 	// dropped is set when sweep removed the record: a delivery that found
 	// it just before looks it up again.
 	dropped bool
+	// asking is the epoch whose earlier deliveries the other proxies are
+	// asked for (0: none), until askingUntil at the latest.
+	asking      uint64
+	askingUntil time.Time
 }
 
 type recentDelivery struct {
@@ -96,22 +127,36 @@ func NewDeliveredIDs() *DeliveredIDs {
 	return &DeliveredIDs{queues: make(map[mirror.QueueID]*queueDeliveries)}
 }
 
+// AskPeers makes the record ask the other proxies of a sidecar cluster
+// what they delivered before a queue's epoch: the returned channel carries
+// the questions, for whoever asks them to call Answered with what comes
+// back. A question that finds the channel full is not asked; the queue's
+// deliveries are flagged for AskWait then. Call it before the first
+// delivery.
+func (d *DeliveredIDs) AskPeers(backlog int) <-chan PeerAsk {
+	d.asks = make(chan PeerAsk, backlog)
+	return d.asks
+}
+
 // Delivering records that the message id of queue q is being delivered while
-// the queue is at epoch, and reports whether it was delivered before.
+// the queue is at epoch, and reports whether it was delivered before (or
+// may have been: the other proxies are being asked).
 // mirrored says whether the queue has slaves: a queue without any starts no
 // record (nothing can be promoted), but one it has is kept, since the queue
 // may have lost its slaves in the promotion that matters.
 func (d *DeliveredIDs) Delivering(q mirror.QueueID, epoch uint64, mirrored bool, id mirror.MessageID, now time.Time) bool {
-	r := d.record(q, epoch, mirrored)
+	r, created := d.record(q, epoch, mirrored)
 	if r == nil {
 		return false
 	}
 	defer r.mu.Unlock()
-	r.advance(epoch, now)
+	if r.advance(epoch, now) || created {
+		d.ask(q, r, epoch, now)
+	}
+	before := r.asking == epoch && now.Before(r.askingUntil)
 	if _, ok := r.recent[id]; ok {
 		return true
 	}
-	before := false
 	for i := range r.promoted {
 		if _, ok := r.promoted[i].ids[id]; ok {
 			delete(r.promoted[i].ids, id)
@@ -124,35 +169,110 @@ func (d *DeliveredIDs) Delivering(q mirror.QueueID, epoch uint64, mirrored bool,
 	return before
 }
 
-// record returns q's record, locked; nil when there is none and mirrored
-// is false.
-func (d *DeliveredIDs) record(q mirror.QueueID, epoch uint64, mirrored bool) *queueDeliveries {
+// ask puts the question of what the other proxies delivered of q before
+// epoch, when there are other proxies and a promotion (epoch 0 has none
+// before it). Call with r.mu held.
+func (d *DeliveredIDs) ask(q mirror.QueueID, r *queueDeliveries, epoch uint64, now time.Time) {
+	if d.asks == nil || epoch == 0 {
+		return
+	}
+	r.asking, r.askingUntil = epoch, now.Add(AskWait)
+	select {
+	case d.asks <- PeerAsk{Queue: q, Epoch: epoch}:
+	default:
+	}
+}
+
+// Answered takes in what the other proxies delivered of queue q before
+// epoch, the answer to a PeerAsk: a later delivery of one of ids is
+// flagged as this proxy's own would be. Call it whether the question was
+// answered or not, so that the queue's deliveries are no longer all
+// flagged.
+func (d *DeliveredIDs) Answered(q mirror.QueueID, epoch uint64, ids []mirror.MessageID, now time.Time) {
+	r, _ := d.record(q, epoch, true)
+	defer r.mu.Unlock()
+	if r.asking == epoch {
+		r.asking = 0
+	}
+	if len(ids) == 0 {
+		return
+	}
+	set := make(map[mirror.MessageID]struct{}, len(ids))
+	for _, id := range ids {
+		set[id] = struct{}{}
+	}
+	r.promoted = append(r.promoted, promotedSet{ids: set, until: now.Add(keepPromoted)})
+	if len(r.promoted) > maxPromotions {
+		r.promoted = r.promoted[1:]
+	}
+}
+
+// DeliveredBefore returns the messages of queue q this proxy delivered
+// while the queue's epoch was below epoch, as far as it remembers them (at
+// most maxAnswer), for another proxy's PeerAsk. What the record holds from
+// earlier promotions, other proxies' answers included, comes too: a flag
+// too many is harmless.
+func (d *DeliveredIDs) DeliveredBefore(q mirror.QueueID, epoch uint64) []mirror.MessageID {
+	d.mu.RLock()
+	r := d.queues[q]
+	d.mu.RUnlock()
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []mirror.MessageID
+	add := func(set map[mirror.MessageID]struct{}) {
+		for id := range set {
+			if len(out) == maxAnswer {
+				return
+			}
+			out = append(out, id)
+		}
+	}
+	if r.epoch < epoch {
+		add(r.recent)
+	}
+	for i := len(r.promoted) - 1; i >= 0; i-- {
+		add(r.promoted[i].ids)
+	}
+	return out
+}
+
+// record returns q's record, locked, and whether this call created it; nil
+// when there is none and mirrored is false.
+func (d *DeliveredIDs) record(q mirror.QueueID, epoch uint64, mirrored bool) (r *queueDeliveries, created bool) {
 	for {
 		d.mu.RLock()
-		r := d.queues[q]
+		r = d.queues[q]
 		d.mu.RUnlock()
+		created = false
 		if r == nil {
 			if !mirrored {
-				return nil
+				return nil, false
 			}
 			d.mu.Lock()
 			if r = d.queues[q]; r == nil {
 				r = &queueDeliveries{epoch: epoch, recent: make(map[mirror.MessageID]struct{})}
 				d.queues[q] = r
+				created = true
 			}
 			d.mu.Unlock()
 		}
 		r.mu.Lock()
 		if !r.dropped {
-			return r
+			return r, created
 		}
 		r.mu.Unlock()
 	}
 }
 
-// advance moves the record to epoch and forgets what no longer matters.
-func (r *queueDeliveries) advance(epoch uint64, now time.Time) {
+// advance moves the record to epoch and forgets what no longer matters. It
+// reports whether the epoch rose (changed, for a queue deleted and declared
+// again).
+func (r *queueDeliveries) advance(epoch uint64, now time.Time) (rose bool) {
 	if epoch != r.epoch {
+		rose = true
 		if len(r.recent) > 0 {
 			r.promoted = append(r.promoted, promotedSet{ids: r.recent, until: now.Add(keepPromoted)})
 			if len(r.promoted) > maxPromotions {
@@ -175,9 +295,15 @@ func (r *queueDeliveries) advance(epoch uint64, now time.Time) {
 	for len(r.promoted) > 0 && (now.After(r.promoted[0].until) || len(r.promoted[0].ids) == 0) {
 		r.promoted = r.promoted[1:]
 	}
+	if r.asking != 0 && !now.Before(r.askingUntil) {
+		r.asking = 0 // a question never asked, or whose answer is lost
+	}
+	return rose
 }
 
-func (r *queueDeliveries) empty() bool { return len(r.recent) == 0 && len(r.promoted) == 0 }
+func (r *queueDeliveries) empty() bool {
+	return len(r.recent) == 0 && len(r.promoted) == 0 && r.asking == 0
+}
 
 // Sweep prunes every record as a delivery would, so that a promotion is
 // noticed (and what was delivered before it kept) even while the queue
@@ -199,8 +325,8 @@ func (d *DeliveredIDs) Sweep(lookup func(mirror.QueueID) (mirror.QueueMeta, bool
 			continue
 		}
 		r.mu.Lock()
-		if ok {
-			r.advance(meta.Epoch, now)
+		if ok && r.advance(meta.Epoch, now) {
+			d.ask(q, r, meta.Epoch, now)
 		}
 		if !ok || r.empty() {
 			delete(d.queues, q)

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -120,6 +121,105 @@ func TestDeliveredIDsSweep(t *testing.T) {
 	}
 	if !d.Delivering(promoted, 2, true, msg, now) {
 		t.Error("a delivery before the promotion was forgotten by the sweep")
+	}
+}
+
+// TestDeliveredIDsAskPeers: in a cluster, a record that starts at or rises to an epoch
+// above zero asks the other proxies what they delivered before it, flags every delivery
+// of that epoch until the answer, and then flags exactly what the answer names and its
+// own repeats.
+func TestDeliveredIDsAskPeers(t *testing.T) {
+	q := mirror.QueueID{VHost: "/", Name: "q"}
+	theirs, mine, fresh := mirror.MessageID{1}, mirror.MessageID{2}, mirror.MessageID{3}
+	start := time.Unix(1000, 0)
+	// deliver delivers msg at epoch after start and expects flagged.
+	type deliver struct {
+		after   time.Duration
+		epoch   uint64
+		msg     mirror.MessageID
+		flagged bool
+	}
+	tests := []struct {
+		name string
+		// before is delivered first, then the question is (or is not) answered
+		// at answerAfter with theirs, then steps run.
+		before      []deliver
+		asks        []PeerAsk
+		answer      bool
+		answerAfter time.Duration
+		steps       []deliver
+	}{
+		{
+			name:   "a record starting after a promotion asks, and flags until answered",
+			before: []deliver{{0, 2, fresh, true}},
+			asks:   []PeerAsk{{q, 2}},
+			answer: true, answerAfter: time.Second,
+			steps: []deliver{{2 * time.Second, 2, theirs, true}, {2 * time.Second, 2, mine, false}, {3 * time.Second, 2, fresh, true}},
+		},
+		{
+			name:   "a record starting at epoch 0 asks nothing",
+			before: []deliver{{0, 0, fresh, false}},
+			steps:  []deliver{{time.Second, 0, theirs, false}},
+		},
+		{
+			name:   "a rise asks again; own deliveries before it stay flagged",
+			before: []deliver{{0, 1, mine, true}, {AskWait + time.Second, 1, fresh, false}, {AskWait + 2*time.Second, 2, mine, true}},
+			asks:   []PeerAsk{{q, 1}, {q, 2}},
+			answer: true, answerAfter: AskWait + 3*time.Second,
+			steps: []deliver{{AskWait + 4*time.Second, 2, theirs, true}, {AskWait + 5*time.Second, 2, fresh, true}},
+		},
+		{
+			name:   "an unanswered question flags for AskWait only",
+			before: []deliver{{0, 3, mine, true}},
+			asks:   []PeerAsk{{q, 3}},
+			steps:  []deliver{{AskWait - time.Millisecond, 3, fresh, true}, {AskWait + time.Millisecond, 3, theirs, false}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := NewDeliveredIDs()
+			asks := d.AskPeers(8)
+			check := func(phase string, steps []deliver) {
+				for i, s := range steps {
+					if got := d.Delivering(q, s.epoch, true, s.msg, start.Add(s.after)); got != s.flagged {
+						t.Fatalf("%s step %d (%+v): flagged %v, want %v", phase, i, s, got, s.flagged)
+					}
+				}
+			}
+			check("before", tt.before)
+			var got []PeerAsk
+			for len(asks) > 0 {
+				got = append(got, <-asks)
+			}
+			if !slices.Equal(got, tt.asks) {
+				t.Fatalf("asked %v, want %v", got, tt.asks)
+			}
+			if tt.answer {
+				last := got[len(got)-1]
+				d.Answered(q, last.Epoch, []mirror.MessageID{theirs}, start.Add(tt.answerAfter))
+			}
+			check("after", tt.steps)
+		})
+	}
+}
+
+// TestDeliveredBefore: the answer to another proxy names what this one delivered at
+// epochs below the one asked about, not what it delivered since.
+func TestDeliveredBefore(t *testing.T) {
+	q := mirror.QueueID{VHost: "/", Name: "q"}
+	d := NewDeliveredIDs()
+	now := time.Unix(1000, 0)
+	old, later := mirror.MessageID{1}, mirror.MessageID{2}
+	d.Delivering(q, 1, true, old, now)
+	if got := d.DeliveredBefore(q, 2); !slices.Equal(got, []mirror.MessageID{old}) {
+		t.Fatalf("asked before the rise: %v, want %v", got, []mirror.MessageID{old})
+	}
+	d.Delivering(q, 2, true, later, now.Add(time.Second))
+	if got := d.DeliveredBefore(q, 2); !slices.Equal(got, []mirror.MessageID{old}) {
+		t.Fatalf("asked after the rise: %v, want %v", got, []mirror.MessageID{old})
+	}
+	if got := d.DeliveredBefore(mirror.QueueID{VHost: "/", Name: "other"}, 2); got != nil {
+		t.Fatalf("a queue never delivered from: %v", got)
 	}
 }
 
