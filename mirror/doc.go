@@ -457,11 +457,11 @@
 // missing on the slave. That is why a copy from the master is the last
 // resort, for a queue with no synchronised slave.
 //
-// What a manual slave's backlog counts is an approximation: the master's
-// ready count when the engine first looks at the slave (messages clients
-// hold unacknowledged then are not in it), settled by the settlements the
-// slave's trimmer never received a copy of. It can call a slave
-// synchronised early when clients held many messages at its join.
+// What a manual slave's backlog counts is what the master held when the
+// engine first looks at the slave: its ready count and the messages the
+// proxies' clients hold unacknowledged (every proxy is asked; without all
+// the answers nothing is decided), settled by the settlements the slave's
+// trimmer never received a copy of.
 //
 // In the proxy (package proxy): a link to each backend per client
 // connection with the client's credentials; declares, binds, purges and

@@ -241,6 +241,7 @@ func New(opts Options) *Engine {
 		store: opts.Store, policies: opts.Policies, watcher: opts.Watcher, operator: e.operator, syncs: e.syncs,
 		peers: opts.Peers, backends: e.backends, log: log,
 	}
+	e.reconciler.unacked = e.listing.countUnacked
 	return e
 }
 

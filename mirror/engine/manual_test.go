@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/integration/testutil"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
@@ -50,6 +53,69 @@ func TestManualSlaveCatchesUp(t *testing.T) {
 		t.Errorf("the master holds %d messages, want the 50 newer ones", n)
 	}
 	expectHeld(t, h.engine, m.ID, 50, slave)
+}
+
+// TestManualSlaveWaitsForWhatClientsHold: a manual slave that joins while a
+// client holds every message of the queue unacknowledged is not synchronised
+// by the master's empty-looking count (the broker counts only ready
+// messages): it lacks those messages, and a promotion would lose them once
+// the client gave them back. It is once the client acked them.
+func TestManualSlaveWaitsForWhatClientsHold(t *testing.T) {
+	h := newHarness(t, "", nil)
+	const prefix, count = "clientsheld", 10
+	m := declareUnmirrored(t, h, uniqueName(t, prefix))
+	publishTo(t, m.ID.Name, 0, count, m.Master)
+	ch, err := dial(t, m.Master).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(count, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(m.ID.Name, "holder", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []amqp.Delivery
+	for range count {
+		select {
+		case d := <-deliveries:
+			held = append(held, d)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the consumer received %d of %d messages", len(held), count)
+		}
+	}
+	// What the proxy's clients hold, as the proxy counts it.
+	var holding atomic.Int64
+	holding.Store(count)
+	h.engine.CountUnackedWith(func(string) map[mirror.QueueID]int {
+		return map[mirror.QueueID]int{m.ID: int(holding.Load())}
+	})
+
+	setPolicy(t, h.policies, prefix, "^"+prefix, `{"ha-mode": "exactly", "ha-params": 2}`)
+	expectMeta(t, h.store, m.ID, func(m mirror.QueueMeta, ok bool) error {
+		if len(m.Slaves) != 1 || m.Slaves[0].Synchronised {
+			return fmt.Errorf("slaves %+v, want one, unsynchronised", m.Slaves)
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // five rounds of the background loop
+	if got, _ := h.store.Get(m.ID); len(got.SynchronisedSlaves()) != 0 {
+		t.Fatalf("the slave is synchronised while a client holds the %d messages it lacks: %+v", count, got.Slaves)
+	}
+
+	var ids []mirror.MessageID
+	for _, d := range held {
+		value, _ := d.Headers[mirror.IdentityHeader].(string)
+		id, _ := mirror.ParseMessageID(value)
+		ids = append(ids, id)
+	}
+	if err := held[len(held)-1].Ack(true); err != nil {
+		t.Fatal(err)
+	}
+	holding.Store(0)
+	h.engine.Settle(m.ID, ids, mirror.Acked)
+	expectMeta(t, h.store, m.ID, synchronisedSlaves(1))
 }
 
 // TestCancelSyncQueue: a cancelled sync leaves the slave unsynchronised,

@@ -39,6 +39,10 @@ type reconciler struct {
 	// missed are the slave copies the proxy reported short of a publish
 	// (Engine.Missed, missed.go).
 	missed missedCopies
+	// unacked counts, per queue of a vhost, the messages the proxies'
+	// clients hold unacknowledged (listing.countUnacked); an error when a
+	// proxy did not answer. Set once at New.
+	unacked func(ctx context.Context, vhost string) (map[mirror.QueueID]int, error)
 }
 
 // all reconciles every recorded queue with its effective policy.
@@ -119,7 +123,7 @@ func (r *reconciler) carryOut(read mirror.QueueMeta, plan mirror.Plan, def confi
 		r.syncs.start(written.ID, sync, def, false)
 	} else if len(plan.Add) > 0 {
 		// A slave that joins an empty queue is synchronised at once.
-		r.checkBacklog(written)
+		r.checkBacklog(written, make(unackedByVHost))
 	}
 	for _, b := range plan.Drop {
 		r.trimmers.stop(written.ID, b)
@@ -170,23 +174,45 @@ func (r *reconciler) forget(m mirror.QueueMeta, why string) {
 // left out, or the check would keep them alive for ever (their slaves
 // synchronise by sync_queue or ha-sync-mode automatic).
 func (r *reconciler) checkBacklogs() {
+	unacked := make(unackedByVHost)
 	for _, m := range r.store.List() {
 		if r.life.ctx.Err() != nil {
 			return
 		}
 		if len(m.SynchronisedSlaves()) < len(m.Slaves) {
-			r.checkBacklog(m)
+			r.checkBacklog(m, unacked)
 		}
 	}
 }
 
+// unackedByVHost holds the proxies' clients' unacknowledged messages per
+// queue, asked once per vhost and round of checkBacklogs; nil for a vhost
+// whose count is unknown (a proxy did not answer).
+type unackedByVHost map[string]map[mirror.QueueID]int
+
+// count returns the unacknowledged messages of queue id, asking the
+// proxies the first time its vhost comes up; ok is false when a proxy did
+// not answer.
+func (u unackedByVHost) count(r *reconciler, id mirror.QueueID) (n int, ok bool) {
+	counts, asked := u[id.VHost]
+	if !asked {
+		var err error
+		if counts, err = r.unacked(r.life.ctx, id.VHost); err != nil {
+			counts = nil
+		}
+		u[id.VHost] = counts
+	}
+	return counts[id], counts != nil
+}
+
 // checkBacklog checks the unsynchronised slaves of one queue under
-// ha-sync-mode manual (mirror.Backlog):
-// the backlog is the master's message count when the engine first looks at
-// the slave, and is settled by the settlements the slave's trimmer missed
-// (the messages it never had). A priority queue delivers out of order, so
-// only an empty master counts there.
-func (r *reconciler) checkBacklog(m mirror.QueueMeta) {
+// ha-sync-mode manual (mirror.Backlog): the backlog is what the master
+// holds when the engine first looks at the slave, its ready messages and
+// those the proxies' clients hold unacknowledged, and is settled by the
+// settlements the slave's trimmer missed (the messages it never had). A
+// priority queue delivers out of order, so only an empty master counts
+// there.
+func (r *reconciler) checkBacklog(m mirror.QueueMeta, unacked unackedByVHost) {
 	live := r.liveness.live()
 	if !live.Has(m.Master) || hasKey(m.Arguments, "x-expires") {
 		return
@@ -204,6 +230,14 @@ func (r *reconciler) checkBacklog(m mirror.QueueMeta) {
 	if err != nil {
 		return
 	}
+	// A consumer's unacknowledged messages are not in the broker's count,
+	// yet the slave lacks them too: an empty-looking master may have every
+	// message out with its consumers.
+	held, ok := unacked.count(r, m.ID)
+	if !ok {
+		return // decided next round, with every proxy's count
+	}
+	held += q.Messages
 	priority := hasKey(m.Arguments, "x-max-priority")
 	for _, s := range m.Slaves {
 		if s.Synchronised || !live.Has(s.Backend) {
@@ -214,13 +248,13 @@ func (r *reconciler) checkBacklog(m mirror.QueueMeta) {
 			continue
 		}
 		missed := tr.t.Missed()
-		bl := r.trimmers.backlog(m.ID, s.Backend, q.Messages, missed)
+		bl := r.trimmers.backlog(m.ID, s.Backend, held, missed)
 		b := mirror.Backlog{Held: bl.held, Settled: missed - bl.missedBase}
 		if priority {
 			b.Settled = 0
 			b.Held = max(b.Held, 1)
 		}
-		if b.CaughtUp(q.Messages == 0) {
+		if b.CaughtUp(held == 0) {
 			// On the loop's goroutine: a short question, asked again next round.
 			if err := r.syncs.reachedByEveryProxy(r.life.ctx, s.Backend, countDownTimeout); err != nil {
 				continue // a proxy that counts it down sends it nothing

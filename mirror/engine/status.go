@@ -67,7 +67,11 @@ func (l *listing) list(ctx context.Context, vhost string, unacked bool) ([]mirro
 	var counts map[mirror.QueueID]int
 	known := false
 	if unacked {
-		counts, known = l.countUnacked(ctx, vhost)
+		var err error
+		counts, err = l.countUnacked(ctx, vhost)
+		if known = err == nil; !known {
+			l.log.Warn("list_queues: the unacknowledged messages of other proxies' clients are unknown", "vhost", vhost, "err", err)
+		}
 	}
 	for _, m := range l.store.List() {
 		if vhost != "" && m.ID.VHost != vhost {
@@ -123,25 +127,24 @@ const unackedAskTimeout = time.Second
 
 // countUnacked adds up the messages of vhost's queues that clients of this
 // proxy and, in a cluster, of the other live proxies hold unacknowledged;
-// known is false when a proxy did not answer. A proxy that is gone has no
-// clients left: their brokers took the deliveries back.
-func (l *listing) countUnacked(ctx context.Context, vhost string) (counts map[mirror.QueueID]int, known bool) {
-	counts = make(map[mirror.QueueID]int)
+// err says a proxy did not answer, and the counts are short. A proxy that
+// is gone has no clients left: their brokers took the deliveries back.
+func (l *listing) countUnacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error) {
+	counts := make(map[mirror.QueueID]int)
 	if f := l.unacked.Load(); f != nil {
 		maps.Copy(counts, (*f)(vhost))
 	}
 	if l.peers == nil {
-		return counts, true
+		return counts, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, unackedAskTimeout)
 	defer cancel()
 	theirs, err := l.peers.Unacked(ctx, vhost)
 	if err != nil {
-		l.log.Warn("list_queues: the unacknowledged messages of other proxies' clients are unknown", "vhost", vhost, "err", err)
-		return counts, false
+		return counts, err
 	}
 	for id, n := range theirs {
 		counts[id] += n
 	}
-	return counts, true
+	return counts, nil
 }
