@@ -48,7 +48,7 @@ import (
 // or rises to, an epoch above zero asks the other proxies which messages
 // they delivered before it (AskPeers hands the questions to the server,
 // which asks them through the Mirror, and Answered takes the answers in).
-// Until the answers are in, at most AskWait, every delivery of the queue
+// Until the answers are in, at most askBound, every delivery of the queue
 // at that epoch is flagged: the flag says a message may have been
 // delivered before, and a flag too many costs a consumer a check, a flag
 // too few a repeat it takes for new. A record starts again only after
@@ -67,9 +67,11 @@ const (
 	maxPromotions = 4
 	// SweepEvery is how often idle queues' records are pruned.
 	SweepEvery = time.Second
-	// AskWait bounds a question to the other proxies, and so how long a
-	// queue's deliveries are all flagged while it is out.
+	// AskWait bounds a question to the other proxies once asked.
 	AskWait = 2 * time.Second
+	// askBound bounds how long a queue's deliveries are all flagged while
+	// its question waits to be asked or answered.
+	askBound = 5 * time.Second
 	// maxAnswer bounds the identities one answer to another proxy carries
 	// (2 MiB).
 	maxAnswer = maxRecent
@@ -131,7 +133,7 @@ func NewDeliveredIDs() *DeliveredIDs {
 // what they delivered before a queue's epoch: the returned channel carries
 // the questions, for whoever asks them to call Answered with what comes
 // back. A question that finds the channel full is not asked; the queue's
-// deliveries are flagged for AskWait then. Call it before the first
+// deliveries are flagged for askBound then. Call it before the first
 // delivery.
 func (d *DeliveredIDs) AskPeers(backlog int) <-chan PeerAsk {
 	d.asks = make(chan PeerAsk, backlog)
@@ -176,7 +178,11 @@ func (d *DeliveredIDs) ask(q mirror.QueueID, r *queueDeliveries, epoch uint64, n
 	if d.asks == nil || epoch == 0 {
 		return
 	}
-	r.asking, r.askingUntil = epoch, now.Add(AskWait)
+	// Answered ends the wait: an asker calls it within AskWait of taking
+	// the question, which may wait for an asker while they are busy (a
+	// whole node's queues promoted at once). The bound is for a question
+	// never asked.
+	r.asking, r.askingUntil = epoch, now.Add(askBound)
 	select {
 	case d.asks <- PeerAsk{Queue: q, Epoch: epoch}:
 	default:

@@ -163,16 +163,16 @@ func TestDeliveredIDsAskPeers(t *testing.T) {
 		},
 		{
 			name:   "a rise asks again; own deliveries before it stay flagged",
-			before: []deliver{{0, 1, mine, true}, {AskWait + time.Second, 1, fresh, false}, {AskWait + 2*time.Second, 2, mine, true}},
+			before: []deliver{{0, 1, mine, true}, {askBound + time.Second, 1, fresh, false}, {askBound + 2*time.Second, 2, mine, true}},
 			asks:   []PeerAsk{{q, 1}, {q, 2}},
-			answer: true, answerAfter: AskWait + 3*time.Second,
-			steps: []deliver{{AskWait + 4*time.Second, 2, theirs, true}, {AskWait + 5*time.Second, 2, fresh, true}},
+			answer: true, answerAfter: askBound + 3*time.Second,
+			steps: []deliver{{askBound + 4*time.Second, 2, theirs, true}, {askBound + 5*time.Second, 2, fresh, true}},
 		},
 		{
-			name:   "an unanswered question flags for AskWait only",
+			name:   "an unanswered question flags for askBound only",
 			before: []deliver{{0, 3, mine, true}},
 			asks:   []PeerAsk{{q, 3}},
-			steps:  []deliver{{AskWait - time.Millisecond, 3, fresh, true}, {AskWait + time.Millisecond, 3, theirs, false}},
+			steps:  []deliver{{askBound - time.Millisecond, 3, fresh, true}, {askBound + time.Millisecond, 3, theirs, false}},
 		},
 	}
 	for _, tt := range tests {
