@@ -34,8 +34,8 @@ func TestSidecarRedeliveredAcrossProxies(t *testing.T) {
 	var queue string
 	var blockers []*amqp.Connection
 	for attempt := 1; blockers == nil; attempt++ {
-		if attempt > 5 {
-			t.Fatal("the trimmers consumed first five times")
+		if attempt > 10 {
+			t.Fatal("the trimmers consumed first ten times")
 		}
 		queue = fmt.Sprintf("flag_across_%d", attempt)
 		name := queue

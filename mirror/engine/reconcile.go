@@ -230,15 +230,8 @@ func (r *reconciler) checkBacklog(m mirror.QueueMeta, unacked unackedByVHost) {
 	if err != nil {
 		return
 	}
-	// A consumer's unacknowledged messages are not in the broker's count,
-	// yet the slave lacks them too: an empty-looking master may have every
-	// message out with its consumers.
-	held, ok := unacked.count(r, m.ID)
-	if !ok {
-		return // decided next round, with every proxy's count
-	}
-	held += q.Messages
 	priority := hasKey(m.Arguments, "x-max-priority")
+	held := -1 // asked of the proxies at the first slave trimmed here
 	for _, s := range m.Slaves {
 		if s.Synchronised || !live.Has(s.Backend) {
 			continue
@@ -246,6 +239,16 @@ func (r *reconciler) checkBacklog(m mirror.QueueMeta, unacked unackedByVHost) {
 		tr := r.trimmers.get(m.ID, s.Backend)
 		if tr == nil {
 			continue
+		}
+		if held < 0 {
+			// A consumer's unacknowledged messages are not in the broker's
+			// count, yet the slave lacks them too: an empty-looking master
+			// may have every message out with its consumers.
+			unackedHere, ok := unacked.count(r, m.ID)
+			if !ok {
+				return // decided next round, with every proxy's count
+			}
+			held = q.Messages + unackedHere
 		}
 		missed := tr.t.Missed()
 		bl := r.trimmers.backlog(m.ID, s.Backend, held, missed)
