@@ -166,7 +166,14 @@ func newRaftTransport(cfg Config, log *slog.Logger) (*raft.NetworkTransport, *tc
 		Stream:  layer,
 		MaxPool: 3,
 		Timeout: 2 * time.Second,
-		Logger:  store.HCLogger(log.With("component", "raft-net"), "raft-net"),
+		// Pipelined replication off: raft's pipeline can deadlock when a
+		// follower rejects an append (its decoder stops while the sender
+		// parks one more request). The leader then sends that follower
+		// heartbeats but no entries, so no election heals it, and its
+		// Shutdown waits for ever. The pipeline gains nothing at the
+		// metadata log's rate of writes.
+		MaxRPCsInFlight: 1,
+		Logger:          store.HCLogger(log.With("component", "raft-net"), "raft-net"),
 	})
 	return transport, base, layer, nil
 }
