@@ -28,7 +28,8 @@ func TestSidecarRedeliveredAcrossProxies(t *testing.T) {
 	rabbit1, rabbit2, rabbit3 := nodes.brokers[0], nodes.brokers[1], nodes.brokers[2]
 
 	// A new queue's slaves are synchronised from the start, and their trimmers start
-	// within a second; a client of rabbit2 and rabbit3 themselves takes an exclusive
+	// once the proxies' metadata logs record them, tens of milliseconds after the
+	// copies exist; a client of rabbit2 and rabbit3 themselves takes an exclusive
 	// consumer on each copy the moment it exists. Should a trimmer come first, a new
 	// queue is tried.
 	var queue string
