@@ -461,7 +461,11 @@
 // engine first looks at the slave: its ready count and the messages the
 // proxies' clients hold unacknowledged (every proxy is asked; without all
 // the answers nothing is decided), settled by the settlements the slave's
-// trimmer never received a copy of.
+// trimmer never received a copy of. A copy from the master, run by any
+// proxy, holds the master's ready messages while it runs, and an empty
+// master then says nothing: each proxy reports the copies it began and
+// ended, asked before and after the engine looks at the masters, and a
+// queue whose copies ran in between waits for a later look.
 //
 // In the proxy (package proxy): a link to each backend per client
 // connection with the client's credentials; declares, binds, purges and

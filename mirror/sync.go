@@ -109,3 +109,29 @@ type CopyState struct {
 	// Err says why a job that is done failed; "" when it copied everything.
 	Err string
 }
+
+// Held is what a proxy, or every proxy added up, holds of a queue's
+// messages apart from its master's ready count: the deliveries its clients
+// have not settled, and the copies from the master (syncs) it ran. A copy
+// from the master takes the master's ready messages while it runs, so a
+// master that looks empty then may still hold its whole backlog; Copies
+// tells whether a copy overlapped a look at the master.
+type Held struct {
+	Unacked int
+	Copies  CopyRuns
+}
+
+// Add returns h with o added.
+func (h Held) Add(o Held) Held {
+	return Held{Unacked: h.Unacked + o.Unacked, Copies: CopyRuns{Began: h.Copies.Began + o.Copies.Began, Ended: h.Copies.Ended + o.Copies.Ended}}
+}
+
+// CopyRuns counts the copies from a queue's master that began and that
+// ended. Two equal counts, neither running, taken before and after a look
+// at the master, say that no copy held the master's messages during it.
+type CopyRuns struct {
+	Began, Ended uint64
+}
+
+// Running reports whether a copy runs.
+func (c CopyRuns) Running() bool { return c.Began != c.Ended }

@@ -109,14 +109,16 @@ func startMirroring(ctx context.Context, cfg *config.Config, backends *backends,
 	return m, nil
 }
 
-// countUnacked lets list_queues, here and asked by other proxies, count
-// the messages this proxy's clients hold unacknowledged.
+// countUnacked lets list_queues and the backlog checks, here and asked by
+// other proxies, count the messages this proxy's clients hold
+// unacknowledged.
 func (m *mirroring) countUnacked(f func(vhost string) map[mirror.QueueID]int) {
-	if m.engine != nil {
-		m.engine.CountUnackedWith(f)
+	if m.engine == nil {
+		return
 	}
+	m.engine.CountUnackedWith(f)
 	if m.cluster != nil {
-		m.cluster.Peers().HandleUnacked(f)
+		m.cluster.Peers().HandleHeld(m.engine.HeldHere)
 	}
 }
 

@@ -502,8 +502,9 @@ func (p *Peers) CopyState(ctx context.Context, source, job string, cancel bool) 
 	return st, nil
 }
 
-// unackedCall is the kind of the call that asks a proxy how many messages
-// its clients hold unacknowledged.
+// unackedCall is the kind of the call that asks a proxy what it holds of
+// the queues' messages (mirror.Held). It keeps its first name: proxies of
+// an older release answer it with the unacknowledged counts alone.
 const unackedCall = "unacked"
 
 // queueCount is one queue's count in an answer to unackedCall.
@@ -511,43 +512,47 @@ type queueCount struct {
 	VHost string `json:"v"`
 	Name  string `json:"q"`
 	Count int    `json:"n"`
+	Began uint64 `json:"cb,omitempty"`
+	Ended uint64 `json:"ce,omitempty"`
 }
 
-// HandleUnacked sets the function that counts, per queue of a vhost, the
-// messages this proxy's clients hold unacknowledged, for other proxies'
-// list_queues (proxy.Server.Unacked).
-func (p *Peers) HandleUnacked(f func(vhost string) map[mirror.QueueID]int) {
+// HandleHeld sets the function that says, per queue of a vhost, what this
+// proxy holds of its messages (its clients' unacknowledged deliveries, its
+// copies from the master), for other proxies' list_queues and backlog
+// checks (engine.Engine.HeldHere).
+func (p *Peers) HandleHeld(f func(vhost string) map[mirror.QueueID]mirror.Held) {
 	p.calls.Store(unackedCall, callHandler(func(ctx context.Context, payload []byte) ([]byte, error) {
 		var vhost string
 		if err := json.Unmarshal(payload, &vhost); err != nil {
 			return nil, fmt.Errorf("decoding a count request: %w", err)
 		}
 		var out []queueCount
-		for id, n := range f(vhost) {
-			out = append(out, queueCount{VHost: id.VHost, Name: id.Name, Count: n})
+		for id, h := range f(vhost) {
+			out = append(out, queueCount{VHost: id.VHost, Name: id.Name, Count: h.Unacked, Began: h.Copies.Began, Ended: h.Copies.Ended})
 		}
 		return json.Marshal(out)
 	}))
 }
 
-// Unacked asks every other alive proxy, at once, how many messages of each
-// queue of vhost ("" for all) its clients hold unacknowledged, and adds the
-// answers up. It fails when one of them does not answer before ctx ends
-// (forwardTimeout without a deadline): the sum would be short.
-func (p *Peers) Unacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error) {
-	sum := make(map[mirror.QueueID]int)
+// Held asks every other alive proxy, at once, what it holds of each queue
+// of vhost ("" for all), and adds the answers up. It fails when one of
+// them does not answer before ctx ends (forwardTimeout without a
+// deadline): the sum would be short.
+func (p *Peers) Held(ctx context.Context, vhost string) (map[mirror.QueueID]mirror.Held, error) {
+	sum := make(map[mirror.QueueID]mirror.Held)
 	err := p.askEveryone(ctx, unackedCall, vhost, func(node string, raw []byte) error {
 		var counts []queueCount
 		if err := json.Unmarshal(raw, &counts); err != nil {
 			return fmt.Errorf("decoding %s's counts: %w", node, err)
 		}
 		for _, qc := range counts {
-			sum[mirror.QueueID{VHost: qc.VHost, Name: qc.Name}] += qc.Count
+			id := mirror.QueueID{VHost: qc.VHost, Name: qc.Name}
+			sum[id] = sum[id].Add(mirror.Held{Unacked: qc.Count, Copies: mirror.CopyRuns{Began: qc.Began, Ended: qc.Ended}})
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("counting unacknowledged messages: %w", err)
+		return nil, fmt.Errorf("counting what the proxies hold: %w", err)
 	}
 	return sum, nil
 }

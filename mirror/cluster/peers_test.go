@@ -215,7 +215,7 @@ func TestCopyJobsRunOnTheProxyBesideTheSource(t *testing.T) {
 }
 
 // TestListingsAskEveryOtherProxy: Unrecorded gathers the queues every
-// other proxy lists, and Unacked adds up their counts; a proxy that cannot
+// other proxy lists, and Held adds up their counts; a proxy that cannot
 // answer makes an error, with the others' queues still returned.
 func TestListingsAskEveryOtherProxy(t *testing.T) {
 	nodes := startCluster(t, 3)
@@ -229,7 +229,9 @@ func TestListingsAskEveryOtherProxy(t *testing.T) {
 			}
 			return []mirror.UnrecordedQueue{q}
 		})
-		nodes[i].Peers().HandleUnacked(func(string) map[mirror.QueueID]int { return map[mirror.QueueID]int{orders: i} })
+		nodes[i].Peers().HandleHeld(func(string) map[mirror.QueueID]mirror.Held {
+			return map[mirror.QueueID]mirror.Held{orders: {Unacked: i, Copies: mirror.CopyRuns{Began: uint64(i), Ended: 1}}}
+		})
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -244,9 +246,9 @@ func TestListingsAskEveryOtherProxy(t *testing.T) {
 		}
 		return nil
 	})
-	counts, err := nodes[0].Peers().Unacked(ctx, "/")
-	if err != nil || counts[orders] != 3 {
-		t.Errorf("Unacked: got %v, %v; want orders: 3", counts, err)
+	held, err := nodes[0].Peers().Held(ctx, "/")
+	if want := (mirror.Held{Unacked: 3, Copies: mirror.CopyRuns{Began: 3, Ended: 2}}); err != nil || held[orders] != want {
+		t.Errorf("Held: got %v, %v; want orders: %+v", held, err, want)
 	}
 
 	nodes[2].peers.calls.Delete(unrecordedCall)

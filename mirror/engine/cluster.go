@@ -59,10 +59,10 @@ type Peers interface {
 	// CopyState asks the proxy beside source how a copy StartCopy started
 	// stands (Member.CopyStateLocal there); with cancel set it stops it.
 	CopyState(ctx context.Context, source, job string, cancel bool) (mirror.CopyState, error)
-	// Unacked asks every other live proxy how many messages of each queue
-	// of vhost its clients hold unacknowledged, and adds them up; an error
-	// when one did not answer.
-	Unacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error)
+	// Held asks every other live proxy what it holds of each queue of
+	// vhost (Engine.HeldHere there), and adds it up; an error when one did
+	// not answer.
+	Held(ctx context.Context, vhost string) (map[mirror.QueueID]mirror.Held, error)
 	// Unrecorded asks every other live proxy for the queues of vhost its
 	// clients declared that the log does not record; with an error when
 	// one did not answer, the others' queues.

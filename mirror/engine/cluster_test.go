@@ -18,7 +18,7 @@ func (noPeers) CountDown(context.Context, string) (int, int, error)             
 func (noPeers) Unrecorded(context.Context, string) ([]mirror.UnrecordedQueue, error) {
 	return nil, nil
 }
-func (noPeers) Unacked(context.Context, string) (map[mirror.QueueID]int, error) {
+func (noPeers) Held(context.Context, string) (map[mirror.QueueID]mirror.Held, error) {
 	return nil, nil
 }
 func (noPeers) StartCopy(context.Context, string, mirror.CopyJob) error {

@@ -216,7 +216,7 @@ func New(opts Options) *Engine {
 	e.syncs = &syncs{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, liveness: e.liveness, operator: e.operator,
 		policies: opts.Policies, peers: opts.Peers, roles: e.roles, log: log, life: e.life, metrics: e.metrics,
-		byQueue: make(map[mirror.QueueID]*queueSyncs),
+		byQueue: make(map[mirror.QueueID]*queueSyncs), copyRuns: make(map[mirror.QueueID]mirror.CopyRuns),
 	}
 	e.reconciler = &reconciler{
 		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
@@ -241,7 +241,7 @@ func New(opts Options) *Engine {
 		store: opts.Store, policies: opts.Policies, watcher: opts.Watcher, operator: e.operator, syncs: e.syncs,
 		peers: opts.Peers, backends: e.backends, log: log,
 	}
-	e.reconciler.unacked = e.listing.countUnacked
+	e.reconciler.held = e.listing.held
 	return e
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -116,6 +117,95 @@ func TestManualSlaveWaitsForWhatClientsHold(t *testing.T) {
 	holding.Store(0)
 	h.engine.Settle(m.ID, ids, mirror.Acked)
 	expectMeta(t, h.store, m.ID, synchronisedSlaves(1))
+}
+
+// peersCopying are the other proxies of a cluster, one of which copies
+// from a queue's master (a sync): Held says the copies it began and ended.
+// With churn set, a copy begins and ends between every two questions.
+type peersCopying struct {
+	noPeers
+	name  string
+	mu    sync.Mutex
+	runs  mirror.CopyRuns
+	churn bool
+}
+
+func (p *peersCopying) set(runs mirror.CopyRuns, churn bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.runs, p.churn = runs, churn
+}
+
+func (p *peersCopying) Held(_ context.Context, vhost string) (map[mirror.QueueID]mirror.Held, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.churn {
+		p.runs.Began++
+		p.runs.Ended++
+	}
+	return map[mirror.QueueID]mirror.Held{p.queue(vhost): {Copies: p.runs}}, nil
+}
+
+func (p *peersCopying) queue(vhost string) mirror.QueueID {
+	return mirror.QueueID{VHost: vhost, Name: p.name}
+}
+
+// TestManualSlaveWaitsForACopyFromTheMaster: another proxy's copy from the
+// master holds the master's messages, so the master looks empty; the
+// manual slave beside this proxy lacks them all, and must not be recorded
+// synchronised while the copy runs, nor when a copy began or ended while
+// this proxy looked at the master. Once the master is empty indeed, it is.
+func TestManualSlaveWaitsForACopyFromTheMaster(t *testing.T) {
+	const prefix, count = "masterscopy", 10
+	name := uniqueName(t, prefix)
+	peers := &peersCopying{name: name}
+	h := newHarnessWith(t, "", nil, func(o *Options) { o.Node, o.Peers = "rabbit2", peers })
+	setPolicy(t, h.policies, prefix, "^"+prefix, `{"ha-mode": "exactly", "ha-params": 2}`)
+	placed := mirror.QueueMeta{ID: queueID(name), Durable: true, Master: "rabbit1", Slaves: []mirror.Slave{{Backend: "rabbit2"}}}
+	declareCopies(t, placed)
+	publishTo(t, name, 0, count, "rabbit1")
+
+	// The copy, as the master sees it: a consumer that holds every message.
+	copier, err := dial(t, "rabbit1").Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := copier.Consume(name, "copier", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := range count {
+		select {
+		case <-deliveries:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the copy received %d of %d messages", n, count)
+		}
+	}
+	peers.set(mirror.CopyRuns{Began: 1}, false)
+	if _, err := h.engine.Declared(context.Background(), placed); err != nil {
+		t.Fatal(err)
+	}
+	stillUnsynchronised := func(while string) {
+		t.Helper()
+		time.Sleep(time.Second) // five rounds of the background loop
+		if got, _ := h.store.Get(placed.ID); len(got.Slaves) != 1 || got.Slaves[0].Synchronised {
+			t.Fatalf("%s: slaves %+v; want rabbit2 unsynchronised, lacking the %d messages", while, got.Slaves, count)
+		}
+	}
+	stillUnsynchronised("while another proxy's copy holds the master's messages")
+
+	peers.set(mirror.CopyRuns{Began: 1, Ended: 1}, true)
+	stillUnsynchronised("while copies begin and end as the master is looked at")
+
+	// The copy gives the messages back and ends.
+	if err := copier.Close(); err != nil {
+		t.Fatal(err)
+	}
+	peers.set(mirror.CopyRuns{Began: 1, Ended: 1}, false)
+	stillUnsynchronised("while the master holds the backlog")
+
+	consumeAndSettle(t, h.engine, placed, count)
+	expectMeta(t, h.store, placed.ID, synchronisedSlaves(1))
 }
 
 // TestCancelSyncQueue: a cancelled sync leaves the slave unsynchronised,

@@ -39,10 +39,10 @@ type reconciler struct {
 	// missed are the slave copies the proxy reported short of a publish
 	// (Engine.Missed, missed.go).
 	missed missedCopies
-	// unacked counts, per queue of a vhost, the messages the proxies'
-	// clients hold unacknowledged (listing.countUnacked); an error when a
-	// proxy did not answer. Set once at New.
-	unacked func(ctx context.Context, vhost string) (map[mirror.QueueID]int, error)
+	// held says, per queue of a vhost, what the proxies hold of its
+	// messages (listing.held); an error when a proxy did not answer. Set
+	// once at New.
+	held func(ctx context.Context, vhost string) (map[mirror.QueueID]mirror.Held, error)
 }
 
 // all reconciles every recorded queue with its effective policy.
@@ -123,7 +123,7 @@ func (r *reconciler) carryOut(read mirror.QueueMeta, plan mirror.Plan, def confi
 		r.syncs.start(written.ID, sync, def, false)
 	} else if len(plan.Add) > 0 {
 		// A slave that joins an empty queue is synchronised at once.
-		r.checkBacklog(written, make(unackedByVHost))
+		r.checkBacklogsOf([]mirror.QueueMeta{written})
 	}
 	for _, b := range plan.Drop {
 		r.trimmers.stop(written.ID, b)
@@ -169,69 +169,94 @@ func (r *reconciler) forget(m mirror.QueueMeta, why string) {
 }
 
 // checkBacklogs marks never-synced slaves synchronised once the master's
-// backlog at their join is gone. It asks the master with a passive declare,
-// which RabbitMQ counts as a use of the queue: queues with x-expires are
-// left out, or the check would keep them alive for ever (their slaves
-// synchronise by sync_queue or ha-sync-mode automatic).
-func (r *reconciler) checkBacklogs() {
-	unacked := make(unackedByVHost)
-	for _, m := range r.store.List() {
+// backlog at their join is settled (checkBacklog).
+func (r *reconciler) checkBacklogs() { r.checkBacklogsOf(r.store.List()) }
+
+// checkBacklogsOf checks the queues of metas that have a slave waiting
+// for its backlog here, a vhost at a time. The master's ready count says
+// nothing while a copy from the master (a sync, run by any proxy) holds
+// its messages: the master looks empty, and a slave called caught up then
+// lacks the whole backlog. So what the proxies hold is asked before and
+// after the masters are looked at, and a queue whose copies began or
+// ended in between, or still run, waits for a later round.
+func (r *reconciler) checkBacklogsOf(metas []mirror.QueueMeta) {
+	byVHost := make(map[string][]mirror.QueueMeta)
+	for _, m := range metas {
+		if r.awaitsBacklog(m) {
+			byVHost[m.ID.VHost] = append(byVHost[m.ID.VHost], m)
+		}
+	}
+	for vhost, waiting := range byVHost {
 		if r.life.ctx.Err() != nil {
 			return
 		}
-		if len(m.SynchronisedSlaves()) < len(m.Slaves) {
-			r.checkBacklog(m, unacked)
+		before, err := r.held(r.life.ctx, vhost)
+		if err != nil {
+			continue // decided in a later round, with every proxy's count
+		}
+		ready := make(map[mirror.QueueID]int, len(waiting))
+		for _, m := range waiting {
+			if q, err := r.operator.inspect(m.Master, m.ID); err == nil {
+				ready[m.ID] = q.Messages
+			}
+		}
+		after, err := r.held(r.life.ctx, vhost)
+		if err != nil {
+			continue
+		}
+		for _, m := range waiting {
+			n, looked := ready[m.ID]
+			copies := after[m.ID].Copies
+			if !looked || copies != before[m.ID].Copies || copies.Running() {
+				continue
+			}
+			// A consumer's unacknowledged messages are not in the broker's
+			// count, yet the slave lacks them too: an empty-looking master
+			// may have every message out with its consumers.
+			r.checkBacklog(m, n+max(before[m.ID].Unacked, after[m.ID].Unacked))
 		}
 	}
 }
 
-// unackedByVHost holds the proxies' clients' unacknowledged messages per
-// queue, asked once per vhost and round of checkBacklogs; nil for a vhost
-// whose count is unknown (a proxy did not answer).
-type unackedByVHost map[string]map[mirror.QueueID]int
-
-// count returns the unacknowledged messages of queue id, asking the
-// proxies the first time its vhost comes up; ok is false when a proxy did
-// not answer.
-func (u unackedByVHost) count(r *reconciler, id mirror.QueueID) (n int, ok bool) {
-	counts, asked := u[id.VHost]
-	if !asked {
-		var err error
-		if counts, err = r.unacked(r.life.ctx, id.VHost); err != nil {
-			counts = nil
-		}
-		u[id.VHost] = counts
+// awaitsBacklog reports whether the queue has a slave that waits here for
+// its backlog: under ha-sync-mode manual, unsynchronised, on a live
+// backend, trimmed by this proxy, with the master live and no sync of the
+// queue running here. The master is asked with a passive declare, which
+// RabbitMQ counts as a use of the queue: queues with x-expires are left
+// out, or the check would keep them alive for ever (their slaves
+// synchronise by sync_queue or ha-sync-mode automatic).
+func (r *reconciler) awaitsBacklog(m mirror.QueueMeta) bool {
+	if len(m.SynchronisedSlaves()) == len(m.Slaves) {
+		return false
 	}
-	return counts[id], counts != nil
-}
-
-// checkBacklog checks the unsynchronised slaves of one queue under
-// ha-sync-mode manual (mirror.Backlog): the backlog is what the master
-// holds when the engine first looks at the slave, its ready messages and
-// those the proxies' clients hold unacknowledged, and is settled by the
-// settlements the slave's trimmer missed (the messages it never had). A
-// priority queue delivers out of order, so only an empty master counts
-// there.
-func (r *reconciler) checkBacklog(m mirror.QueueMeta, unacked unackedByVHost) {
 	live := r.liveness.live()
-	if !live.Has(m.Master) || hasKey(m.Arguments, "x-expires") {
-		return
-	}
-	if r.syncs.running(m.ID) != nil {
-		return
+	if !live.Has(m.Master) || hasKey(m.Arguments, "x-expires") || r.syncs.running(m.ID) != nil {
+		return false
 	}
 	// Under ha-sync-mode automatic the sync marks the slave once it copied
 	// what the master holds. The backlog is manual mode's approximation: it
 	// could call the slave synchronised while clients hold messages it lacks.
 	if def, _ := definition(r.policies, m.ID); mirror.AutomaticSync(def) {
-		return
+		return false
 	}
-	q, err := r.operator.inspect(m.Master, m.ID)
-	if err != nil {
-		return
+	for _, s := range m.Slaves {
+		if !s.Synchronised && live.Has(s.Backend) && r.trimmers.get(m.ID, s.Backend) != nil {
+			return true
+		}
 	}
+	return false
+}
+
+// checkBacklog checks the unsynchronised slaves of one queue under
+// ha-sync-mode manual (mirror.Backlog): the backlog is what the master
+// holds when the engine first looks at the slave (held: its ready messages
+// and those the proxies' clients hold unacknowledged), and is settled by
+// the settlements the slave's trimmer missed (the messages it never had).
+// A priority queue delivers out of order, so only an empty master counts
+// there.
+func (r *reconciler) checkBacklog(m mirror.QueueMeta, held int) {
+	live := r.liveness.live()
 	priority := hasKey(m.Arguments, "x-max-priority")
-	held := -1 // asked of the proxies at the first slave trimmed here
 	for _, s := range m.Slaves {
 		if s.Synchronised || !live.Has(s.Backend) {
 			continue
@@ -239,16 +264,6 @@ func (r *reconciler) checkBacklog(m mirror.QueueMeta, unacked unackedByVHost) {
 		tr := r.trimmers.get(m.ID, s.Backend)
 		if tr == nil {
 			continue
-		}
-		if held < 0 {
-			// A consumer's unacknowledged messages are not in the broker's
-			// count, yet the slave lacks them too: an empty-looking master
-			// may have every message out with its consumers.
-			unackedHere, ok := unacked.count(r, m.ID)
-			if !ok {
-				return // decided next round, with every proxy's count
-			}
-			held = q.Messages + unackedHere
 		}
 		missed := tr.t.Missed()
 		bl := r.trimmers.backlog(m.ID, s.Backend, held, missed)

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"log/slog"
-	"maps"
 	"sync/atomic"
 	"time"
 
@@ -64,11 +63,11 @@ type listing struct {
 // list is Engine.ListQueues.
 func (l *listing) list(ctx context.Context, vhost string, unacked bool) ([]mirror.QueueStatus, error) {
 	var out []mirror.QueueStatus
-	var counts map[mirror.QueueID]int
+	var counts map[mirror.QueueID]mirror.Held
 	known := false
 	if unacked {
 		var err error
-		counts, err = l.countUnacked(ctx, vhost)
+		counts, err = l.held(ctx, vhost)
 		if known = err == nil; !known {
 			l.log.Warn("list_queues: the unacknowledged messages of other proxies' clients are unknown", "vhost", vhost, "err", err)
 		}
@@ -89,7 +88,7 @@ func (l *listing) list(ctx context.Context, vhost string, unacked bool) ([]mirro
 			}
 		}
 		if known {
-			st.MessagesUnacked = counts[m.ID]
+			st.MessagesUnacked = counts[m.ID].Unacked
 		}
 		if q, err := l.operator.inspect(m.Master, m.ID); err == nil {
 			st.MessagesReady, st.Consumers = q.Messages, q.Consumers
@@ -119,32 +118,49 @@ func (l *listing) overview() []mirror.QueueStatus {
 	return out
 }
 
-// unackedAskTimeout bounds how long list_queues waits for the other
-// proxies' counts: a proxy frozen, and not yet judged failed, would hold
-// every listing (and a script polling it for a failover) until the call's
-// own timeout.
+// unackedAskTimeout bounds how long list_queues and a backlog check wait
+// for the other proxies' counts: a proxy frozen, and not yet judged
+// failed, would hold every listing (and a script polling it for a
+// failover) until the call's own timeout.
 const unackedAskTimeout = time.Second
 
-// countUnacked adds up the messages of vhost's queues that clients of this
-// proxy and, in a cluster, of the other live proxies hold unacknowledged;
-// err says a proxy did not answer, and the counts are short. A proxy that
-// is gone has no clients left: their brokers took the deliveries back.
-func (l *listing) countUnacked(ctx context.Context, vhost string) (map[mirror.QueueID]int, error) {
-	counts := make(map[mirror.QueueID]int)
+// HeldHere returns, per queue of vhost ("" for every vhost), what this
+// proxy holds of its messages: its clients' unacknowledged deliveries and
+// its copies from the master. Other proxies ask it (Peers.Held).
+func (e *Engine) HeldHere(vhost string) map[mirror.QueueID]mirror.Held {
+	return e.listing.heldHere(vhost)
+}
+
+// heldHere is Engine.HeldHere.
+func (l *listing) heldHere(vhost string) map[mirror.QueueID]mirror.Held {
+	out := l.syncs.heldByCopies(vhost)
 	if f := l.unacked.Load(); f != nil {
-		maps.Copy(counts, (*f)(vhost))
+		for id, n := range (*f)(vhost) {
+			h := out[id]
+			h.Unacked += n
+			out[id] = h
+		}
 	}
+	return out
+}
+
+// held adds up what this proxy and, in a cluster, the other live proxies
+// hold of vhost's queues' messages (mirror.Held); err says a proxy did not
+// answer, and the counts are short. A proxy that is gone holds nothing:
+// the brokers took its clients' deliveries and its copies' back.
+func (l *listing) held(ctx context.Context, vhost string) (map[mirror.QueueID]mirror.Held, error) {
+	counts := l.heldHere(vhost)
 	if l.peers == nil {
 		return counts, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, unackedAskTimeout)
 	defer cancel()
-	theirs, err := l.peers.Unacked(ctx, vhost)
+	theirs, err := l.peers.Held(ctx, vhost)
 	if err != nil {
 		return counts, err
 	}
-	for id, n := range theirs {
-		counts[id] += n
+	for id, h := range theirs {
+		counts[id] = counts[id].Add(h)
 	}
 	return counts, nil
 }

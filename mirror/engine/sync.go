@@ -83,6 +83,11 @@ type syncs struct {
 
 	mu      sync.RWMutex
 	byQueue map[mirror.QueueID]*queueSyncs
+	// copyRuns counts the copies from each queue's master that this
+	// proxy began and ended (mirror.Held). It outlives byQueue's entries
+	// while a copy runs: a count that went back to zero mid-copy would
+	// show the copy running for ever.
+	copyRuns map[mirror.QueueID]mirror.CopyRuns
 }
 
 // queueSyncs is the sync state of one queue.
@@ -203,10 +208,44 @@ func (s *syncs) forget(id mirror.QueueID) *syncRun {
 	defer s.mu.Unlock()
 	q := s.byQueue[id]
 	delete(s.byQueue, id)
+	if !s.copyRuns[id].Running() {
+		delete(s.copyRuns, id)
+	}
 	if q == nil {
 		return nil
 	}
 	return q.run
+}
+
+// heldByCopies returns, per queue of vhost ("" for every vhost), the copies
+// from its master this proxy began and ended, as Held.
+func (s *syncs) heldByCopies(vhost string) map[mirror.QueueID]mirror.Held {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make(map[mirror.QueueID]mirror.Held)
+	for id, runs := range s.copyRuns {
+		if vhost == "" || id.VHost == vhost {
+			out[id] = mirror.Held{Copies: runs}
+		}
+	}
+	return out
+}
+
+// copyBegins counts a copy from the master of id beginning; the function
+// it returns counts it ending, once the master has its messages back.
+func (s *syncs) copyBegins(id mirror.QueueID) (ended func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	runs := s.copyRuns[id]
+	runs.Began++
+	s.copyRuns[id] = runs
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		runs := s.copyRuns[id]
+		runs.Ended++
+		s.copyRuns[id] = runs
+	}
 }
 
 // idle returns the queues that have sync state but no sync running and
@@ -229,6 +268,7 @@ func (s *syncs) close() {
 	s.wg.Wait()
 	s.mu.Lock()
 	s.byQueue = make(map[mirror.QueueID]*queueSyncs)
+	s.copyRuns = make(map[mirror.QueueID]mirror.CopyRuns)
 	s.mu.Unlock()
 }
 
@@ -520,6 +560,9 @@ func (s *syncs) copyFromSlave(ctx context.Context, m mirror.QueueMeta, source, t
 // file). It holds the messages in memory meanwhile: the master's ready
 // count at the start, at most.
 func (s *syncs) copyFromMaster(ctx context.Context, m mirror.QueueMeta, targets []string, batch int) (copyCount, error) {
+	// Counted from before the copy takes anything until the master has it
+	// all back, for the backlog checks of every proxy (reconciler).
+	defer s.copyBegins(m.ID)()
 	src, err := s.operator.dial(m.Master, m.ID.VHost)
 	if err != nil {
 		return copyCount{}, err

@@ -24,7 +24,7 @@ func (e *Engine) ListUnrecordedWith(f func(vhost string) []mirror.UnrecordedQueu
 // none). Each is asked of its broker with a passive declare: an exclusive
 // queue answers 405 (only its owner may ask), so its counts stay unknown;
 // a queue its broker no longer has (auto-deleted, expired) is left out.
-func (l *listing) unrecordedStatus(ctx context.Context, vhost string, unacked map[mirror.QueueID]int, known bool) ([]mirror.QueueStatus, error) {
+func (l *listing) unrecordedStatus(ctx context.Context, vhost string, unacked map[mirror.QueueID]mirror.Held, known bool) ([]mirror.QueueStatus, error) {
 	var out []mirror.QueueStatus
 	seen := make(map[mirror.QueueID]bool)
 	for _, u := range l.unrecordedQueues(ctx, vhost) {
@@ -45,7 +45,7 @@ func (l *listing) unrecordedStatus(ctx context.Context, vhost string, unacked ma
 			Exclusive: u.Exclusive,
 		}
 		if known {
-			st.MessagesUnacked = unacked[u.ID]
+			st.MessagesUnacked = unacked[u.ID].Unacked
 		}
 		q, err := l.operator.inspect(u.Backend, u.ID)
 		switch {
