@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,6 +90,92 @@ func TestMirrorMaxLengthRejectPublish(t *testing.T) {
 				source: onEvery(0, backends...),
 				target: onEvery(0, backends...),
 			})
+		})
+	}
+}
+
+// TestMirrorMaxLengthDropHead: a mirrored queue with x-max-length under drop-head, the
+// default overflow. The master's broker drops the oldest messages beyond the limit, and
+// they leave the slaves too. With a dead-letter exchange, every copy of the dead-letter
+// queue, mastered on another broker, gets each dropped message once, with x-death as
+// RabbitMQ writes it (reason maxlen); a redeclare with other dead-letter arguments is
+// refused as RabbitMQ refuses it.
+func TestMirrorMaxLengthDropHead(t *testing.T) {
+	t.Parallel()
+	const (
+		limit     = 5
+		published = 8
+		dropped   = published - limit
+	)
+	backends := mirrorBackends()
+	p := startMirrorProxy(t, "")
+	conn := dialURL(t, p.url("guest", "guest"))
+	for _, deadLetters := range []bool{true, false} {
+		t.Run(fmt.Sprintf("dead-letters=%v", deadLetters), func(t *testing.T) {
+			prefix := queueName(t)
+			source, target, exchange := prefix+"-source", prefix+"-target", prefix+"-dead-letters"
+			setPolicy(t, p, prefix, exactly(source, target), `{"ha-mode":"all","ha-sync-mode":"automatic"}`)
+			ch := openChannel(t, conn)
+			defer ch.Close()
+			args := amqp.Table{"x-max-length": int32(limit)}
+			want := map[string]map[string]int{source: onEvery(limit, backends...)}
+			if deadLetters {
+				declareExchange(t, p, ch, exchange, amqp.ExchangeDirect, nil)
+				declareMirrored(t, p, conn, target, true, nil)
+				if err := ch.QueueBind(target, "dead", exchange, false, nil); err != nil {
+					t.Fatalf("queue.bind: %v", err)
+				}
+				args["x-dead-letter-exchange"] = exchange
+				args["x-dead-letter-routing-key"] = "dead"
+				want[target] = onEvery(dropped, backends...)
+			}
+			declareMirrored(t, p, conn, source, true, args)
+			if deadLetters {
+				requireMastersApart(t, p, source, target)
+			}
+
+			if err := ch.Confirm(false); err != nil {
+				t.Fatalf("confirm.select: %v", err)
+			}
+			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, published))
+			for i := range published {
+				if err := ch.PublishWithContext(t.Context(), "", source, false, false, amqp.Publishing{Body: fmt.Appendf(nil, "message %d", i)}); err != nil {
+					t.Fatalf("publish %d: %v", i, err)
+				}
+			}
+			for i := range published {
+				select {
+				case c := <-confirms:
+					if !c.Ack {
+						t.Errorf("publish %d nacked; drop-head takes every publish", i)
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatalf("publish %d: no confirm within 30s", i)
+				}
+			}
+			awaitHeld(t, time.Minute, want)
+			for _, d := range consumeAcked(t, conn, source, limit) {
+				if i := bodyIndex(t, d.Body); i < dropped {
+					t.Errorf("consumed message %d, which the master dropped", i)
+				}
+			}
+			if !deadLetters {
+				return
+			}
+			consumeDeadLettered(t, conn, target, dropped, func(d amqp.Delivery) { checkDeath(t, d, source, "maxlen") })
+
+			redeclare := openChannel(t, conn)
+			if _, err := redeclare.QueueDeclare(source, true, false, false, false, args); err != nil {
+				t.Fatalf("redeclare with the same arguments: %v", err)
+			}
+			other := amqp.Table{"x-max-length": int32(limit), "x-dead-letter-exchange": exchange + "-other", "x-dead-letter-routing-key": "dead"}
+			_, err := redeclare.QueueDeclare(source, true, false, false, false, other)
+			// The reply text is a short string, cut at 255 bytes as the broker cuts it.
+			wantText := fmt.Sprintf("PRECONDITION_FAILED - inequivalent arg 'x-dead-letter-exchange' for queue '%s' in vhost '/': received the value", source)
+			var amqpErr *amqp.Error
+			if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.PreconditionFailed || !strings.Contains(amqpErr.Reason, wantText) {
+				t.Errorf("redeclare with another dead-letter exchange: got %v, want 406 %q", err, wantText)
+			}
 		})
 	}
 }

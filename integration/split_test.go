@@ -90,7 +90,7 @@ var integrationParts = [][]string{
 		// sidecar_keys_test.go, admin_tls_test.go, proxy_backend_mtls_test.go, mirror_maxlength_test.go
 		"TestSidecarGossipNeedsTheKey", "TestSidecarGossipKeyRotation",
 		"TestAdminTLS", "TestBackendTLSClientCertificate", "TestBackendTLSRefusesALooseKey",
-		"TestMirrorMaxLengthRejectPublish",
+		"TestMirrorMaxLengthRejectPublish", "TestMirrorMaxLengthDropHead",
 		// proxy_*_test.go
 		"TestPikaTransparency", "TestTransparencyAmqpTools",
 		"TestProxyWireAnswersLikeTheBroker",
@@ -114,8 +114,8 @@ var integrationParts = [][]string{
 		"TestMirrorMultipleAckAcrossMasters", "TestMirrorPropertiesUnchanged", "TestMirrorPriorityQueue", "TestMirrorDeadLettering",
 		// mirror_replyto_test.go
 		"TestMirrorDirectReplyTo", "TestMirrorDirectReplyToPika",
-		// sidecar_routing_test.go, sidecar_sync_test.go
-		"TestSidecarBindingRoutesThroughEveryProxyAtOnce", "TestSidecarSyncCopiesWhatClientsHold",
+		// sidecar_routing_test.go, sidecar_sync_test.go, sidecar_maxlength_test.go
+		"TestSidecarBindingRoutesThroughEveryProxyAtOnce", "TestSidecarSyncCopiesWhatClientsHold", "TestSidecarMaxLengthDropHead",
 		// sidecar_redelivered_test.go
 		"TestSidecarRedeliveredAcrossProxies",
 		"TestAmqp091PublishConfirmConsumeAck", "TestPikaPublishesAmqp091Consumes",

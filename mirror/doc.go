@@ -127,24 +127,24 @@
 //     reject their copies without requeue instead of acking them
 //     (Trimmer.Reject; in a cluster the rejection travels to the proxy
 //     beside the slave like an ack's settle).
-//   - maxlen, drop-head (x-max-length, x-max-length-bytes): not
-//     replicated. RabbitMQ counts only ready messages towards the limit
-//     and the trimmers hold the slave copies unacknowledged, so a slave's
-//     broker never drops; the master's broker drops (and dead-letters into
-//     its own copies of the targets) messages nobody tells the proxy of.
-//     The slaves keep such a message (delivered again, redelivered, after
-//     a promotion), and the targets' copies on other brokers never get it.
-//     Making a slave's broker drop too, by giving back (requeue) the held
-//     copies the master has not delivered so that the broker's requeue
-//     drops the head down to the limit, is not done because it can drop a
-//     message the master still holds, which a promotion then loses: the
-//     brokers order publishes of different channels each in its own
-//     interleaving, so the head of a slave's copy need not be what the
-//     master dropped; a delivery the master's broker sent and the proxy
-//     has not read yet (or, in a cluster, that another proxy has not
-//     reported) looks undelivered; and messages a slave's broker has not
-//     handed to the trimmer yet count towards its limit but were not
-//     given back. A leak costs room; a loss breaks the guarantee.
+//   - maxlen, drop-head (x-max-length, x-max-length-bytes): RabbitMQ
+//     counts only ready messages towards the limit and the trimmers hold
+//     the slave copies unacknowledged, so only the master's broker drops,
+//     and nothing would tell the slaves or the targets' other copies.
+//     Making a slave's broker drop by itself is no answer: the brokers
+//     order publishes of different channels each in its own interleaving,
+//     so the head of a slave's copy need not be what the master dropped,
+//     and a slave that drops what the master holds loses it at a
+//     promotion. So the copies of such a queue, declared through a proxy
+//     (QueueMeta.ForwardsDeadLetters), dead-letter into the proxy's own
+//     exchange (DeadLetterExchange, BrokerArguments), whatever the client
+//     asked, and the proxy sends each message on by its x-death: a drop by
+//     the master is settled on the slaves and published to the client's
+//     dead-letter exchange on every backend; a drop by a slave's broker
+//     (its trimmer gave back more copies than the limit) goes back into
+//     that slave; a rejected or expired copy goes to the client's
+//     dead-letter exchange on its own backend, as without the proxy
+//     (engine/deadletters.go).
 //   - maxlen, reject-publish and reject-publish-dlx (x-overflow): the
 //     master's broker refuses a publish beyond the limit and the client
 //     gets a nack, while the slaves' brokers (nothing ready, as above)
@@ -334,11 +334,10 @@
 // unsynchronised queue whose master dies (as in RabbitMQ), exactly-once
 // delivery (a requeued message is redelivered with the redelivered flag),
 // and consistency across a network partition that splits the proxies into
-// minorities, which refuse to promote rather than diverge. A queue with
-// x-max-length under drop-head keeps on its slaves the messages its
-// master dropped (see "Dead-lettering"): they are not lost but come back
-// after a promotion, and reach the dead-letter targets only on the
-// master's broker.
+// minorities, which refuse to promote rather than diverge. A message a
+// queue's copies dead-letter through the proxy (a drop under x-max-length,
+// see "Dead-lettering") reaches its targets at least once: a forwarder
+// stopped between sending it on and acking it sends it again.
 //
 // # Where it lives
 //
@@ -358,7 +357,13 @@
 //   - quorum.go: AppendPublishTargets, AppendConfirmQuorum and
 //     DecideConfirm, allocation-free for the per-publish path;
 //   - sync.go: Backlog.CaughtUp (a manual slave is synchronised once the
-//     master's backlog at its join is settled) and MarkSynchronised.
+//     master's backlog at its join is settled), MarkSynchronised, and Held
+//     (what a proxy holds of a queue's messages, its copies from the master
+//     included);
+//   - drophead.go: DropsHead, BrokerArguments (the copies of a queue that
+//     drops its head dead-letter into DeadLetterExchange) and
+//     DeadLetterEquivalence (the 406 of a redeclare with other dead-letter
+//     arguments).
 //
 // Carried out against real brokers:
 //
@@ -385,7 +390,8 @@
 //     a never-synced slave is marked synchronised once the master's ready
 //     count at its first look has been settled, or the master is empty),
 //     empties slaves on purge, forgets queues whose master deleted itself
-//     (auto-delete, x-expires), and answers `ctl list_queues`. On a
+//     (auto-delete, x-expires), forwards what queues that drop their head
+//     dead-letter, and answers `ctl list_queues`. On a
 //     backend's loss it records promotions (Promote; the epoch rises) and
 //     slaves lost; a backend that returns rejoins as the youngest slave,
 //     purged;

@@ -53,6 +53,12 @@ type QueueMeta struct {
 	// AutoDelete are guesses (it may be auto-delete, and then a consumer of
 	// the proxy's own that goes away would delete it).
 	Adopted bool `json:"adopted,omitempty"`
+	// ForwardsDeadLetters is set for a queue that drops its head
+	// (DropsHead) declared through a proxy: its copies dead-letter into
+	// DeadLetterExchange (BrokerArguments), and the proxy sends on what
+	// they dead-letter. A queue recorded without it keeps the client's
+	// dead-letter arguments on every copy.
+	ForwardsDeadLetters bool `json:"forwards_dead_letters,omitempty"`
 
 	// Version is the metadata log index of the write that produced this
 	// record; conditional writes name the version they read.

@@ -246,6 +246,18 @@ func (rt *router) queueMethod(ch *channelState, f frames.Frame, key uint32, args
 		return nil
 	}
 	masterLink := master[0]
+	if key == frames.QueueDeclareKey && !q.passive && meta.ForwardsDeadLetters {
+		// Its copies dead-letter into the proxy's exchange, so the broker
+		// cannot compare the client's dead-letter arguments with those
+		// declared first: the record can.
+		if text := mirror.DeadLetterEquivalence(q.queue, rt.vhost, meta.Arguments, encodeTable(q.declare.Arguments)); text != "" {
+			rt.closeChannel(ch, frames.PreconditionFailed, text, 50, 10)
+			return nil
+		}
+		d := *q.declare
+		d.Arguments = mirror.BrokerTable(d.Arguments)
+		f = frames.Frame{Type: frames.FrameMethod, Channel: f.Channel, Payload: d.Append(nil)}
+	}
 	switch key {
 	case frames.QueueDeclareKey, frames.QueuePurgeKey:
 		var after func([]byte) []byte
@@ -391,11 +403,18 @@ func (rt *router) declareNew(ch *channelState, f frames.Frame, q queueMethod, wa
 	}
 	masterLink := master[0]
 	slaves := rt.reach(ch, slaveNames(placed)...)
+	// The copies of a queue that drops its head dead-letter into the
+	// proxy's exchange (mirror.BrokerArguments).
+	arguments := d.Arguments
+	if placed.ForwardsDeadLetters {
+		arguments = mirror.BrokerTable(arguments)
+	}
 	// Slaves are never auto-delete: the proxy's own consumer on a slave
 	// comes and goes, and the engine removes slaves when the master goes.
 	slaveDecl := *d
 	slaveDecl.AutoDelete = false
 	slaveDecl.NoWait = false
+	slaveDecl.Arguments = arguments
 	kept := placed.Slaves[:0]
 	for _, s := range placed.Slaves {
 		for _, l := range slaves {
@@ -420,6 +439,7 @@ func (rt *router) declareNew(ch *channelState, f frames.Frame, q queueMethod, wa
 	masterLink.expect(ch.id, g)
 	noWaitOff := *d
 	noWaitOff.NoWait = false
+	noWaitOff.Arguments = arguments
 	if err := masterLink.sock.WriteMethod(ch.id, &noWaitOff); err != nil {
 		rt.writeFailed(masterLink, err)
 	}

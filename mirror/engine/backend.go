@@ -107,9 +107,18 @@ func replyCode(err error) int {
 // would delete an auto-delete copy; the engine deletes slaves when their
 // master goes.
 func (o *operator) declareCopy(backend string, m mirror.QueueMeta) error {
-	args, err := amqpTable(m.Arguments)
+	arguments := m.Arguments
+	if m.ForwardsDeadLetters {
+		arguments = mirror.BrokerArguments(arguments)
+	}
+	args, err := amqpTable(arguments)
 	if err != nil {
 		return fmt.Errorf("%s: arguments: %w", m.ID, err)
+	}
+	if m.ForwardsDeadLetters {
+		if err := o.ensureDeadLetters(backend, m.ID.VHost); err != nil {
+			return fmt.Errorf("declaring a copy of %s: %w", m.ID, err)
+		}
 	}
 	return o.withChannel(backend, m.ID.VHost, func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare(m.ID.Name, m.Durable, false, false, false, args); err != nil {
@@ -156,6 +165,12 @@ func (o *operator) purgeCopy(backend string, id mirror.QueueID) error {
 // on a throttled connection would go unanswered long enough to call the
 // backend down.
 func (o *operator) dial(backend, vhost string) (*amqp.Connection, error) {
+	return o.dialFor(backend, vhost, "sync")
+}
+
+// dialFor is dial for purpose, which names the connection on the broker
+// and in errors.
+func (o *operator) dialFor(backend, vhost, purpose string) (*amqp.Connection, error) {
 	for _, configured := range o.backends {
 		if configured.Name != backend {
 			continue
@@ -178,10 +193,10 @@ func (o *operator) dial(backend, vhost string) (*amqp.Connection, error) {
 				conn.SetDeadline(time.Now().Add(o.timeout))
 				return conn, nil
 			},
-			Properties: amqp.Table{"connection_name": "amqp-mirror sync"},
+			Properties: amqp.Table{"connection_name": "amqp-mirror " + purpose},
 		})
 		if err != nil {
-			return nil, fmt.Errorf("backend %s, vhost %q: connecting for a sync: %w", backend, vhost, err)
+			return nil, fmt.Errorf("backend %s, vhost %q: connecting for a %s: %w", backend, vhost, purpose, err)
 		}
 		return conn, nil
 	}

@@ -33,6 +33,8 @@
 //	reconciler     the loop's work on every queue: policy plans, trimmers
 //	               against the records, expired masters, backlogs, copies
 //	               reported short of a publish (the one state it owns)
+//	deadLetters    the forwarders of what the copies of queues that drop
+//	               their head dead-letter into the proxy's exchange
 //	failover       backend events: promotions, lost slaves, rejoins
 //	history        the last promotions failover wrote, for the status page
 //	drainer        ctl drain's promotions and removals; no state
@@ -132,21 +134,22 @@ type Engine struct {
 	life     lifetime // ctx and the operation timeout, for the parts
 
 	// The parts, each with its own state and lock (see "Parts").
-	view       *snapshots     // snapshot.go
-	records    *recorder      // records.go
-	operator   *operator      // backend.go
-	liveness   *liveness      // liveness.go
-	trimmers   *trimmers      // trimmers.go
-	syncs      *syncs         // sync.go
-	reconciler *reconciler    // reconcile.go
-	failover   *failover      // failover.go
-	history    *history       // history.go
-	drainer    *drainer       // drain.go
-	listing    *listing       // status.go, unrecorded.go
-	negative   *negativeCache // resolve.go
-	replies    *replyNodes    // replyto.go
-	metrics    *counters      // metrics.go
-	stall      *stallGuard    // stall.go; nil for a proxy alone
+	view        *snapshots     // snapshot.go
+	records     *recorder      // records.go
+	operator    *operator      // backend.go
+	liveness    *liveness      // liveness.go
+	trimmers    *trimmers      // trimmers.go
+	syncs       *syncs         // sync.go
+	reconciler  *reconciler    // reconcile.go
+	deadLetters *deadLetters   // deadletters.go
+	failover    *failover      // failover.go
+	history     *history       // history.go
+	drainer     *drainer       // drain.go
+	listing     *listing       // status.go, unrecorded.go
+	negative    *negativeCache // resolve.go
+	replies     *replyNodes    // replyto.go
+	metrics     *counters      // metrics.go
+	stall       *stallGuard    // stall.go; nil for a proxy alone
 
 	ctx    context.Context // ends at Close; background work runs under it
 	cancel context.CancelFunc
@@ -242,6 +245,10 @@ func New(opts Options) *Engine {
 		peers: opts.Peers, backends: e.backends, log: log,
 	}
 	e.reconciler.held = e.listing.held
+	e.deadLetters = &deadLetters{
+		operator: e.operator, store: opts.Store, roles: e.roles, liveness: e.liveness, backends: e.backends,
+		settle: e.Settle, log: log, life: e.life, running: make(map[deadLetterSource]context.CancelFunc),
+	}
 	return e
 }
 
@@ -311,6 +318,7 @@ func (e *Engine) Close() {
 		e.cancel()
 		e.wg.Wait()
 		e.syncs.close()
+		e.deadLetters.close()
 		e.trimmers.closeAll()
 	})
 }
@@ -358,6 +366,7 @@ func (e *Engine) run(policies <-chan *config.Snapshot) {
 			e.failover.retryRejoins()
 			e.reconciler.checkExpired()
 			e.reconciler.ensureTrimmers()
+			e.deadLetters.reconcile(e.opts.Store.List())
 			e.reconciler.all()
 			e.reconciler.checkBacklogs()
 		}

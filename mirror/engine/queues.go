@@ -63,6 +63,16 @@ func (e *Engine) Place(ctx context.Context, q mirror.QueueMeta, clientNode strin
 	for i := range out.Slaves {
 		out.Slaves[i].Synchronised = true
 	}
+	if mirror.DropsHead(q.Arguments) {
+		// Its copies dead-letter into the proxy's exchange (deadletters.go),
+		// which must exist before the first message is dropped.
+		out.ForwardsDeadLetters = true
+		for _, b := range out.Backends() {
+			if err := e.operator.ensureDeadLetters(b, q.ID.VHost); err != nil {
+				return mirror.QueueMeta{}, fmt.Errorf("placing %s: %w", q.ID, err)
+			}
+		}
+	}
 	return out, nil
 }
 
