@@ -62,10 +62,10 @@ var integrationParts = [][]string{
 		"TestCampaign",
 	},
 	{ // failover: the chaos tests (~150 s, master and slave kills), syncs
-		// chaos_test.go, proxy_failover_test.go, proxy_home_test.go
+		// chaos_test.go, proxy_failover_test.go, proxy_failover_maxlen_test.go, proxy_home_test.go
 		"TestChaosMasterKilledRepeatedly", "TestChaosSlaveKilled",
 		"TestChaosMasterFrozen", "TestChaosCancelOnFailover", "TestChaosWhenSyncedNoPromotion", "TestChaosGetWhileMasterFrozen", "TestChaosQosWhileHomeFrozen",
-		"TestFailoverMasterKilled", "TestFailoverMasterStoppedCleanly", "TestHomeIsABackendThatIsUp",
+		"TestFailoverMasterKilled", "TestFailoverMasterStoppedCleanly", "TestFailoverAfterDropHead", "TestHomeIsABackendThatIsUp",
 		// views_test.go
 		"TestStatusPageInABrowser",
 		// metrics_test.go

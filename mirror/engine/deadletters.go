@@ -226,6 +226,9 @@ func (d *deadLetters) handle(ctx context.Context, src deadLetterSource, msg amqp
 			}
 		}
 		return nil
+	case reason == "maxlen" && m.SlaveIndex(src.backend) < 0:
+		log.Debug("a message dropped by a copy that is no longer the queue's; dropped", "queue", queue)
+		return nil
 	case reason == "maxlen":
 		back := publishing(msg)
 		back.Headers = withoutDeath(msg.Headers, queue, reason)
