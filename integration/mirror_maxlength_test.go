@@ -134,25 +134,10 @@ func TestMirrorMaxLengthDropHead(t *testing.T) {
 				requireMastersApart(t, p, source, target)
 			}
 
-			if err := ch.Confirm(false); err != nil {
-				t.Fatalf("confirm.select: %v", err)
-			}
-			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, published))
-			for i := range published {
-				if err := ch.PublishWithContext(t.Context(), "", source, false, false, amqp.Publishing{Body: fmt.Appendf(nil, "message %d", i)}); err != nil {
-					t.Fatalf("publish %d: %v", i, err)
-				}
-			}
-			for i := range published {
-				select {
-				case c := <-confirms:
-					if !c.Ack {
-						t.Errorf("publish %d nacked; drop-head takes every publish", i)
-					}
-				case <-time.After(30 * time.Second):
-					t.Fatalf("publish %d: no confirm within 30s", i)
-				}
-			}
+			// One channel: the master's broker takes them in order, and drops the oldest.
+			publishConfirmed(t, conn, source, published, func(i int) amqp.Publishing {
+				return amqp.Publishing{Body: fmt.Appendf(nil, "message %d", i)}
+			})
 			awaitHeld(t, time.Minute, want)
 			for _, d := range consumeAcked(t, conn, source, limit) {
 				if i := bodyIndex(t, d.Body); i < dropped {

@@ -31,19 +31,9 @@ func TestFailoverAfterDropHead(t *testing.T) {
 		}
 		return nil
 	})
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	for i := range published {
-		confirm, err := ch.PublishWithDeferredConfirmWithContext(testContext(t, 10*time.Second), "", queue, false, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: fmt.Appendf(nil, "message %d", i)})
-		if err != nil {
-			t.Fatalf("publish %d: %v", i, err)
-		}
-		if ok, err := confirm.WaitContext(testContext(t, 10*time.Second)); err != nil || !ok {
-			t.Fatalf("publish %d: confirmed %v, %v", i, ok, err)
-		}
-	}
+	publishConfirmed(t, conn, queue, published, func(i int) amqp.Publishing {
+		return amqp.Publishing{DeliveryMode: amqp.Persistent, Body: fmt.Appendf(nil, "message %d", i)}
+	})
 	awaitHeld(t, time.Minute, map[string]map[string]int{queue: onEvery(limit, mirrorBackends()...)})
 
 	if err := home.FlushMetadata(testContext(t, 10*time.Second)); err != nil {

@@ -38,20 +38,9 @@ func TestSidecarMaxLengthDropHead(t *testing.T) {
 
 	publisher := dialProxy(t, proxies[2])
 	defer publisher.Close()
-	pub := openChannel(t, publisher)
-	if err := pub.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	for i := range published {
-		confirm, err := pub.PublishWithDeferredConfirmWithContext(testContext(t, 10*time.Second), "", source, false, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: fmt.Appendf(nil, "message %d", i)})
-		if err != nil {
-			t.Fatalf("publish %d: %v", i, err)
-		}
-		if ok, err := confirm.WaitContext(testContext(t, 10*time.Second)); err != nil || !ok {
-			t.Fatalf("publish %d: confirmed %v, %v", i, ok, err)
-		}
-	}
+	publishConfirmed(t, publisher, source, published, func(i int) amqp.Publishing {
+		return amqp.Publishing{DeliveryMode: amqp.Persistent, Body: fmt.Appendf(nil, "message %d", i)}
+	})
 	awaitHeld(t, time.Minute, map[string]map[string]int{source: onEvery(limit, backends...), target: onEvery(dropped, backends...)})
 
 	consumer := dialProxy(t, proxies[0])
