@@ -359,10 +359,19 @@ func (p *deadLetterPublisher) publish(ctx context.Context, backend, exchange, ke
 	delete(p.channels, backend)
 	select {
 	case closed := <-c.closed:
-		if closed != nil && closed.Code == amqp.NotFound {
+		switch {
+		case closed != nil && closed.Code == amqp.NotFound:
 			log.Warn("the dead-letter exchange is missing on a backend; the message is dropped there, as RabbitMQ drops it",
 				"to", backend, "exchange", exchange)
 			return nil
+		case closed != nil && closed.Code == amqp.PreconditionFailed && msg.UserId != "":
+			// The broker takes a user_id other than the publisher's only
+			// from an account with RabbitMQ's impersonator tag. A message
+			// stuck here would hold up every later one.
+			log.Warn("the proxy's account may not publish another user's user_id (RabbitMQ's impersonator tag); the message goes on without it",
+				"to", backend, "exchange", exchange, "err", closed)
+			msg.UserId = ""
+			return p.publish(ctx, backend, exchange, key, msg, log)
 		}
 	default:
 		c.ch.Close()
