@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"reflect"
 	"testing"
 	"time"
@@ -102,11 +103,11 @@ func TestDeadLettersForwarded(t *testing.T) {
 	publishTo(t, name, 0, 2, "rabbit2")
 	expectHeld(t, h.engine, m.ID, 2, "rabbit2")
 
-	// deadLetter puts message n into backend's dead-letter queue, as its
-	// broker dead-letters it from the queue for reason.
-	deadLetter := func(backend string, n int, reason string) {
+	// deadLetterAs puts message n into the dead-letter queue on conn's
+	// broker, as the broker dead-letters it from the queue for reason.
+	deadLetterAs := func(conn *amqp.Connection, n int, reason, userID string) {
 		t.Helper()
-		ch, err := dial(t, backend).Channel()
+		ch, err := conn.Channel()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,11 +117,16 @@ func TestDeadLettersForwarded(t *testing.T) {
 		err = ch.Publish("", mirror.DeadLetterExchange, false, false, amqp.Publishing{
 			Headers: amqp.Table{mirror.IdentityHeader: string(id[:]), "x-death": []any{death},
 				"x-first-death-queue": name, "x-first-death-reason": reason, "x-first-death-exchange": ""},
-			Body: fmt.Append(nil, "message ", n),
+			UserId: userID,
+			Body:   fmt.Append(nil, "message ", n),
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	deadLetter := func(backend string, n int, reason string) {
+		t.Helper()
+		deadLetterAs(dial(t, backend), n, reason, "")
 	}
 	expectTarget := func(want map[string]int) {
 		t.Helper()
@@ -143,6 +149,31 @@ func TestDeadLettersForwarded(t *testing.T) {
 
 	deadLetter("rabbit2", 1, "rejected")
 	expectTarget(map[string]int{"rabbit1": 1, "rabbit2": 2})
+
+	// A message published by another user carries its user_id, which the
+	// proxy's account (no impersonator tag) may not publish: it goes on
+	// without it, and the messages behind it are not held up.
+	user := name
+	node := brokers.Node("rabbit2")
+	for _, args := range [][]string{{"add_user", user, "secret"}, {"set_permissions", "-p", "/", user, ".*", ".*", ".*"}} {
+		if out, err := node.Ctl(context.Background(), args...); err != nil {
+			t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
+		}
+	}
+	t.Cleanup(func() { node.Ctl(context.Background(), "delete_user", user) })
+	as, err := url.Parse(node.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	as.User = url.UserPassword(user, "secret")
+	conn, err := amqp.Dial(as.String())
+	if err != nil {
+		t.Fatalf("connecting as %s: %v", user, err)
+	}
+	defer conn.Close()
+	deadLetterAs(conn, 3, "rejected", user)
+	deadLetter("rabbit2", 4, "rejected")
+	expectTarget(map[string]int{"rabbit1": 1, "rabbit2": 4})
 	for _, b := range m.Backends() {
 		if got := readyOn(t, b, mirror.DeadLetterExchange); got != 0 {
 			t.Errorf("the dead-letter queue on %s holds %d messages, want 0", b, got)
