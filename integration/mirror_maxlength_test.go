@@ -164,3 +164,24 @@ func TestMirrorMaxLengthDropHead(t *testing.T) {
 		})
 	}
 }
+
+// TestMirrorMaxLengthBytesDropHead: x-max-length-bytes under drop-head, which RabbitMQ
+// counts in body bytes of ready messages: what the master drops leaves the slaves too.
+func TestMirrorMaxLengthBytesDropHead(t *testing.T) {
+	t.Parallel()
+	const kept, published = 3, 7
+	body := func(i int) []byte { return fmt.Appendf(nil, "message %d", i) } // 9 bytes each
+	backends := mirrorBackends()
+	p := startMirrorProxy(t, "")
+	conn := dialURL(t, p.url("guest", "guest"))
+	queue := queueName(t)
+	setPolicy(t, p, queue, exactly(queue), `{"ha-mode":"all","ha-sync-mode":"automatic"}`)
+	declareMirrored(t, p, conn, queue, true, amqp.Table{"x-max-length-bytes": int64(kept * len(body(0)))})
+	publishConfirmed(t, conn, queue, published, func(i int) amqp.Publishing { return amqp.Publishing{Body: body(i)} })
+	awaitHeld(t, time.Minute, map[string]map[string]int{queue: onEvery(kept, backends...)})
+	for _, d := range consumeAcked(t, conn, queue, kept) {
+		if i := bodyIndex(t, d.Body); i < published-kept {
+			t.Errorf("consumed message %d, which the master dropped", i)
+		}
+	}
+}

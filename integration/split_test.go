@@ -90,7 +90,7 @@ var integrationParts = [][]string{
 		// sidecar_keys_test.go, admin_tls_test.go, proxy_backend_mtls_test.go, mirror_maxlength_test.go
 		"TestSidecarGossipNeedsTheKey", "TestSidecarGossipKeyRotation",
 		"TestAdminTLS", "TestBackendTLSClientCertificate", "TestBackendTLSRefusesALooseKey",
-		"TestMirrorMaxLengthRejectPublish", "TestMirrorMaxLengthDropHead",
+		"TestMirrorMaxLengthRejectPublish", "TestMirrorMaxLengthDropHead", "TestMirrorMaxLengthBytesDropHead",
 		// proxy_*_test.go
 		"TestPikaTransparency", "TestTransparencyAmqpTools",
 		"TestProxyWireAnswersLikeTheBroker",

@@ -40,7 +40,10 @@ import (
 //
 // Each message is acked on the exchange's queue once what it decided is
 // confirmed: a forwarder that stops in between leaves it there for the
-// next, which sends it again (at least once).
+// next, which sends it again (at least once). A message of a queue the
+// log does not have (not yet, or a queue of proxies with a log of their
+// own in front of the same brokers) is given back for a minute, then
+// dropped.
 
 // deadLetterPrefetch bounds what a forwarder holds unacknowledged.
 const deadLetterPrefetch = 64
@@ -48,6 +51,15 @@ const deadLetterPrefetch = 64
 // deadLetterRetry is how long a forwarder waits before it connects again
 // after an error.
 const deadLetterRetry = time.Second
+
+// unknownDeadLetterGrace is how long a dead-lettered message of a queue the
+// log does not have is given back rather than dropped, and
+// unknownDeadLetterPause how long the forwarder waits before it gives one
+// back, so that a message nobody takes does not go round at full speed.
+const (
+	unknownDeadLetterGrace = time.Minute
+	unknownDeadLetterPause = 10 * time.Millisecond
+)
 
 // deadLetterSource is one backend's vhost, read by one forwarder.
 type deadLetterSource struct {
@@ -175,29 +187,47 @@ func (d *deadLetters) forwardOnce(ctx context.Context, src deadLetterSource, log
 			if !ok {
 				return errors.New("the broker closed the channel")
 			}
-			if err := d.handle(ctx, src, msg, out, log); err != nil {
+			later, err := d.handle(ctx, src, msg, out, log)
+			if err != nil {
 				return err
 			}
-			if err := msg.Ack(false); err != nil {
-				return fmt.Errorf("acking a forwarded message: %w", err)
+			if later {
+				err = msg.Nack(false, true)
+			} else {
+				err = msg.Ack(false)
+			}
+			if err != nil {
+				return fmt.Errorf("settling a dead-lettered message: %w", err)
 			}
 		}
 	}
 }
 
 // handle decides what becomes of one dead-lettered message (see the top of
-// this file) and does it.
-func (d *deadLetters) handle(ctx context.Context, src deadLetterSource, msg amqp.Delivery, out *deadLetterPublisher, log *slog.Logger) error {
-	queue, reason, ok := firstDeath(msg.Headers)
+// this file) and does it; later is set for a message to give back to the
+// queue, for this forwarder or another to take again.
+func (d *deadLetters) handle(ctx context.Context, src deadLetterSource, msg amqp.Delivery, out *deadLetterPublisher, log *slog.Logger) (later bool, err error) {
+	queue, reason, at, ok := firstDeath(msg.Headers)
 	if !ok {
 		log.Warn("a message without x-death in the dead-letter queue; dropped")
-		return nil
+		return false, nil
 	}
 	id := mirror.QueueID{VHost: src.vhost, Name: queue}
 	m, recorded := d.store.Get(id)
 	if !recorded {
-		log.Debug("a dead-lettered message of a queue the log no longer has; dropped", "queue", queue)
-		return nil
+		// This proxy's log may not show a new queue yet; and the brokers
+		// may serve proxies of another log as well (tests do), whose
+		// forwarders read the same queue. A queue still unknown after
+		// unknownDeadLetterGrace was deleted: its dead-letters go with it.
+		if time.Since(at) < unknownDeadLetterGrace {
+			select {
+			case <-ctx.Done():
+			case <-time.After(unknownDeadLetterPause):
+			}
+			return true, nil
+		}
+		log.Debug("a dead-lettered message of a queue the log does not have; dropped", "queue", queue)
+		return false, nil
 	}
 	exchange, key, toExchange := mirror.DeadLetterTarget(m.Arguments)
 	if key == "" {
@@ -207,7 +237,7 @@ func (d *deadLetters) handle(ctx context.Context, src deadLetterSource, msg amqp
 	case reason == "maxlen" && src.backend == m.Master:
 		d.settle(id, []mirror.MessageID{messageIdentity(msg)}, mirror.Acked)
 		if !toExchange {
-			return nil
+			return false, nil
 		}
 		for _, b := range d.backends {
 			if !d.liveness.up(b) {
@@ -222,21 +252,21 @@ func (d *deadLetters) handle(ctx context.Context, src deadLetterSource, msg amqp
 				continue
 			}
 			if err != nil {
-				return err
+				return false, err
 			}
 		}
-		return nil
+		return false, nil
 	case reason == "maxlen" && m.SlaveIndex(src.backend) < 0:
 		log.Debug("a message dropped by a copy that is no longer the queue's; dropped", "queue", queue)
-		return nil
+		return false, nil
 	case reason == "maxlen":
 		back := publishing(msg)
 		back.Headers = withoutDeath(msg.Headers, queue, reason)
-		return out.publish(ctx, src.backend, "", queue, back, log)
+		return false, out.publish(ctx, src.backend, "", queue, back, log)
 	case toExchange:
-		return out.publish(ctx, src.backend, exchange, key, publishing(msg), log)
+		return false, out.publish(ctx, src.backend, exchange, key, publishing(msg), log)
 	}
-	return nil
+	return false, nil
 }
 
 // messageIdentity returns a message's identity: its identity header, or
@@ -275,17 +305,18 @@ func (o *operator) ensureDeadLetters(backend, vhost string) error {
 	return nil
 }
 
-// firstDeath returns the queue and reason of a message's newest x-death
-// entry.
-func firstDeath(headers amqp.Table) (queue, reason string, ok bool) {
+// firstDeath returns the queue, reason and time of a message's newest
+// x-death entry.
+func firstDeath(headers amqp.Table) (queue, reason string, at time.Time, ok bool) {
 	deaths, _ := headers["x-death"].([]any)
 	if len(deaths) == 0 {
-		return "", "", false
+		return "", "", time.Time{}, false
 	}
 	entry, _ := deaths[0].(amqp.Table)
 	queue, _ = entry["queue"].(string)
 	reason, _ = entry["reason"].(string)
-	return queue, reason, queue != "" && reason != ""
+	at, _ = entry["time"].(time.Time)
+	return queue, reason, at, queue != "" && reason != ""
 }
 
 // withoutDeath returns headers without what the newest dead-lettering of

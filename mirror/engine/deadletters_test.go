@@ -46,13 +46,13 @@ func TestWithoutDeath(t *testing.T) {
 			if !reflect.DeepEqual(tt.headers, before) {
 				t.Errorf("withoutDeath changed its argument: %v, was %v", tt.headers, before)
 			}
-			queue, reason, ok := firstDeath(tt.headers)
-			if !ok || queue == "" || reason == "" {
-				t.Errorf("firstDeath = %q, %q, %v", queue, reason, ok)
+			queue, reason, when, ok := firstDeath(tt.headers)
+			if !ok || queue == "" || reason == "" || !when.Equal(at) {
+				t.Errorf("firstDeath = %q, %q, %v, %v", queue, reason, when, ok)
 			}
 		})
 	}
-	if _, _, ok := firstDeath(amqp.Table{"app": "a"}); ok {
+	if _, _, _, ok := firstDeath(amqp.Table{"app": "a"}); ok {
 		t.Error("firstDeath found a death in headers without x-death")
 	}
 }
