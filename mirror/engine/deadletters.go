@@ -36,7 +36,7 @@ import (
 //     copy goes back into the slave's queue, without that x-death entry.
 //   - any other reason (rejected, expired): every copy is dead-lettered by
 //     its own broker, so the message goes to the client's dead-letter
-//     exchange on this backend only, as today without the proxy.
+//     exchange on this backend only, as each broker does without a proxy.
 //
 // Each message is acked on the exchange's queue once what it decided is
 // confirmed: a forwarder that stops in between leaves it there for the
