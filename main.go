@@ -17,12 +17,14 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/amqp-mirror/amqp-mirror/config"
 	"github.com/amqp-mirror/amqp-mirror/internal/admin"
 	"github.com/amqp-mirror/amqp-mirror/internal/demo"
+	"github.com/amqp-mirror/amqp-mirror/internal/gcpace"
 	"github.com/amqp-mirror/amqp-mirror/internal/node"
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
 	"github.com/amqp-mirror/amqp-mirror/internal/version"
@@ -135,7 +137,11 @@ Signals: SIGTERM and SIGINT shut down gracefully (clients get connection.close
 320, up to shutdown_timeout). SIGHUP, or saving the file, reloads the whole
 file: policies, operator policies and log.level apply live; a change to any
 other key is logged as "restart required" and needs a restart. An invalid
-file is refused and the running configuration stays.`, stdout)
+file is refused and the running configuration stays.
+
+Memory: unless GOGC or GOMEMLIMIT is set in the environment, the garbage
+collector lets the heap grow 64 MiB past its live data before it collects,
+and as Go's default (GOGC=100) once the live heap is larger than that.`, stdout)
 	configPath := fs.String("config", "", "the YAML config file (amqp-mirror.example.yaml explains every key)")
 	config.RegisterFlags(fs)
 	if code, ok := parseFlags(fs, args, stderr); !ok {
@@ -152,11 +158,27 @@ file is refused and the running configuration stays.`, stdout)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	defer paceGC(ctx)()
 	if err := node.Run(ctx, cfg, node.Options{Flags: fs, Level: level, Logger: logger, NotifyReload: notifyReload}); err != nil {
 		logger.Error("amqp-mirror stopped", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// paceGC runs gcpace.Pace until the returned function is called, unless
+// the operator set GOGC or GOMEMLIMIT.
+func paceGC(ctx context.Context) (stop func()) {
+	if !gcpace.Wanted(os.Getenv) {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		gcpace.Pace(ctx, gcpace.DefaultHeadroom, time.Second)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // notifyReload relays SIGHUP to reload, for node.Options.NotifyReload.

@@ -202,7 +202,7 @@ func TestCLIHelp(t *testing.T) {
 		wantFlags []string
 		wantOut   []string
 	}{
-		{name: "serve --help", args: []string{"serve", "--help"}, wantFlags: wantServe, wantOut: []string{"Usage: amqp-mirror serve", "SIGHUP"}},
+		{name: "serve --help", args: []string{"serve", "--help"}, wantFlags: wantServe, wantOut: []string{"Usage: amqp-mirror serve", "SIGHUP", "GOMEMLIMIT"}},
 		{name: "help serve", args: []string{"help", "serve"}, wantFlags: wantServe, wantOut: []string{"Usage: amqp-mirror serve"}},
 		{name: "ctl --help", args: []string{"ctl", "--help"}, wantFlags: ctlFlags, wantOut: []string{"Usage: amqp-mirror ctl"}},
 		{name: "help ctl", args: []string{"help", "ctl"}, wantFlags: ctlFlags, wantOut: []string{"Usage: amqp-mirror ctl", "before or after the command"}},
