@@ -34,24 +34,27 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 	fmt.Fprintf(out, "copies: brokers holding each queue, counted on the brokers; cpu in cores (brokers: every node the row uses; other: the rest of the machine, idle nodes included)\n")
 	fmt.Fprintf(out, "whole run: from the clients' start to the end of the work they left (drain, and amqp-mirror's trimming of the slaves, settle s); CPU per message consumed in it\n\n")
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "target\trun\tcopies\tconsumed/s\tpublished/s\tconfirm p50\tp99\tdelivery p50\tp99\tcpu brokers\tproxy\tbench\tother\twhole run s\tsettle s\tbrokers µs/msg\tproxy µs/msg\t")
+	fmt.Fprintln(w, "target\trun\tcopies\tconsumed/s\tpublished/s\tconfirm p50\tp99\tdelivery p50\tp99\tcpu brokers\tproxy\tbench\tother\twhole run s\tsettle s\tbrokers µs/msg\tbusiest µs/msg\tproxy µs/msg\t")
 	for _, r := range runs {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%.1f\t%.1f\t%.0f\t%s\t\n",
+		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t\n",
 			r.Target, r.Run, r.Copies, r.ConsumeRate, r.PublishRate, r.Confirm.P50, r.Confirm.P99,
 			r.Deliver.P50, r.Deliver.P99, r.CPU.Broker, proxyCPU(r), r.CPU.Load, r.CPU.Other,
-			r.Whole.Seconds, r.Whole.SettleSeconds, r.Whole.BrokerCPUPerMessage, wholeProxyCPU(r))
+			r.Whole.Seconds, r.Whole.SettleSeconds, r.Whole.BrokerCPUPerMessage, r.Whole.BusiestBrokerCPUPerMessage, wholeProxyCPU(r))
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
 
-	var direct float64
+	// One node's rate, and its broker's CPU per message over the whole run: what the
+	// proxy's and the busiest broker's CPU per message are set against.
+	var direct, node float64
 	if d := runsOf(runs, targetDirect); len(d) > 0 {
 		direct = median(d).ConsumeRate
+		node = median(d).Whole.BusiestBrokerCPUPerMessage
 	}
 	fmt.Fprintln(out)
 	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "median of runs\tcopies\tconsumed/s\t(runs)\tratio\tconfirm p50/p99 ms\tdelivery p50/p99 ms\tcpu brokers\tproxy\tproxy CPU/msg\tbrokers+proxy CPU/msg\twhole run: proxy / brokers CPU/msg")
+	fmt.Fprintln(w, "median of runs\tcopies\tconsumed/s\t(runs)\tratio\tconfirm p50/p99 ms\tdelivery p50/p99 ms\tcpu brokers\tproxy\tproxy CPU/msg\tbrokers+proxy CPU/msg\twhole run: proxy / brokers / busiest broker CPU/msg\tproxy / busiest ÷ one node's")
 	for _, target := range mirroredRows {
 		rs := runsOf(runs, target)
 		if len(rs) == 0 {
@@ -78,10 +81,15 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 		if m.ConsumeRate > 0 {
 			total = fmt.Sprintf("%.0f µs", (m.CPU.Broker+m.CPU.Proxy)/m.ConsumeRate*1e6)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%.0f\t%s\t%.2f\t%.2f / %.2f\t%.2f / %.2f\t%.2f\t%s\t%s\t%s\t%s / %.0f µs\n",
+		proxyShare := "-"
+		if target == targetMirror || target == targetMirrorBaseline {
+			proxyShare = fmt.Sprintf("%.2f", ratio(m.Whole.ProxyCPUPerMessage, node))
+		}
+		fmt.Fprintf(w, "%s\t%d\t%.0f\t%s\t%.2f\t%.2f / %.2f\t%.2f / %.2f\t%.2f\t%s\t%s\t%s\t%s / %.0f µs / %.0f µs\t%s / %.2f\n",
 			mirroredLabels[target], copies, m.ConsumeRate, rateRange(rates), ratio(m.ConsumeRate, direct),
 			m.Confirm.P50, m.Confirm.P99, m.Deliver.P50, m.Deliver.P99, m.CPU.Broker, proxy, perMessage, total,
-			wholeProxyCPU(m), m.Whole.BrokerCPUPerMessage)
+			wholeProxyCPU(m), m.Whole.BrokerCPUPerMessage, m.Whole.BusiestBrokerCPUPerMessage,
+			proxyShare, ratio(m.Whole.BusiestBrokerCPUPerMessage, node))
 	}
 	if err := w.Flush(); err != nil {
 		return err

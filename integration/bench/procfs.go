@@ -137,15 +137,18 @@ type watched struct {
 type cpuSnapshot struct {
 	at                          time.Time
 	broker, proxy, own, machine time.Duration
-	proxyCalls                  ioCalls
+	// each is each watched broker's CPU time, in the order of watched.brokers.
+	each       []time.Duration
+	proxyCalls ioCalls
 }
 
 func (w watched) snapshot() cpuSnapshot {
-	s := cpuSnapshot{at: time.Now()}
-	for _, pid := range w.brokers {
+	s := cpuSnapshot{at: time.Now(), each: make([]time.Duration, len(w.brokers))}
+	for i, pid := range w.brokers {
 		if pid != 0 {
 			cpu, _ := cpuTime(pid)
 			s.broker += cpu
+			s.each[i] = cpu
 		}
 	}
 	if w.proxy != 0 {
@@ -189,6 +192,15 @@ func (w watched) between(from, to cpuSnapshot) cpuUse {
 		use.Other = max(0, (to.machine-from.machine).Seconds()/wall-use.Broker-use.Proxy-use.Load)
 	}
 	return use
+}
+
+// busiestBroker is the most CPU time one watched broker used between two snapshots.
+func busiestBroker(from, to cpuSnapshot) time.Duration {
+	var most time.Duration
+	for i := range min(len(from.each), len(to.each)) {
+		most = max(most, to.each[i]-from.each[i])
+	}
+	return most
 }
 
 // processTree is pid and its live descendants: socat serves each connection in a child.

@@ -81,6 +81,9 @@ type wholeRun struct {
 	// trimmers included) and the brokers'.
 	ProxyCPUPerMessage  float64 `json:"proxy_cpu_us_per_message"`
 	BrokerCPUPerMessage float64 `json:"broker_cpu_us_per_message"`
+	// BusiestBrokerCPUPerMessage is the CPU per message of the broker that used the
+	// most: with each broker on a machine of its own, it is the one that sets the rate.
+	BusiestBrokerCPUPerMessage float64 `json:"busiest_broker_cpu_us_per_message"`
 }
 
 // measure fills in the whole run between two snapshots.
@@ -92,6 +95,7 @@ func (w *wholeRun) measure(procs watched, from, to cpuSnapshot) {
 	use := procs.between(from, to)
 	w.ProxyCPUPerMessage = use.Proxy * w.Seconds / float64(w.Consumed) * 1e6
 	w.BrokerCPUPerMessage = use.Broker * w.Seconds / float64(w.Consumed) * 1e6
+	w.BusiestBrokerCPUPerMessage = busiestBroker(from, to).Seconds() / float64(w.Consumed) * 1e6
 }
 
 func (r runResult) oneLine() string {
@@ -140,6 +144,9 @@ func median(runs []runResult) runResult {
 			SettleSeconds:       pick(func(r runResult) float64 { return r.Whole.SettleSeconds }),
 			ProxyCPUPerMessage:  pick(func(r runResult) float64 { return r.Whole.ProxyCPUPerMessage }),
 			BrokerCPUPerMessage: pick(func(r runResult) float64 { return r.Whole.BrokerCPUPerMessage }),
+			BusiestBrokerCPUPerMessage: pick(func(r runResult) float64 {
+				return r.Whole.BusiestBrokerCPUPerMessage
+			}),
 		},
 	}
 }
