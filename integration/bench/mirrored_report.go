@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 )
 
@@ -34,12 +35,12 @@ func printMirrored(out io.Writer, cfg config, runs []runResult, declares []decla
 	fmt.Fprintf(out, "copies: brokers holding each queue, counted on the brokers; cpu in cores (brokers: every node the row uses; other: the rest of the machine, idle nodes included)\n")
 	fmt.Fprintf(out, "whole run: from the clients' start to the end of the work they left (drain, and amqp-mirror's trimming of the slaves, settle s); CPU per message consumed in it\n\n")
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "target\trun\tcopies\tconsumed/s\tpublished/s\tconfirm p50\tp99\tdelivery p50\tp99\tcpu brokers\tproxy\tbench\tother\twhole run s\tsettle s\tbrokers µs/msg\tbusiest µs/msg\tproxy µs/msg\t")
+	fmt.Fprintln(w, "target\trun\tcopies\tconsumed/s\tpublished/s\tconfirm p50\tp99\tdelivery p50\tp99\tcpu brokers\tproxy\tbench\tother\twhole run s\tsettle s\tbrokers µs/msg\teach broker µs/msg\tproxy µs/msg\t")
 	for _, r := range runs {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t\n",
+		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%.2f\t%.1f\t%.1f\t%.0f\t%s\t%s\t\n",
 			r.Target, r.Run, r.Copies, r.ConsumeRate, r.PublishRate, r.Confirm.P50, r.Confirm.P99,
 			r.Deliver.P50, r.Deliver.P99, r.CPU.Broker, proxyCPU(r), r.CPU.Load, r.CPU.Other,
-			r.Whole.Seconds, r.Whole.SettleSeconds, r.Whole.BrokerCPUPerMessage, r.Whole.BusiestBrokerCPUPerMessage, wholeProxyCPU(r))
+			r.Whole.Seconds, r.Whole.SettleSeconds, r.Whole.BrokerCPUPerMessage, eachBrokerCPU(r.Whole), wholeProxyCPU(r))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -153,4 +154,16 @@ func rateRange(rates []float64) string {
 		return fmt.Sprintf("%.0f", rates[0])
 	}
 	return fmt.Sprintf("%.0f-%.0f", slices.Min(rates), slices.Max(rates))
+}
+
+// eachBrokerCPU is each broker's CPU per message over the whole run, "55 / 49 / 48".
+func eachBrokerCPU(w wholeRun) string {
+	if len(w.EachBrokerCPUPerMessage) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(w.EachBrokerCPUPerMessage))
+	for i, v := range w.EachBrokerCPUPerMessage {
+		parts[i] = fmt.Sprintf("%.0f", v)
+	}
+	return strings.Join(parts, " / ")
 }

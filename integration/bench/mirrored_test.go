@@ -1,10 +1,12 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	productconfig "github.com/amqp-mirror/amqp-mirror/config"
 	harness "github.com/amqp-mirror/amqp-mirror/internal/localbroker"
@@ -155,5 +157,32 @@ func TestBaselineRowFlags(t *testing.T) {
 				t.Errorf("parseFlags(%q): error %v, want an error: %v", tt.args, err, tt.wantErr)
 			}
 		})
+	}
+}
+
+// TestWholeRunEachBroker: the whole run gives each broker's CPU per consumed message, in
+// the order of the row's nodes, and the largest of them as the busiest broker's.
+func TestWholeRunEachBroker(t *testing.T) {
+	start := time.Now()
+	from := cpuSnapshot{at: start, each: []time.Duration{time.Second, 2 * time.Second, 0}}
+	to := cpuSnapshot{
+		at:   start.Add(10 * time.Second),
+		each: []time.Duration{1500 * time.Millisecond, 3 * time.Second, 800 * time.Millisecond},
+	}
+	to.broker = to.each[0] + to.each[1] + to.each[2]
+	from.broker = from.each[0] + from.each[1] + from.each[2]
+	w := wholeRun{Consumed: 10_000}
+	w.measure(watched{brokers: []int{1, 2, 3}}, from, to)
+	if got, want := eachBrokerCPU(w), "50 / 100 / 80"; got != want {
+		t.Errorf("each broker's CPU per message = %q, want %q", got, want)
+	}
+	if w.BusiestBrokerCPUPerMessage != 100 {
+		t.Errorf("busiest broker's CPU per message = %v µs, want 100", w.BusiestBrokerCPUPerMessage)
+	}
+	if math.Abs(w.BrokerCPUPerMessage-230) > 1e-6 {
+		t.Errorf("brokers' CPU per message = %v µs, want 230", w.BrokerCPUPerMessage)
+	}
+	if got := eachBrokerCPU(wholeRun{}); got != "-" {
+		t.Errorf("a run without brokers gives %q, want -", got)
 	}
 }

@@ -194,13 +194,14 @@ func (w watched) between(from, to cpuSnapshot) cpuUse {
 	return use
 }
 
-// busiestBroker is the most CPU time one watched broker used between two snapshots.
-func busiestBroker(from, to cpuSnapshot) time.Duration {
-	var most time.Duration
-	for i := range min(len(from.each), len(to.each)) {
-		most = max(most, to.each[i]-from.each[i])
+// eachBroker is the CPU time each watched broker used between two snapshots, in the
+// order of watched.brokers.
+func eachBroker(from, to cpuSnapshot) []time.Duration {
+	used := make([]time.Duration, min(len(from.each), len(to.each)))
+	for i := range used {
+		used[i] = to.each[i] - from.each[i]
 	}
-	return most
+	return used
 }
 
 // processTree is pid and its live descendants: socat serves each connection in a child.

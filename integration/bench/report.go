@@ -83,7 +83,9 @@ type wholeRun struct {
 	BrokerCPUPerMessage float64 `json:"broker_cpu_us_per_message"`
 	// BusiestBrokerCPUPerMessage is the CPU per message of the broker that used the
 	// most: with each broker on a machine of its own, it is the one that sets the rate.
-	BusiestBrokerCPUPerMessage float64 `json:"busiest_broker_cpu_us_per_message"`
+	// EachBrokerCPUPerMessage is every broker's, in the order of the row's nodes.
+	BusiestBrokerCPUPerMessage float64   `json:"busiest_broker_cpu_us_per_message"`
+	EachBrokerCPUPerMessage    []float64 `json:"each_broker_cpu_us_per_message,omitempty"`
 }
 
 // measure fills in the whole run between two snapshots.
@@ -95,7 +97,13 @@ func (w *wholeRun) measure(procs watched, from, to cpuSnapshot) {
 	use := procs.between(from, to)
 	w.ProxyCPUPerMessage = use.Proxy * w.Seconds / float64(w.Consumed) * 1e6
 	w.BrokerCPUPerMessage = use.Broker * w.Seconds / float64(w.Consumed) * 1e6
-	w.BusiestBrokerCPUPerMessage = busiestBroker(from, to).Seconds() / float64(w.Consumed) * 1e6
+	w.EachBrokerCPUPerMessage = nil
+	w.BusiestBrokerCPUPerMessage = 0
+	for _, used := range eachBroker(from, to) {
+		perMessage := used.Seconds() / float64(w.Consumed) * 1e6
+		w.EachBrokerCPUPerMessage = append(w.EachBrokerCPUPerMessage, perMessage)
+		w.BusiestBrokerCPUPerMessage = max(w.BusiestBrokerCPUPerMessage, perMessage)
+	}
 }
 
 func (r runResult) oneLine() string {
