@@ -142,7 +142,8 @@
 //     the master is settled on the slaves and published to the client's
 //     dead-letter exchange on every backend; a drop by a slave's broker
 //     (its trimmer gave back more copies than the limit) goes back into
-//     that slave; a rejected or expired copy goes to the client's
+//     that slave, unless the drop came before the copy rejoined purged
+//     (it was then the master's, before a promotion); a rejected or expired copy goes to the client's
 //     dead-letter exchange on its own backend, as without the proxy
 //     (engine/deadletters.go).
 //   - maxlen, reject-publish and reject-publish-dlx (x-overflow): the

@@ -34,6 +34,11 @@ import (
 //     still holds, which happens when its trimmer gave its copies back (a
 //     sync reading it, a restart) and they outnumbered the limit. The
 //     copy goes back into the slave's queue, without that x-death entry.
+//     Unless it was dropped before the copy rejoined the queue purged
+//     (rejoins): then the broker dropped it as the queue's master, before
+//     it was lost and a slave promoted, and its forwarder never got to it.
+//     The promoted slave's broker dropped the same messages again when its
+//     trimmer gave them back, and forwarded them; this one is dropped.
 //   - any other reason (rejected, expired): every copy is dead-lettered by
 //     its own broker, so the message goes to the client's dead-letter
 //     exchange on this backend only, as each broker does without a proxy.
@@ -79,8 +84,10 @@ type deadLetters struct {
 	backends []string
 	// settle settles messages of a queue on its slaves (Engine.Settle).
 	settle func(id mirror.QueueID, ids []mirror.MessageID, outcome mirror.Outcome)
-	log    *slog.Logger
-	life   lifetime
+	// rejoins are the copies that rejoined their queue purged, and when.
+	rejoins *rejoins
+	log     *slog.Logger
+	life    lifetime
 
 	mu      sync.Mutex
 	running map[deadLetterSource]context.CancelFunc
@@ -259,6 +266,9 @@ func (d *deadLetters) handle(ctx context.Context, src deadLetterSource, msg amqp
 	case reason == "maxlen" && m.SlaveIndex(src.backend) < 0:
 		log.Debug("a message dropped by a copy that is no longer the queue's; dropped", "queue", queue)
 		return false, nil
+	case reason == "maxlen" && d.rejoins.before(id, src.backend, at):
+		log.Debug("a message the copy dropped before it rejoined purged; dropped", "queue", queue)
+		return false, nil
 	case reason == "maxlen":
 		back := publishing(msg)
 		back.Headers = withoutDeath(msg.Headers, queue, reason)
@@ -267,6 +277,45 @@ func (d *deadLetters) handle(ctx context.Context, src deadLetterSource, msg amqp
 		return false, out.publish(ctx, src.backend, exchange, key, publishing(msg), log)
 	}
 	return false, nil
+}
+
+// rejoins remembers when copies rejoined their queues purged
+// (failover.backendBack), for the forwarder of their backend, which runs
+// on the same proxy (roles.trimsHere). A proxy that restarts forgets
+// them, and then puts such a stale drop back as it would a slave's. It forgets a rejoin after rejoinMemory: by then the
+// forwarder has long read what the copy's broker dropped before it.
+type rejoins struct {
+	mu sync.Mutex
+	at map[trimmerRef]time.Time
+}
+
+const rejoinMemory = time.Hour
+
+// note records that the copy of id on backend rejoins purged at at.
+func (r *rejoins) note(id mirror.QueueID, backend string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.at == nil {
+		r.at = make(map[trimmerRef]time.Time)
+	}
+	for ref, when := range r.at {
+		if at.Sub(when) > rejoinMemory {
+			delete(r.at, ref)
+		}
+	}
+	r.at[trimmerRef{id, backend}] = at
+}
+
+// before reports whether death, an x-death time (whole seconds), is
+// before the last rejoin of the copy of id on backend. A death in the
+// rejoin's own second counts as after it: such a message is put back,
+// which at worst keeps one the master no longer holds, and never drops
+// one it does.
+func (r *rejoins) before(id mirror.QueueID, backend string, death time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	purged, ok := r.at[trimmerRef{id, backend}]
+	return ok && death.Before(purged.Truncate(time.Second))
 }
 
 // messageIdentity returns a message's identity: its identity header, or

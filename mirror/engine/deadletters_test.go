@@ -103,9 +103,10 @@ func TestDeadLettersForwarded(t *testing.T) {
 	publishTo(t, name, 0, 2, "rabbit2")
 	expectHeld(t, h.engine, m.ID, 2, "rabbit2")
 
-	// deadLetterAs puts message n into the dead-letter queue on conn's
-	// broker, as the broker dead-letters it from the queue for reason.
-	deadLetterAs := func(conn *amqp.Connection, n int, reason, userID string) {
+	// deadLetterAt puts message n into the dead-letter queue on conn's
+	// broker, as the broker dead-letters it from the queue for reason at
+	// the time given.
+	deadLetterAt := func(conn *amqp.Connection, n int, reason, userID string, at time.Time) {
 		t.Helper()
 		ch, err := conn.Channel()
 		if err != nil {
@@ -113,7 +114,7 @@ func TestDeadLettersForwarded(t *testing.T) {
 		}
 		defer ch.Close()
 		id := messageID(n)
-		death := amqp.Table{"count": int64(1), "reason": reason, "queue": name, "exchange": "", "routing-keys": []any{name}, "time": time.Now()}
+		death := amqp.Table{"count": int64(1), "reason": reason, "queue": name, "exchange": "", "routing-keys": []any{name}, "time": at}
 		err = ch.Publish("", mirror.DeadLetterExchange, false, false, amqp.Publishing{
 			Headers: amqp.Table{mirror.IdentityHeader: string(id[:]), "x-death": []any{death},
 				"x-first-death-queue": name, "x-first-death-reason": reason, "x-first-death-exchange": ""},
@@ -123,6 +124,10 @@ func TestDeadLettersForwarded(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	deadLetterAs := func(conn *amqp.Connection, n int, reason, userID string) {
+		t.Helper()
+		deadLetterAt(conn, n, reason, userID, time.Now())
 	}
 	deadLetter := func(backend string, n int, reason string) {
 		t.Helper()
@@ -146,6 +151,17 @@ func TestDeadLettersForwarded(t *testing.T) {
 
 	deadLetter("rabbit2", 2, "maxlen")
 	expectHeld(t, h.engine, m.ID, 2, "rabbit2")
+
+	// Once the copy on rabbit2 rejoins purged, what its broker dropped
+	// before was dropped as the queue's master, before a promotion: it
+	// stays out of the copy. What it drops after goes back, as above.
+	h.engine.failover.rejoins.note(m.ID, "rabbit2", time.Now())
+	deadLetterAt(dial(t, "rabbit2"), 5, "maxlen", "", time.Now().Add(-5*time.Second))
+	deadLetterAt(dial(t, "rabbit2"), 6, "maxlen", "", time.Now().Add(2*time.Second))
+	expectHeld(t, h.engine, m.ID, 3, "rabbit2")
+	if tr := h.engine.trimmers.get(m.ID, "rabbit2"); tr == nil || tr.t.Holds(messageID(5)) || !tr.t.Holds(messageID(6)) {
+		t.Errorf("after the rejoin, the copy on rabbit2 holds the stale drop (message 5), or not the later one (message 6)")
+	}
 
 	deadLetter("rabbit2", 1, "rejected")
 	expectTarget(map[string]int{"rabbit1": 1, "rabbit2": 2})

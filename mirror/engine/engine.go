@@ -234,7 +234,7 @@ func New(opts Options) *Engine {
 		store: opts.Store, records: e.records, trimmers: e.trimmers, syncs: e.syncs, liveness: e.liveness,
 		peers: opts.Peers, history: e.history, operator: e.operator, policies: opts.Policies, roles: e.roles, log: log,
 		life: e.life, poke: e.poke, metrics: e.metrics, lost: make(map[string]map[mirror.QueueID]bool),
-		outvoted: make(map[string]bool),
+		outvoted: make(map[string]bool), rejoins: &rejoins{},
 	}
 	e.drainer = &drainer{
 		store: opts.Store, records: e.records, liveness: e.liveness, trimmers: e.trimmers, syncs: e.syncs,
@@ -247,7 +247,8 @@ func New(opts Options) *Engine {
 	e.reconciler.held = e.listing.held
 	e.deadLetters = &deadLetters{
 		operator: e.operator, store: opts.Store, roles: e.roles, liveness: e.liveness, backends: e.backends,
-		settle: e.Settle, log: log, life: e.life, running: make(map[deadLetterSource]context.CancelFunc),
+		settle: e.Settle, rejoins: e.failover.rejoins, log: log, life: e.life,
+		running: make(map[deadLetterSource]context.CancelFunc),
 	}
 	return e
 }

@@ -40,10 +40,13 @@ type failover struct {
 	operator *operator
 	policies *config.PolicyStore
 	roles    roles
-	log      *slog.Logger
-	life     lifetime
-	poke     func() // wakes the loop (Engine.poke)
-	metrics  *counters
+	// rejoins hears of every copy that rejoins purged, for the forwarder
+	// of dead-letters (deadletters.go).
+	rejoins *rejoins
+	log     *slog.Logger
+	life    lifetime
+	poke    func() // wakes the loop (Engine.poke)
+	metrics *counters
 
 	mu     sync.Mutex
 	events []controllink.Event // taken by the loop
@@ -305,6 +308,10 @@ func (f *failover) backendBack(backend string, queues map[mirror.QueueID]bool) {
 			}
 		}
 		if err == nil {
+			// Before the copy is recorded a slave again: nothing is
+			// published to it until then, so what its broker dropped
+			// before now is stale (deadletters.go).
+			f.rejoins.note(id, backend, time.Now())
 			_, err = f.records.update(id, func(cur mirror.QueueMeta) (mirror.QueueMeta, bool) {
 				if cur.Master == backend {
 					return cur, false

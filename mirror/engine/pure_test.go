@@ -188,3 +188,38 @@ func TestSnapshotOverlay(t *testing.T) {
 		t.Errorf("countMasters = %v, want %v", got, want)
 	}
 }
+
+// TestRejoinsBefore: a drop counts as before a copy's rejoin only when its
+// x-death time (whole seconds) is before the rejoin's second, and only for
+// that copy.
+func TestRejoinsBefore(t *testing.T) {
+	id := mirror.QueueID{VHost: "/", Name: "q"}
+	rejoined := time.Date(2026, 12, 6, 0, 30, 10, 400_000_000, time.UTC)
+	var r rejoins
+	r.note(id, "rabbit2", rejoined)
+	tests := []struct {
+		name    string
+		queue   mirror.QueueID
+		backend string
+		death   time.Time
+		want    bool
+	}{
+		{"a second before", id, "rabbit2", rejoined.Truncate(time.Second).Add(-time.Second), true},
+		{"the rejoin's own second", id, "rabbit2", rejoined.Truncate(time.Second), false},
+		{"after", id, "rabbit2", rejoined.Add(time.Second), false},
+		{"another backend's copy", id, "rabbit3", rejoined.Add(-time.Minute), false},
+		{"another queue", mirror.QueueID{VHost: "/", Name: "other"}, "rabbit2", rejoined.Add(-time.Minute), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := r.before(tt.queue, tt.backend, tt.death); got != tt.want {
+				t.Errorf("before(%v, %s, %v) = %v, want %v", tt.queue, tt.backend, tt.death, got, tt.want)
+			}
+		})
+	}
+	// A rejoin older than rejoinMemory is forgotten at the next note.
+	r.note(mirror.QueueID{VHost: "/", Name: "later"}, "rabbit3", rejoined.Add(rejoinMemory+time.Minute))
+	if r.before(id, "rabbit2", rejoined.Add(-time.Minute)) {
+		t.Error("a rejoin older than rejoinMemory is still remembered")
+	}
+}
