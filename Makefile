@@ -56,6 +56,7 @@ fuzz:
 	for target in FuzzReadFrame FuzzDecodeMethod FuzzDecodeTable FuzzContentHeader; do \
 		$(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZTIME) ./frames/ || exit 1; \
 	done
+	$(GO) test -run '^$$' -fuzz '^FuzzTap$$' -fuzztime $(FUZZTIME) ./mirror/controllink/
 	$(GO) test -run '^$$' -fuzz '^FuzzProxyClientBytes$$' -fuzztime $(FUZZTIME) ./integration/
 
 generate:

@@ -48,10 +48,20 @@ type observedConn struct {
 	// blocks; readAhead moves the read deadline to now before it takes mu,
 	// so that a read blocked on a socket that is still open gives way (one
 	// on a failed socket has returned already).
-	mu       sync.Mutex
-	scanner  closeScanner
-	ahead    []byte // read ahead, already scanned, not yet handed to Read
-	aheadErr error  // how reading ahead ended, handed to Read after ahead
+	mu      sync.Mutex
+	scanner closeScanner
+	// tap takes the deliveries of trimmers' consumers out of what is read
+	// (tap.go); raw is what the socket is read into.
+	tap Tap
+	raw []byte
+	// ahead[aheadAt:] is read and scanned, not yet handed to Read;
+	// readErr is the error of the read that brought it, handed to Read
+	// after it; aheadErr is how reading ahead ended, handed to every Read
+	// after ahead.
+	ahead    []byte
+	aheadAt  int
+	readErr  error
+	aheadErr error
 
 	// readingAhead is set once a write failed; it tells Read that a
 	// deadline error may be readAhead's, not the caller's.
@@ -65,29 +75,69 @@ func observe(conn net.Conn) *observedConn { return &observedConn{Conn: conn} }
 // BrokerClose returns the connection.close the broker sent, or nil.
 func (c *observedConn) BrokerClose() *frames.ConnectionClose { return c.closeFrame.Load() }
 
+// rawReadSize is the most one read of the socket takes.
+const rawReadSize = 32 << 10
+
 func (c *observedConn) Read(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.ahead) == 0 && c.aheadErr == nil {
-		n, err := c.Conn.Read(p)
-		c.scan(p[:n])
-		if err == nil || n > 0 || !c.readingAhead.Load() {
-			return n, err
+	for c.unread() == 0 && c.readErr == nil && c.aheadErr == nil {
+		if c.raw == nil {
+			c.raw = make([]byte, rawReadSize)
 		}
-		// readAhead's deadline may have cut this read short: read ahead
-		// here, so that amqp091-go's reader hears of no error before the
-		// socket's last bytes are scanned.
-		c.drain()
-		if len(c.ahead) == 0 && c.aheadErr == nil {
-			return 0, err
+		n, err := c.Conn.Read(c.raw)
+		c.take(c.raw[:n])
+		switch {
+		case err == nil:
+			// Everything read may have been taken by the tap: read on.
+		case c.unread() > 0 || !c.readingAhead.Load():
+			c.readErr = err
+		default:
+			// readAhead's deadline may have cut this read short: read
+			// ahead here, so that amqp091-go's reader hears of no error
+			// before the socket's last bytes are scanned.
+			c.drain()
+			if c.unread() == 0 && c.aheadErr == nil {
+				return 0, err
+			}
 		}
 	}
-	if len(c.ahead) > 0 {
-		n := copy(p, c.ahead)
-		c.ahead = c.ahead[n:]
+	if c.unread() > 0 {
+		n := copy(p, c.ahead[c.aheadAt:])
+		c.aheadAt += n
+		if c.aheadAt == len(c.ahead) {
+			c.ahead, c.aheadAt = c.ahead[:0], 0
+		}
 		return n, nil
 	}
+	if err := c.readErr; err != nil {
+		c.readErr = nil
+		return 0, err
+	}
 	return 0, c.aheadErr
+}
+
+// unread is how much was read and not yet handed to Read; c.mu is held.
+func (c *observedConn) unread() int { return len(c.ahead) - c.aheadAt }
+
+// heartbeatFrame is an AMQP heartbeat: type, channel 0, no payload, end.
+var heartbeatFrame = []byte{frames.FrameHeartbeat, 0, 0, 0, 0, 0, 0, frames.FrameEnd}
+
+// take passes bytes read from the broker through the tap and the scanner,
+// and keeps what goes on to amqp091-go for Read; c.mu is held. When the
+// tap took all of them, amqp091-go gets a heartbeat instead: it counts the
+// broker silent, and closes the connection, when it reads no frame for
+// three heartbeat intervals, and a connection that carries only a
+// trimmer's deliveries would otherwise give it none. Nothing passing
+// means amqp091-go's stream is between two frames (a frame passes from its
+// header on), so the heartbeat cannot split one.
+func (c *observedConn) take(b []byte) {
+	from := len(c.ahead)
+	c.ahead = c.tap.process(b, c.ahead)
+	if len(b) > 0 && len(c.ahead) == from && c.tap.active.Load() > 0 {
+		c.ahead = append(c.ahead, heartbeatFrame...)
+	}
+	c.scan(c.ahead[from:])
 }
 
 func (c *observedConn) Write(p []byte) (int, error) {
@@ -125,8 +175,7 @@ func (c *observedConn) drain() {
 		// after every frame its reader handles.
 		c.Conn.SetReadDeadline(end)
 		n, err := c.Conn.Read(buf)
-		c.scan(buf[:n])
-		c.ahead = append(c.ahead, buf[:n]...)
+		c.take(buf[:n])
 		if err != nil {
 			c.aheadErr = err
 			return

@@ -71,14 +71,14 @@ func TestCopySynchronisesANewSlave(t *testing.T) {
 	source, target := declare(t, conn), declare(t, conn)
 	publishRange(t, conn, 0, 500, source) // the backlog before the new slave joined
 
-	trimSource, err := StartTrimmer(dial(t), source, TrimmerOptions{Logger: quietLogger()})
+	trimSource, err := startTapped(t, source, TrimmerOptions{Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer trimSource.Close()
 	// The settlements of messages the copy no longer brings are forgotten
 	// after ForgetAfter; the test makes it short.
-	trimTarget, err := StartTrimmer(dial(t), target, TrimmerOptions{ForgetAfter: time.Second, Logger: quietLogger()})
+	trimTarget, err := startTapped(t, target, TrimmerOptions{ForgetAfter: time.Second, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestCopySynchronisesANewSlave(t *testing.T) {
 func TestCopyEndsWithItsContext(t *testing.T) {
 	conn := dial(t)
 	source := declare(t, conn)
-	tr, err := StartTrimmer(dial(t), source, TrimmerOptions{Logger: quietLogger()})
+	tr, err := startTapped(t, source, TrimmerOptions{Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestCopyEndsWithItsContext(t *testing.T) {
 func TestCopyEndsWhenItsSourceIsGone(t *testing.T) {
 	conn := dial(t)
 	source := declareWithMessages(t, conn, 20000)
-	tr, err := StartTrimmer(dial(t), source, TrimmerOptions{Logger: quietLogger(), Retry: 100 * time.Millisecond})
+	tr, err := startTapped(t, source, TrimmerOptions{Logger: quietLogger(), Retry: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestLeftoverMarkerIsRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishRange(t, conn, 0, 5, queue)
-	tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{Logger: quietLogger()})
+	tr, err := startTapped(t, queue, TrimmerOptions{Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestTrimmerSpreadsDeliveriesOverChannels(t *testing.T) {
 				later = append(later, messageID(n))
 			}
 			rand.Shuffle(len(later), func(i, j int) { later[i], later[j] = later[j], later[i] })
-			tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{ChannelDeliveries: tt.perChannel, Logger: quietLogger()})
+			tr, err := startTapped(t, queue, TrimmerOptions{ChannelDeliveries: tt.perChannel, Logger: quietLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -266,7 +266,7 @@ func TestTrimmerGivesBackExpiredMessages(t *testing.T) {
 				args["x-message-ttl"] = tt.queueTTL
 			}
 			source := declareWith(t, conn, args)
-			tr, err := StartTrimmer(dial(t), source, TrimmerOptions{MessageTTL: tt.trimmerTTL, Retry: 50 * time.Millisecond, Logger: quietLogger()})
+			tr, err := startTapped(t, source, TrimmerOptions{MessageTTL: tt.trimmerTTL, Retry: 50 * time.Millisecond, Logger: quietLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -26,10 +26,25 @@ type slaveChannels struct {
 	// the last channel the trimmer may open takes everything.
 	prefetch int
 
+	// tap is the connection's (TrimmerOptions.Tap), nil without one.
+	tap *Tap
+
 	open    map[uint64]*amqp.Channel
 	current uint64
+	// sinks take the deliveries of the channels consumed through the tap,
+	// until their consumer is cancelled or their channel closed.
+	sinks map[uint64]*deliverySink
 	// closes reports why the current channel closed.
 	closes chan *amqp.Error
+}
+
+// inbox is where a channel's deliveries arrive: amqp091-go's channel, which
+// closes when the consumer is cancelled or the channel closed, and the
+// tap's sink (nil without one), which takes them all before amqp091-go
+// sees them.
+type inbox struct {
+	deliveries <-chan amqp.Delivery
+	sink       *deliverySink
 }
 
 func newSlaveChannels(conn *amqp.Connection, queue string, opts TrimmerOptions) slaveChannels {
@@ -38,7 +53,9 @@ func newSlaveChannels(conn *amqp.Connection, queue string, opts TrimmerOptions) 
 		queue:       queue,
 		consumerTag: opts.ConsumerTag,
 		prefetch:    opts.ChannelDeliveries,
+		tap:         opts.Tap,
 		open:        make(map[uint64]*amqp.Channel),
+		sinks:       make(map[uint64]*deliverySink),
 	}
 }
 
@@ -63,11 +80,12 @@ func channelOf(ref uint64) uint64 { return ref >> tagBits }
 func tagOf(ref uint64) uint64 { return ref & (1<<tagBits - 1) }
 
 // consume opens a channel and consumes the slave copy on it; it becomes
-// the current one.
-func (c *slaveChannels) consume() (*amqp.Channel, <-chan amqp.Delivery, error) {
+// the current one. Through the tap when there is one and tapped is set
+// (a copy, which publishes each message whole, consumes without).
+func (c *slaveChannels) consume(tapped bool) (*amqp.Channel, inbox, error) {
 	ch, err := c.conn.Channel()
 	if err != nil {
-		return nil, nil, fmt.Errorf("trimmer for queue %q: opening a channel: %w", c.queue, err)
+		return nil, inbox{}, fmt.Errorf("trimmer for queue %q: opening a channel: %w", c.queue, err)
 	}
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
 	// The prefetch bounds what one channel takes, however fast the broker
@@ -79,17 +97,37 @@ func (c *slaveChannels) consume() (*amqp.Channel, <-chan amqp.Delivery, error) {
 	}
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		ch.Close()
-		return nil, nil, fmt.Errorf("trimmer for queue %q: basic.qos: %w", c.queue, err)
+		return nil, inbox{}, fmt.Errorf("trimmer for queue %q: basic.qos: %w", c.queue, err)
 	}
-	deliveries, err := ch.Consume(c.queue, c.consumerTag, false, false, false, false, nil)
+	tag := c.consumerTag
+	var sink *deliverySink
+	if tapped && c.tap != nil {
+		// Registered before the consume: the first deliveries may come
+		// right after the consume-ok.
+		tag, sink = c.tap.register(c.consumerTag)
+	}
+	deliveries, err := ch.Consume(c.queue, tag, false, false, false, false, nil)
 	if err != nil {
+		c.tap.unregister(sink)
 		ch.Close()
-		return nil, nil, fmt.Errorf("trimmer for queue %q: consuming: %w", c.queue, err)
+		return nil, inbox{}, fmt.Errorf("trimmer for queue %q: consuming: %w", c.queue, err)
 	}
 	c.closes = closes
 	c.current++
 	c.open[c.current] = ch
-	return ch, deliveries, nil
+	if sink != nil {
+		c.sinks[c.current] = sink
+	}
+	return ch, inbox{deliveries: deliveries, sink: sink}, nil
+}
+
+// stopTaking ends the tap's taking for the channel seq, whose consumer is
+// cancelled or which is closed.
+func (c *slaveChannels) stopTaking(seq uint64) {
+	if sink := c.sinks[seq]; sink != nil {
+		c.tap.unregister(sink)
+		delete(c.sinks, seq)
+	}
 }
 
 // full reports whether the trimmer may open no more channels: the current
@@ -106,6 +144,7 @@ func (c *slaveChannels) closeEmpty(holds func(seq uint64) bool) {
 		if !holds(seq) {
 			ch.Close()
 			delete(c.open, seq)
+			c.stopTaking(seq)
 		}
 	}
 }
@@ -128,6 +167,7 @@ func (c *slaveChannels) closeAll() {
 	for seq, ch := range c.open {
 		ch.Close() // an error means it is closed already
 		delete(c.open, seq)
+		c.stopTaking(seq)
 	}
 }
 

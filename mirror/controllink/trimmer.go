@@ -1,6 +1,7 @@
 // Package controllink is the proxy's own links to the backends, on the
 // account in each backend's URL (never a client's), carried out with
-// amqp091-go: the I/O side of the engine in package mirror.
+// amqp091-go: the I/O side of the engine in package mirror. Only the
+// trimmers' deliveries bypass it, read by the connection's Tap (tap.go).
 //
 // A Watcher keeps one connection to each backend and says when a backend
 // goes down and comes back. A Trimmer keeps one slave copy in step with its
@@ -86,7 +87,11 @@ type TrimmerOptions struct {
 	// spent its time in those walks and confirmed publishes at a trickle.
 	// Bounding each channel's deliveries bounds the walk.
 	ChannelDeliveries int
-	Logger            *slog.Logger
+	// Tap is the connection's delivery tap (Watcher.Tap): with it, the
+	// trimmer's deliveries skip amqp091-go (tap.go). Nil reads them
+	// through amqp091-go.
+	Tap    *Tap
+	Logger *slog.Logger
 }
 
 func (o TrimmerOptions) withDefaults() TrimmerOptions {
@@ -247,13 +252,39 @@ func StartTrimmer(conn *amqp.Connection, queue string, opts TrimmerOptions) (*Tr
 		purges:    make(chan *purgeJob),
 		done:      make(chan struct{}),
 	}
-	ch, deliveries, err := t.channels.consume()
+	ch, in, err := t.channels.consume(true)
 	if err != nil {
 		return nil, err
 	}
 	t.wg.Add(1)
-	go t.run(ch, deliveries)
+	go t.run(ch, in)
 	return t, nil
+}
+
+// delivery is what the trimmer reads of one delivery of the slave copy:
+// from the tap, or from amqp091-go (fromAMQP).
+type delivery struct {
+	tag        uint64 // on its channel
+	id         mirror.MessageID
+	identified bool // id is the identity header's
+	marker     bool // a sync marker (SyncMarkerHeader)
+	expiration string
+	// body is kept for a message without an identity, which is keyed by
+	// its content.
+	body []byte
+	// whole is amqp091-go's delivery, on a channel consumed without the
+	// tap; a copy sends it on whole.
+	whole *amqp.Delivery
+}
+
+func fromAMQP(d amqp.Delivery) delivery {
+	value, _ := d.Headers[mirror.IdentityHeader].(string)
+	id, identified := mirror.ParseMessageID(value)
+	_, marker := d.Headers[SyncMarkerHeader]
+	return delivery{
+		tag: d.DeliveryTag, id: id, identified: identified, marker: marker,
+		expiration: d.Expiration, body: d.Body, whole: &d,
+	}
 }
 
 // Settle records that the master's copies of ids are gone: the slave's
@@ -407,14 +438,24 @@ func (t *Trimmer) Close() {
 // ChannelDeliveries deliveries unacknowledged: the consumer is cancelled (what the broker
 // sent before its cancel-ok is taken first, in order), and the old channel
 // stays open holding its deliveries until they are all acked (closeEmpty).
-func (t *Trimmer) rotate(ch *amqp.Channel, deliveries <-chan amqp.Delivery) (*amqp.Channel, <-chan amqp.Delivery, error) {
-	if err := ch.Cancel(t.opts.ConsumerTag, false); err != nil {
-		return ch, deliveries, fmt.Errorf("cancelling the consumer of a full channel: %w", err)
+func (t *Trimmer) rotate(ch *amqp.Channel, in inbox) (*amqp.Channel, inbox, error) {
+	tag := t.opts.ConsumerTag
+	if in.sink != nil {
+		tag = in.sink.tag
 	}
-	for d := range deliveries {
+	if err := ch.Cancel(tag, false); err != nil {
+		return ch, in, fmt.Errorf("cancelling the consumer of a full channel: %w", err)
+	}
+	for d := range in.deliveries {
+		t.take(fromAMQP(d))
+	}
+	// The cancel-ok came after every delivery of the consumer, so the
+	// tap has taken them all by now.
+	for _, d := range in.sink.take() {
 		t.take(d)
 	}
-	return t.channels.consume()
+	t.channels.stopTaking(t.channels.current)
+	return t.channels.consume(t.job == nil)
 }
 
 // unackedOnCurrent is how many deliveries of the consuming channel are not
@@ -429,10 +470,10 @@ func (t *Trimmer) unackedOnCurrent() int {
 
 // run owns the channel: it records deliveries, flushes acks, and replaces
 // the channel when the broker closes it or when it is time to recycle.
-func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
+func (t *Trimmer) run(ch *amqp.Channel, in inbox) {
 	defer t.wg.Done()
 	for {
-		reason := t.serve(ch, deliveries)
+		reason := t.serve(ch, in)
 		t.channels.closeAll() // requeues what is held
 		t.forgetChannel()
 		switch reason {
@@ -453,7 +494,7 @@ func (t *Trimmer) run(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 		}
 		var err error
 		for {
-			if ch, deliveries, err = t.channels.consume(); err == nil {
+			if ch, in, err = t.channels.consume(t.job == nil); err == nil {
 				t.queueMissing.Store(false)
 				break
 			}
@@ -493,7 +534,7 @@ const (
 // its timers and the select over every event source share local state
 // (what the expiry and ack timers are armed for), and in one place the
 // reader sees which event is handled when.
-func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopReason {
+func (t *Trimmer) serve(ch *amqp.Channel, in inbox) stopReason {
 	recycle := time.NewTimer(t.opts.Recycle)
 	defer recycle.Stop()
 	sweep := time.NewTicker(t.opts.ForgetAfter / 4)
@@ -521,6 +562,23 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 			ackArmed = true
 		}
 		return nil
+	}
+	// tookBurst flushes what a burst of deliveries decided, and moves
+	// consuming to a fresh channel once the current one is full; stop
+	// says the channel is lost.
+	tookBurst := func() (stopReason, bool) {
+		if err := settle(); err != nil {
+			t.log.Warn("trimmer lost its channel", "err", err)
+			return stopChannelLost, true
+		}
+		if t.unackedOnCurrent() >= t.opts.ChannelDeliveries && !t.channels.full() {
+			var err error
+			if ch, in, err = t.rotate(ch, in); err != nil {
+				t.log.Warn("trimmer lost its channel", "err", err)
+				return stopChannelLost, true
+			}
+		}
+		return 0, false
 	}
 	for {
 		switch next, ok := t.nextExpiry(); {
@@ -578,8 +636,22 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 				t.log.Warn("trimmer lost its channel", "err", err)
 				return stopChannelLost
 			}
-		case d, ok := <-deliveries:
+		case <-in.sink.ready():
+			if t.channels.olderLost() {
+				t.log.Warn("the broker closed one of the trimmer's older channels; consuming again")
+				return stopChannelLost
+			}
+			for _, d := range in.sink.take() {
+				t.take(d)
+			}
+			if reason, stop := tookBurst(); stop {
+				return reason
+			}
+		case d, ok := <-in.deliveries:
 			if !ok {
+				// The broker gave back what the channel held, also what
+				// the tap took and the trimmer has not read.
+				in.sink.take()
 				t.log.Warn("trimmer's channel was closed by the broker; consuming again", "err", t.channels.closeReason())
 				return stopChannelLost
 			}
@@ -587,29 +659,21 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 				t.log.Warn("the broker closed one of the trimmer's older channels; consuming again")
 				return stopChannelLost
 			}
-			t.take(d)
+			t.take(fromAMQP(d))
 			// Take the rest of the burst before deciding on a flush.
 			for more := true; more; {
 				select {
-				case d, ok := <-deliveries:
+				case d, ok := <-in.deliveries:
 					if !ok {
 						return stopChannelLost
 					}
-					t.take(d)
+					t.take(fromAMQP(d))
 				default:
 					more = false
 				}
 			}
-			if err := settle(); err != nil {
-				t.log.Warn("trimmer lost its channel", "err", err)
-				return stopChannelLost
-			}
-			if t.unackedOnCurrent() >= t.opts.ChannelDeliveries && !t.channels.full() {
-				var err error
-				if ch, deliveries, err = t.rotate(ch, deliveries); err != nil {
-					t.log.Warn("trimmer lost its channel", "err", err)
-					return stopChannelLost
-				}
+			if reason, stop := tookBurst(); stop {
+				return reason
 			}
 		}
 	}
@@ -618,11 +682,10 @@ func (t *Trimmer) serve(ch *amqp.Channel, deliveries <-chan amqp.Delivery) stopR
 // take handles one delivery of the slave copy: held until the master's copy
 // is gone, acked at once when it already is, and during a copy also sent to
 // the copy's destination.
-func (t *Trimmer) take(d amqp.Delivery) {
-	tag := refOf(t.channels.current, d.DeliveryTag)
-	value, _ := d.Headers[mirror.IdentityHeader].(string)
-	id, identified := mirror.ParseMessageID(value)
-	if _, marker := d.Headers[SyncMarkerHeader]; marker {
+func (t *Trimmer) take(d delivery) {
+	tag := refOf(t.channels.current, d.tag)
+	id, identified := d.id, d.identified
+	if d.marker {
 		// A marker is never a message: remove it, also one left behind
 		// by a copy that ended before it arrived.
 		t.settleDelivery(tag, id)
@@ -635,14 +698,18 @@ func (t *Trimmer) take(d amqp.Delivery) {
 	}
 	byContent := !identified
 	if byContent {
-		id = mirror.ContentID(d.Body)
+		id = mirror.ContentID(d.body)
 	}
 	kept := t.hold(tag, id, byContent)
 	if kept {
-		t.scheduleExpiry(tag, id, byContent, d.Expiration, time.Now())
+		t.scheduleExpiry(tag, id, byContent, d.expiration, time.Now())
 	}
 	if t.job != nil && kept {
-		if err := t.job.send(d); err != nil {
+		err := errors.New("a copy read a delivery the tap took") // the copy's channel has no sink (run)
+		if d.whole != nil {
+			err = t.job.send(*d.whole)
+		}
+		if err != nil {
 			t.endCopy(err)
 		}
 	}

@@ -49,6 +49,28 @@ func dial(t *testing.T) *amqp.Connection {
 	return conn
 }
 
+// dialTapped dials the test broker as the watcher dials a backend, and
+// returns the connection with its delivery tap (tap.go).
+func dialTapped(t *testing.T) (*amqp.Connection, *Tap) {
+	t.Helper()
+	w := &Watcher{}
+	conn, _, err := w.dial(Backend{Name: "test", URL: broker.URL()}, "trimmer test")
+	if err != nil {
+		t.Fatalf("dial %s: %v", broker.URL(), err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, w.Tap(conn)
+}
+
+// startTapped starts a trimmer as the engine does: on a connection the
+// watcher dialled, its deliveries taken by the connection's tap.
+func startTapped(t *testing.T, queue string, opts TrimmerOptions) (*Trimmer, error) {
+	t.Helper()
+	conn, tap := dialTapped(t)
+	opts.Tap = tap
+	return StartTrimmer(conn, queue, opts)
+}
+
 func messageID(n int) mirror.MessageID {
 	var id mirror.MessageID
 	binary.BigEndian.PutUint64(id[8:], uint64(n))
@@ -160,11 +182,16 @@ func TestTrimmerRemovesSettledMessages(t *testing.T) {
 		settleFirst bool
 		shuffle     bool // settle out of order: single acks, not one multiple
 		recycle     time.Duration
+		// untapped reads the deliveries through amqp091-go, as a trimmer
+		// on a connection without a tap does.
+		untapped bool
 	}{
 		{name: "in order"},
 		{name: "out of order", shuffle: true},
 		{name: "settled before the slave copy arrived", settleFirst: true, shuffle: true},
 		{name: "recycling while settling", shuffle: true, recycle: 20 * time.Millisecond},
+		{name: "in order, through amqp091-go", untapped: true},
+		{name: "settled before the slave copy arrived, through amqp091-go", settleFirst: true, shuffle: true, untapped: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -192,7 +219,13 @@ func TestTrimmerRemovesSettledMessages(t *testing.T) {
 				}
 			}
 
-			tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{Recycle: tt.recycle, Logger: quietLogger()})
+			start := startTapped
+			if tt.untapped {
+				start = func(t *testing.T, queue string, opts TrimmerOptions) (*Trimmer, error) {
+					return startTapped(t, queue, opts)
+				}
+			}
+			tr, err := start(t, queue, TrimmerOptions{Recycle: tt.recycle, Logger: quietLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -248,7 +281,7 @@ func TestTrimmerRejectsWhatTheMasterRejected(t *testing.T) {
 			conn := dial(t)
 			target := declare(t, conn)
 			source := declareWith(t, conn, amqp.Table{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": target})
-			tr, err := StartTrimmer(dial(t), source, TrimmerOptions{Logger: quietLogger()})
+			tr, err := startTapped(t, source, TrimmerOptions{Logger: quietLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -371,7 +404,7 @@ func TestTrimmerKeysMessagesWithoutIdentityByContent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{Logger: quietLogger()})
+	tr, err := startTapped(t, queue, TrimmerOptions{Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +449,7 @@ func TestTrimmerKeysMessagesWithoutIdentityByContent(t *testing.T) {
 func TestTrimmerPurge(t *testing.T) {
 	conn := dial(t)
 	queue := declareWithMessages(t, conn, 200)
-	tr, err := StartTrimmer(dial(t), queue, TrimmerOptions{Logger: quietLogger()})
+	tr, err := startTapped(t, queue, TrimmerOptions{Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,6 +136,9 @@ type Watcher struct {
 	mu     sync.Mutex
 	links  map[string]*watchedLink
 	serial uint64 // the vhost connections dialled (vhost.go)
+	// taps are the delivery taps of the connections dial opened (tap.go);
+	// each dial forgets those of connections closed since.
+	taps map[*amqp.Connection]*Tap
 }
 
 type watchedLink struct {
@@ -327,7 +330,28 @@ func (w *Watcher) dial(b Backend, name string) (*amqp.Connection, *observedConn,
 		},
 		Properties: amqp.Table{"connection_name": name},
 	})
+	if err == nil {
+		w.mu.Lock()
+		if w.taps == nil {
+			w.taps = make(map[*amqp.Connection]*Tap)
+		}
+		for c := range w.taps {
+			if c.IsClosed() {
+				delete(w.taps, c)
+			}
+		}
+		w.taps[conn] = &observed.tap
+		w.mu.Unlock()
+	}
 	return conn, observed, err
+}
+
+// Tap returns the delivery tap of one of the watcher's connections (the
+// ones VHostConn hands out), for TrimmerOptions.Tap; nil for another.
+func (w *Watcher) Tap(conn *amqp.Connection) *Tap {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.taps[conn]
 }
 
 // refusalConn is a TLS client connection whose failed writes, until the

@@ -108,7 +108,9 @@ func (t *trimmers) ensure(m mirror.QueueMeta, backend string) {
 	if current != nil {
 		t.stop(m.ID, backend)
 	}
-	trimmer, err := controllink.StartTrimmer(conn, m.ID.Name, t.trimmerOptions(m))
+	opts := t.trimmerOptions(m)
+	opts.Tap = t.operator.watcher.Tap(conn)
+	trimmer, err := controllink.StartTrimmer(conn, m.ID.Name, opts)
 	if replyCode(err) == amqp.NotFound {
 		t.gone(m, backend)
 		return
