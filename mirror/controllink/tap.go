@@ -75,12 +75,12 @@ const (
 type tappedContent struct {
 	sink *deliverySink
 	d    delivery
-	// header is set once the content header was read; body is how many
-	// body bytes are still to come, keep whether they are kept (a message
-	// without an identity is keyed by its body).
-	header bool
-	body   uint64
-	keep   bool
+	// header is set once the content header was read; bodyLeft is how
+	// many body bytes are still to come, keep whether they are kept (a
+	// message without an identity is keyed by its body).
+	header   bool
+	bodyLeft uint64
+	keep     bool
 }
 
 // register makes a consumer tag from prefix, unique on the connection, and
@@ -258,7 +258,7 @@ func (t *Tap) contentHeader(payload []byte) {
 		t.broken = true
 		return
 	}
-	c.body, c.keep = size, !c.d.identified
+	c.bodyLeft, c.keep = size, !c.d.identified
 	if c.keep {
 		// The size is the broker's word: capacity for what a frame
 		// holds at most, appends for the rest.
@@ -278,8 +278,8 @@ func (t *Tap) bodyChunk(chunk []byte) {
 
 func (t *Tap) bodyEnded() {
 	c := t.content[t.channel]
-	c.body -= min(c.body, uint64(t.size))
-	if c.body == 0 {
+	c.bodyLeft -= min(c.bodyLeft, uint64(t.size))
+	if c.bodyLeft == 0 {
 		t.deliver(c)
 	}
 }
