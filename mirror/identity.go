@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"hash"
 	"hash/fnv"
@@ -37,6 +38,37 @@ func ParseMessageID(value string) (MessageID, bool) {
 	}
 	copy(id[:], value)
 	return id, true
+}
+
+// IdentityAtEnd reads the identity header when it is the last field of a
+// headers table (table is the table's bytes after its 4-byte size), where
+// the proxy appends it, without decoding the table. entry is the field's
+// length; noTable says the value ends with IdentityNoTable. An identity
+// elsewhere in the table (a broker may reorder headers) needs the table
+// decoded.
+func IdentityAtEnd(table []byte) (id MessageID, entry int, noTable, ok bool) {
+	for _, valueLen := range [2]int{len(id), len(id) + 1} {
+		entry = 1 + len(IdentityHeader) + 1 + 4 + valueLen
+		if len(table) < entry {
+			continue
+		}
+		e := table[len(table)-entry:]
+		if int(e[0]) != len(IdentityHeader) || string(e[1:1+len(IdentityHeader)]) != IdentityHeader {
+			continue
+		}
+		v := e[1+len(IdentityHeader):]
+		if v[0] != 'S' || binary.BigEndian.Uint32(v[1:]) != uint32(valueLen) {
+			continue
+		}
+		value := v[5:]
+		noTable = valueLen == len(id)+1
+		if noTable && value[len(id)] != IdentityNoTable {
+			continue
+		}
+		copy(id[:], value)
+		return id, entry, noTable, true
+	}
+	return id, 0, false, false
 }
 
 // ContentHash identifies a message that carries no IdentityHeader (it was on

@@ -39,10 +39,6 @@ func (ids *identities) stamp(payload []byte) ([]byte, mirror.MessageID, error) {
 	return ids.header, id, err
 }
 
-// identityEntrySize is the size of the identity header field the proxy
-// appends to a headers table: key, type octet, length, value.
-const identityEntrySize = 1 + len(mirror.IdentityHeader) + 1 + 4 + len(mirror.MessageID{})
-
 // addIdentity appends to dst the content header payload with the identity
 // header added as the last field of the headers table (a table is made when
 // there is none, and the value records that, so that the delivery drops it
@@ -86,22 +82,7 @@ func stripIdentity(dst, payload []byte) (header []byte, id mirror.MessageID, ok 
 		return payload, id, false, err
 	}
 	table := payload[start+4 : end]
-	for _, valueLen := range [2]int{len(id), len(id) + 1} {
-		entry := identityEntrySize - len(id) + valueLen
-		if len(table) < entry {
-			continue
-		}
-		e := table[len(table)-entry:]
-		if int(e[0]) != len(mirror.IdentityHeader) || string(e[1:1+len(mirror.IdentityHeader)]) != mirror.IdentityHeader {
-			continue
-		}
-		v := e[1+len(mirror.IdentityHeader):]
-		if v[0] != 'S' || binary.BigEndian.Uint32(v[1:]) != uint32(valueLen) {
-			continue
-		}
-		value := v[5:]
-		copy(id[:], value)
-		noTable := valueLen == len(id)+1 && value[len(id)] == mirror.IdentityNoTable
+	if id, entry, noTable, ok := mirror.IdentityAtEnd(table); ok {
 		dst = append(dst[:0], payload[:start]...)
 		if noTable && len(table) == entry {
 			flags := binary.BigEndian.Uint16(dst[12:])

@@ -304,7 +304,7 @@ func readProperties(payload []byte) (id mirror.MessageID, identified, marker boo
 	}
 	if present {
 		table := payload[start+4 : end]
-		id, identified = lastIdentity(table)
+		id, _, _, identified = mirror.IdentityAtEnd(table)
 		if !identified || bytes.Contains(table, syncMarkerKey) {
 			headers, _, err := frames.DecodeTable(payload[start:end])
 			if err != nil {
@@ -324,34 +324,6 @@ func readProperties(payload []byte) (id mirror.MessageID, identified, marker boo
 		expiration = h.Properties.Expiration
 	}
 	return id, identified, marker, expiration, nil
-}
-
-// lastIdentity reads the identity header when it is the last field of the
-// headers table (the table's bytes without its size), as the proxy
-// appends it.
-func lastIdentity(table []byte) (mirror.MessageID, bool) {
-	var id mirror.MessageID
-	for _, valueLen := range [2]int{len(id), len(id) + 1} {
-		entry := 1 + len(mirror.IdentityHeader) + 1 + 4 + valueLen
-		if len(table) < entry {
-			continue
-		}
-		e := table[len(table)-entry:]
-		if int(e[0]) != len(mirror.IdentityHeader) || string(e[1:1+len(mirror.IdentityHeader)]) != mirror.IdentityHeader {
-			continue
-		}
-		v := e[1+len(mirror.IdentityHeader):]
-		if v[0] != 'S' || binary.BigEndian.Uint32(v[1:]) != uint32(valueLen) {
-			continue
-		}
-		value := v[5:]
-		if valueLen == len(id)+1 && value[len(id)] != mirror.IdentityNoTable {
-			continue
-		}
-		copy(id[:], value)
-		return id, true
-	}
-	return id, false
 }
 
 // deliverySink queues the deliveries the Tap took for one consumer, for
