@@ -3,10 +3,8 @@
 //
 // Go's default (GOGC=100) starts a collection when the heap has grown by
 // as much as survived the last one. A proxy that holds 15 MiB of state and
-// allocates a few hundred bytes per frame (amqp091-go decodes every
-// delivery its trimmers receive into fresh values) then collects many
-// times a second, and the collections took about a tenth of its CPU per
-// mirrored message. Pace lets the heap grow by at least a fixed headroom
+// allocates for every message it routes then collects many times a
+// second. Pace lets the heap grow by at least a fixed headroom
 // instead: GOGC = max(100, 100 × headroom ÷ live heap), read again every
 // interval. A small heap gets the headroom; a heap larger than the
 // headroom (a long backlog held by the trimmers) gets Go's default, so
