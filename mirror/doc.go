@@ -143,9 +143,9 @@
 //     dead-letter exchange on every backend; a drop by a slave's broker
 //     (its trimmer gave back more copies than the limit) goes back into
 //     that slave, unless the drop came before the copy rejoined purged
-//     (it was then the master's, before a promotion); a rejected or expired copy goes to the client's
-//     dead-letter exchange on its own backend, as without the proxy
-//     (engine/deadletters.go).
+//     (it was then the master's, before a promotion); a rejected or
+//     expired copy goes to the client's dead-letter exchange on its own
+//     backend, as without the proxy (engine/deadletters.go).
 //   - maxlen, reject-publish and reject-publish-dlx (x-overflow): the
 //     master's broker refuses a publish beyond the limit and the client
 //     gets a nack, while the slaves' brokers (nothing ready, as above)

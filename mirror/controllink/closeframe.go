@@ -1,7 +1,6 @@
 package controllink
 
 import (
-	"encoding/binary"
 	"errors"
 	"net"
 	"sync"
@@ -26,7 +25,7 @@ import (
 // ha-promote-on-shutdown.
 //
 // So the watcher's connection is an observedConn: every byte amqp091-go
-// reads passes a scanner that follows the frames and keeps the broker's
+// reads passes a Tap that follows the frames and keeps the broker's
 // connection.close, and a failed write first reads whatever the socket still
 // holds (handing it on to amqp091-go's reader), so that by the time
 // amqp091-go reports any end, the 320 has been seen if the broker sent it.
@@ -43,15 +42,15 @@ const readAheadWindow = 20 * time.Millisecond
 type observedConn struct {
 	net.Conn
 
-	// mu serialises reads, so that the scanner sees the stream in order,
-	// and guards scanner, ahead and aheadErr. A read holds it while it
+	// mu serialises reads, so that the tap sees the stream in order,
+	// and guards tap's reading state, ahead and aheadErr. A read holds it while it
 	// blocks; readAhead moves the read deadline to now before it takes mu,
 	// so that a read blocked on a socket that is still open gives way (one
 	// on a failed socket has returned already).
-	mu      sync.Mutex
-	scanner closeScanner
-	// tap takes the deliveries of trimmers' consumers out of what is read
-	// (tap.go); raw is what the socket is read into.
+	mu sync.Mutex
+	// tap follows the frames read: it finds the broker's connection.close,
+	// and takes the deliveries of trimmers' consumers out (tap.go). raw is
+	// what the socket is read into.
 	tap Tap
 	raw []byte
 	// ahead[aheadAt:] is read and scanned, not yet handed to Read;
@@ -123,8 +122,9 @@ func (c *observedConn) unread() int { return len(c.ahead) - c.aheadAt }
 // heartbeatFrame is an AMQP heartbeat: type, channel 0, no payload, end.
 var heartbeatFrame = []byte{frames.FrameHeartbeat, 0, 0, 0, 0, 0, 0, frames.FrameEnd}
 
-// take passes bytes read from the broker through the tap and the scanner,
-// and keeps what goes on to amqp091-go for Read; c.mu is held. When the
+// take passes bytes read from the broker through the tap, keeps what goes
+// on to amqp091-go for Read, and the broker's connection.close once the
+// tap has seen it; c.mu is held. When the
 // tap took all of them, amqp091-go gets a heartbeat instead: it counts the
 // broker silent, and closes the connection, when it reads no frame for
 // three heartbeat intervals, and a connection that carries only a
@@ -137,7 +137,9 @@ func (c *observedConn) take(b []byte) {
 	if len(b) > 0 && len(c.ahead) == from && c.tap.active.Load() > 0 {
 		c.ahead = append(c.ahead, heartbeatFrame...)
 	}
-	c.scan(c.ahead[from:])
+	if m := c.tap.brokerClose; m != nil && c.closeFrame.Load() == nil {
+		c.closeFrame.Store(m)
+	}
 }
 
 func (c *observedConn) Write(p []byte) (int, error) {
@@ -183,78 +185,9 @@ func (c *observedConn) drain() {
 	}
 }
 
-// scan feeds bytes read from the broker to the scanner; c.mu is held.
-func (c *observedConn) scan(b []byte) {
-	if c.closeFrame.Load() != nil {
-		return
-	}
-	if m := c.scanner.feed(b); m != nil {
-		c.closeFrame.Store(m)
-	}
-}
-
 // maxClosePayload is the largest connection.close method payload: class and
 // method ids, reply code, reply text (a shortstr), failing class and method.
 const maxClosePayload = 2 + 2 + 2 + 1 + 255 + 2 + 2
-
-// closeScanner follows the frames of the stream a broker sends (layout at
-// frames.Reader.ReadFrame) without holding them: it skips every payload
-// except that of a small method frame on channel 0, which it decodes if it
-// is connection.close. It does not judge the stream; amqp091-go does.
-type closeScanner struct {
-	header     [7]byte
-	headerLen  int    // bytes of header read so far
-	remaining  uint32 // bytes of the current frame's payload and frame-end still to come
-	size       uint32 // the current frame's payload size
-	keep       bool   // the current frame may be connection.close: its payload is kept
-	payload    []byte // the kept payload and frame-end, as far as read
-	outOfOrder bool   // a frame did not end with the frame-end octet: boundaries are lost
-}
-
-// feed follows b, the next bytes of the stream, and returns the broker's
-// connection.close if b completes it.
-func (s *closeScanner) feed(b []byte) *frames.ConnectionClose {
-	for len(b) > 0 && !s.outOfOrder {
-		if s.headerLen < len(s.header) {
-			n := copy(s.header[s.headerLen:], b)
-			s.headerLen += n
-			b = b[n:]
-			if s.headerLen < len(s.header) {
-				return nil
-			}
-			s.size = binary.BigEndian.Uint32(s.header[3:])
-			s.remaining = s.size + 1 // the payload and the frame-end octet
-			s.keep = s.header[0] == frames.FrameMethod && binary.BigEndian.Uint16(s.header[1:]) == 0 &&
-				s.size <= maxClosePayload
-			s.payload = s.payload[:0]
-			if s.size == ^uint32(0) { // remaining wrapped: not a frame anyone sends
-				s.outOfOrder = true
-				return nil
-			}
-		}
-		n := min(uint32(len(b)), s.remaining)
-		chunk := b[:n]
-		b = b[n:]
-		s.remaining -= n
-		if s.keep {
-			s.payload = append(s.payload, chunk...)
-		}
-		if s.remaining > 0 {
-			return nil
-		}
-		s.headerLen = 0
-		if chunk[len(chunk)-1] != frames.FrameEnd {
-			s.outOfOrder = true
-			return nil
-		}
-		if s.keep {
-			if m := decodeClose(s.payload[:s.size]); m != nil {
-				return m
-			}
-		}
-	}
-	return nil
-}
 
 // decodeClose returns the method payload's connection.close, or nil if it is
 // another method.

@@ -56,9 +56,9 @@ var shutdownClose = &frames.ConnectionClose{
 	ReplyText: "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'",
 }
 
-func TestCloseScannerFindsTheBrokersConnectionClose(t *testing.T) {
+func TestTapFindsTheBrokersConnectionClose(t *testing.T) {
 	// A body that holds a connection.close frame byte for byte must not
-	// be taken for one: the scanner skips payloads by their size.
+	// be taken for one: the tap follows frames by their size.
 	decoy := newStream(t).method(0, shutdownClose).bytes()
 	tests := []struct {
 		name   string
@@ -108,11 +108,10 @@ func TestCloseScannerFindsTheBrokersConnectionClose(t *testing.T) {
 			// Every way of cutting the stream in two reads alike: the
 			// socket hands bytes over in arbitrary pieces.
 			for cut := 0; cut <= len(tt.stream); cut++ {
-				var s closeScanner
-				got := s.feed(tt.stream[:cut])
-				if got == nil {
-					got = s.feed(tt.stream[cut:])
-				}
+				var tap Tap
+				tap.process(tt.stream[:cut], nil)
+				tap.process(tt.stream[cut:], nil)
+				got := tap.brokerClose
 				if fmt.Sprint(got) != fmt.Sprint(tt.want) {
 					t.Fatalf("cut at %d: got %+v, want %+v", cut, got, tt.want)
 				}

@@ -36,10 +36,11 @@ import (
 // whole to look at; a larger one (no broker sends one) passes untouched.
 const tapHoldLimit = 1 << 20
 
-// Tap takes the deliveries of registered consumers off a broker connection
-// (see above). Its sinks are registered from any goroutine; the rest of
-// its state belongs to the goroutine that reads the connection, under
-// observedConn.mu.
+// Tap follows the frames of a broker connection: it keeps the broker's
+// connection.close (closeframe.go), and takes the deliveries of registered
+// consumers off the stream (see above). Its sinks are registered from any
+// goroutine; the rest of its state belongs to the goroutine that reads the
+// connection, under observedConn.mu.
 type Tap struct {
 	mu     sync.Mutex
 	sinks  map[string]*deliverySink // by consumer tag
@@ -54,9 +55,11 @@ type Tap struct {
 	left      uint32 // payload bytes still to come; then the frame-end octet
 	mode      tapMode
 	held      []byte // modeHold: the payload as far as read
-	// content are the taken deliveries whose content frames are still to
-	// come, by channel.
+	// content are the deliveries taken on each channel, the one whose
+	// content frames are still to come marked taking; kept for the next.
 	content map[uint16]*tappedContent
+	// brokerClose is the broker's connection.close, once seen.
+	brokerClose *frames.ConnectionClose
 	// broken: the stream lost its frame boundaries (a frame did not end
 	// with the frame-end octet). From then on everything passes, and
 	// amqp091-go fails the connection.
@@ -71,10 +74,12 @@ const (
 	modeBody                // a body frame of a taken delivery
 )
 
-// tappedContent is a taken delivery whose content is being read.
+// tappedContent is a taken delivery whose content is being read while
+// taking is set.
 type tappedContent struct {
-	sink *deliverySink
-	d    delivery
+	taking bool
+	sink   *deliverySink
+	d      delivery
 	// header is set once the content header was read; bodyLeft is how
 	// many body bytes are still to come, keep whether they are kept (a
 	// message without an identity is keyed by its body).
@@ -163,7 +168,7 @@ func (t *Tap) begin(out []byte) []byte {
 	t.channel = binary.BigEndian.Uint16(t.header[1:])
 	t.size = binary.BigEndian.Uint32(t.header[3:])
 	t.left = t.size
-	if taking := t.content[t.channel]; taking != nil {
+	if taking := t.content[t.channel]; taking != nil && taking.taking {
 		switch {
 		case typ == frames.FrameBody && taking.header:
 			t.mode = modeBody
@@ -176,9 +181,12 @@ func (t *Tap) begin(out []byte) []byte {
 		// Another frame where the delivery's content belongs: amqp091-go
 		// will say what is wrong with the stream. The delivery is dropped;
 		// the broker gives it back when the channel closes.
-		delete(t.content, t.channel)
+		taking.taking = false
 	}
-	if typ == frames.FrameMethod && t.size <= tapHoldLimit && t.active.Load() > 0 {
+	// A method is held whole when it may be a delivery to take, or the
+	// broker's connection.close (channel 0, small).
+	if typ == frames.FrameMethod && (t.size <= tapHoldLimit && t.active.Load() > 0 ||
+		t.channel == 0 && t.size <= maxClosePayload) {
 		t.mode = modeHold
 		t.held = t.held[:0]
 		return out
@@ -207,7 +215,11 @@ func (t *Tap) end(end byte, out []byte) []byte {
 		t.contentHeader(t.held)
 		return out
 	}
-	if t.takeDeliver(t.held) {
+	if t.channel == 0 {
+		if m := decodeClose(t.held); m != nil && t.brokerClose == nil {
+			t.brokerClose = m
+		}
+	} else if t.takeDeliver(t.held) {
 		return out
 	}
 	return append(append(append(out, t.header[:]...), t.held...), end)
@@ -235,10 +247,12 @@ func (t *Tap) takeDeliver(payload []byte) bool {
 	if t.content == nil {
 		t.content = make(map[uint16]*tappedContent)
 	}
-	t.content[t.channel] = &tappedContent{
-		sink: sink,
-		d:    delivery{tag: binary.BigEndian.Uint64(args[1+len(tag):])},
+	c := t.content[t.channel]
+	if c == nil {
+		c = new(tappedContent)
+		t.content[t.channel] = c
 	}
+	*c = tappedContent{taking: true, sink: sink, d: delivery{tag: binary.BigEndian.Uint64(args[1+len(tag):])}}
 	return true
 }
 
@@ -254,7 +268,7 @@ func (t *Tap) contentHeader(payload []byte) {
 	if err != nil {
 		// amqp091-go would have failed the connection; the trimmer's
 		// next consume sees it closed.
-		delete(t.content, t.channel)
+		c.taking = false
 		t.broken = true
 		return
 	}
@@ -285,7 +299,7 @@ func (t *Tap) bodyEnded() {
 }
 
 func (t *Tap) deliver(c *tappedContent) {
-	delete(t.content, t.channel)
+	c.taking = false
 	c.sink.push(c.d)
 }
 
@@ -355,15 +369,17 @@ func (s *deliverySink) ready() <-chan struct{} {
 	return s.wake
 }
 
-// take returns what is queued, oldest first, and empties the queue; nil
-// for no sink.
-func (s *deliverySink) take() []delivery {
+// take returns what is queued, oldest first, and queues what comes next
+// into spare, emptied: the caller's batch before this one, done with, so
+// that a busy sink allocates nothing. Nil for no sink.
+func (s *deliverySink) take(spare []delivery) []delivery {
 	if s == nil {
 		return nil
 	}
+	clear(spare[:cap(spare)]) // drops what the old entries point to
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queue
-	s.queue = nil
+	s.queue = spare[:0]
 	return q
 }

@@ -109,8 +109,8 @@ func TestTapTakesRegisteredDeliveries(t *testing.T) {
 		tap := Tap{}
 		tap.sinks = map[string]*deliverySink{tag: sink, otherTag: otherSink}
 		tap.active.Store(2)
-		sink.take()
-		otherSink.take()
+		sink.take(nil)
+		otherSink.take(nil)
 		in := s.all.Bytes()
 		var out []byte
 		for len(in) > 0 {
@@ -124,7 +124,7 @@ func TestTapTakesRegisteredDeliveries(t *testing.T) {
 		if !bytes.Equal(out, s.pass.Bytes()) {
 			t.Errorf("reads of up to %d bytes: passed %d bytes, want the %d of the frames not taken", cut, len(out), s.pass.Len())
 		}
-		got := sink.take()
+		got := sink.take(nil)
 		for i := range got {
 			if got[i].body != nil && len(got[i].body) == 0 {
 				got[i].body = nil
@@ -133,7 +133,7 @@ func TestTapTakesRegisteredDeliveries(t *testing.T) {
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("reads of up to %d bytes: the sink got\n%+v\nwant\n%+v", cut, got, want)
 		}
-		if other := otherSink.take(); len(other) != 1 || other[0].tag != 9 || other[0].id != messageID(9) {
+		if other := otherSink.take(nil); len(other) != 1 || other[0].tag != 9 || other[0].id != messageID(9) {
 			t.Errorf("reads of up to %d bytes: the other consumer's sink got %+v, want delivery 9", cut, other)
 		}
 	}
@@ -237,7 +237,7 @@ func TestObservedConnHeartbeatForTakenFrames(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Errorf("read %x, want a heartbeat then the cancel-ok, %x", got, want)
 	}
-	if d := sink.take(); len(d) != 1 || d[0].id != messageID(1) {
+	if d := sink.take(nil); len(d) != 1 || d[0].id != messageID(1) {
 		t.Errorf("the sink got %+v, want delivery 1", d)
 	}
 }

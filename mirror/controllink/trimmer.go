@@ -451,7 +451,7 @@ func (t *Trimmer) rotate(ch *amqp.Channel, in inbox) (*amqp.Channel, inbox, erro
 	}
 	// The cancel-ok came after every delivery of the consumer, so the
 	// tap has taken them all by now.
-	for _, d := range in.sink.take() {
+	for _, d := range in.sink.take(nil) {
 		t.take(d)
 	}
 	t.channels.stopTaking(t.channels.current)
@@ -549,6 +549,9 @@ func (t *Trimmer) serve(ch *amqp.Channel, in inbox) stopReason {
 	ackTimer.Stop()
 	defer ackTimer.Stop()
 	ackArmed := false
+	// batch is the last batch of deliveries the tap took, handed back to
+	// the sink to fill with the next (deliverySink.take).
+	var batch []delivery
 	// settle flushes once AckBatch acks are decided, and otherwise makes
 	// sure the ack timer runs while any wait.
 	settle := func() error {
@@ -641,7 +644,8 @@ func (t *Trimmer) serve(ch *amqp.Channel, in inbox) stopReason {
 				t.log.Warn("the broker closed one of the trimmer's older channels; consuming again")
 				return stopChannelLost
 			}
-			for _, d := range in.sink.take() {
+			batch = in.sink.take(batch)
+			for _, d := range batch {
 				t.take(d)
 			}
 			if reason, stop := tookBurst(); stop {
@@ -651,7 +655,7 @@ func (t *Trimmer) serve(ch *amqp.Channel, in inbox) stopReason {
 			if !ok {
 				// The broker gave back what the channel held, also what
 				// the tap took and the trimmer has not read.
-				in.sink.take()
+				in.sink.take(nil)
 				t.log.Warn("trimmer's channel was closed by the broker; consuming again", "err", t.channels.closeReason())
 				return stopChannelLost
 			}

@@ -282,8 +282,9 @@ func (d *deadLetters) handle(ctx context.Context, src deadLetterSource, msg amqp
 // rejoins remembers when copies rejoined their queues purged
 // (failover.backendBack), for the forwarder of their backend, which runs
 // on the same proxy (roles.trimsHere). A proxy that restarts forgets
-// them, and then puts such a stale drop back as it would a slave's. It forgets a rejoin after rejoinMemory: by then the
-// forwarder has long read what the copy's broker dropped before it.
+// them, and then puts such a stale drop back as it would a slave's. A
+// rejoin is forgotten after rejoinMemory: by then the forwarder has long
+// read what the copy's broker dropped before it.
 type rejoins struct {
 	mu sync.Mutex
 	at map[trimmerRef]time.Time
