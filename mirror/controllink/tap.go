@@ -3,6 +3,7 @@ package controllink
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,9 @@ type Tap struct {
 	// content are the deliveries taken on each channel, the one whose
 	// content frames are still to come marked taking; kept for the next.
 	content map[uint16]*tappedContent
+	// woken are the sinks given deliveries by the bytes being processed:
+	// each is woken once, when they are all processed, not per delivery.
+	woken []*deliverySink
 	// brokerClose is the broker's connection.close, once seen.
 	brokerClose *frames.ConnectionClose
 	// broken: the stream lost its frame boundaries (a frame did not end
@@ -98,7 +102,7 @@ func (t *Tap) register(prefix string) (string, *deliverySink) {
 	}
 	t.serial++
 	tag := prefix + "." + strconv.FormatUint(t.serial, 10)
-	sink := &deliverySink{tag: tag, wake: make(chan struct{}, 1)}
+	sink := &deliverySink{tag: tag, queued: make(chan struct{}, 1)}
 	t.sinks[tag] = sink
 	t.active.Store(int32(len(t.sinks)))
 	return tag, sink
@@ -123,8 +127,21 @@ func (t *Tap) sinkFor(tag []byte) *deliverySink {
 }
 
 // process follows b, the next bytes the broker sent, takes the deliveries
-// of registered consumers out, and appends the rest to out.
+// of registered consumers out, and appends the rest to out. The sinks that
+// got deliveries are woken at the end: a read carries many deliveries
+// under load, and their trimmer takes them in one go.
 func (t *Tap) process(b, out []byte) []byte {
+	out = t.follow(b, out)
+	for _, sink := range t.woken {
+		sink.wake()
+	}
+	clear(t.woken)
+	t.woken = t.woken[:0]
+	return out
+}
+
+// follow is process without the waking.
+func (t *Tap) follow(b, out []byte) []byte {
 	for len(b) > 0 {
 		if t.broken {
 			return append(out, b...)
@@ -301,6 +318,9 @@ func (t *Tap) bodyEnded() {
 func (t *Tap) deliver(c *tappedContent) {
 	c.taking = false
 	c.sink.push(c.d)
+	if !slices.Contains(t.woken, c.sink) {
+		t.woken = append(t.woken, c.sink)
+	}
 }
 
 // syncMarkerKey is SyncMarkerHeader as a table key is encoded: its length,
@@ -344,18 +364,24 @@ func readProperties(payload []byte) (id mirror.MessageID, identified, marker boo
 // the trimmer that consumes. It never blocks the connection's reader: the
 // consumer's prefetch bounds what it holds.
 type deliverySink struct {
-	tag   string
-	mu    sync.Mutex
-	queue []delivery
-	wake  chan struct{} // capacity one: something was queued
+	tag    string
+	mu     sync.Mutex
+	queue  []delivery
+	queued chan struct{} // capacity one: something was queued
 }
 
+// push queues d; the Tap wakes the trimmer once it has pushed what one
+// read brought.
 func (s *deliverySink) push(d delivery) {
 	s.mu.Lock()
 	s.queue = append(s.queue, d)
 	s.mu.Unlock()
+}
+
+// wake signals ready, unless it is signalled already.
+func (s *deliverySink) wake() {
 	select {
-	case s.wake <- struct{}{}:
+	case s.queued <- struct{}{}:
 	default:
 	}
 }
@@ -366,7 +392,7 @@ func (s *deliverySink) ready() <-chan struct{} {
 	if s == nil {
 		return nil
 	}
-	return s.wake
+	return s.queued
 }
 
 // take returns what is queued, oldest first, and queues what comes next

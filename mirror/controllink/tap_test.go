@@ -139,6 +139,48 @@ func TestTapTakesRegisteredDeliveries(t *testing.T) {
 	}
 }
 
+// TestTapWakesASinkOncePerRead: a sink's trimmer is woken once for all
+// the deliveries one read brings, and not by a read that completes none.
+func TestTapWakesASinkOncePerRead(t *testing.T) {
+	var tap Tap
+	tag, sink := tap.register("amqp-mirror-trimmer")
+	_, idle := tap.register("amqp-mirror-trimmer")
+	s := &tapStream{t: t}
+	for n := 1; n <= 3; n++ {
+		s.deliver(1, tag, uint64(n), identified(n), []byte("body"), 4096, false)
+	}
+	stream := s.all.Bytes()
+	woken := func(sink *deliverySink) bool {
+		select {
+		case <-sink.ready():
+			return true
+		default:
+			return false
+		}
+	}
+
+	tap.process(stream, nil)
+	if !woken(sink) || woken(sink) {
+		t.Error("a read of three deliveries did not wake their sink exactly once")
+	}
+	if got := len(sink.take(nil)); got != 3 {
+		t.Errorf("the sink holds %d deliveries, want 3", got)
+	}
+	if woken(idle) {
+		t.Error("a sink that got nothing was woken")
+	}
+
+	const partOfTheFirst = 10 // bytes of its basic.deliver frame
+	tap.process(stream[:partOfTheFirst], nil)
+	if woken(sink) {
+		t.Error("a read that completed no delivery of the sink woke it")
+	}
+	tap.process(stream[partOfTheFirst:], nil)
+	if !woken(sink) {
+		t.Error("the read that completed deliveries did not wake their sink")
+	}
+}
+
 // TestTapPassesWhatItCannotFollow: a stream that loses its frame
 // boundaries, and one with no registered consumer, pass unchanged, for
 // amqp091-go to judge.
