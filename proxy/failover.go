@@ -87,26 +87,21 @@ func (m *consumerMover) checkMasters() {
 	}
 	byOld := make(map[int][]orphan)
 	// The client loop may be blocked writing to a slow link while it holds
-	// the send gate; the cancels then wait for the next round (the old
-	// master's deliveries are dropped meanwhile).
+	// the send gate; the cancels then wait for the move, which takes the
+	// gate (the old master's deliveries are dropped meanwhile).
 	locked := m.send.tryLock()
-	for _, o := range stale {
-		byOld[o.cons.link] = append(byOld[o.cons.link], o)
+	for i := range stale {
+		o := &stale[i]
 		old := m.links.at(o.cons.link)
-		if old == nil {
-			continue
+		switch {
+		case old == nil || !old.channelOpen(o.ch.id):
+		case !locked || o.ch.publisher.inContent():
+			// Between a publish's frames the channel takes nothing else.
+			o.uncancelled = old
+		default:
+			m.cancelOnOldMaster(old, *o)
 		}
-		if !locked || !old.channelOpen(o.ch.id) || o.ch.publisher.inContent() {
-			// Between a publish's frames the channel takes nothing else;
-			// the old master's deliveries are dropped meanwhile anyway.
-			continue
-		}
-		old.expect(o.ch.id, nil) // cancel-ok
-		if err := old.sock.WriteMethod(o.ch.id, &frames.BasicCancel{ConsumerTag: o.tag}); err != nil {
-			m.writeFailed(old, err)
-			continue
-		}
-		old.sock.Flush()
+		byOld[o.cons.link] = append(byOld[o.cons.link], *o)
 	}
 	if locked {
 		m.send.unlock()
@@ -117,11 +112,39 @@ func (m *consumerMover) checkMasters() {
 	}
 }
 
-// orphan is a consumer whose link was lost.
+// orphan is a consumer whose link was lost, or whose queue's master moved.
 type orphan struct {
 	ch   *channelState
 	tag  string
 	cons consumer
+	// uncancelled is the live link to the queue's old master where the
+	// consumer is not cancelled yet; nil when there is none. A consumer
+	// left there keeps the messages it was sent unacknowledged, and its
+	// tag taken on that channel: moved back to that broker later, its
+	// consume would be refused (530, reuse of a consumer tag) and the
+	// client's connection closed.
+	uncancelled *link
+}
+
+// cancelLeftOver cancels o's consumer where checkMasters could not
+// (orphan.uncancelled), if that link is still up. Call with the send gate
+// held and o's channel not between a publish's frames.
+func (m *consumerMover) cancelLeftOver(o orphan) {
+	if old := o.uncancelled; old != nil && m.links.at(o.cons.link) == old && old.channelOpen(o.ch.id) {
+		m.cancelOnOldMaster(old, o)
+	}
+}
+
+// cancelOnOldMaster cancels orphan o's consumer on old, the link to its
+// queue's old master, swallowing the cancel-ok. Call with the send gate
+// held and o's channel not between a publish's frames.
+func (m *consumerMover) cancelOnOldMaster(old *link, o orphan) {
+	old.expect(o.ch.id, nil) // cancel-ok
+	if err := old.sock.WriteMethod(o.ch.id, &frames.BasicCancel{ConsumerTag: o.tag}); err != nil {
+		m.writeFailed(old, err)
+		return
+	}
+	old.sock.Flush()
 }
 
 type moveOutcome int
@@ -220,6 +243,7 @@ func (m *consumerMover) moveConsumer(lost string, o orphan) moveOutcome {
 	if len(targets) == 0 {
 		return moveWait
 	}
+	m.cancelLeftOver(o)
 	l := targets[0]
 	var consume frames.BasicConsume
 	if err := consume.Decode(o.cons.args); err != nil {
