@@ -41,7 +41,7 @@ var integrationParts = [][]string{
 		"TestCLICtlManagesPolicies", "TestCLICtlOptionsAfterTheCommand",
 		"TestCLIReloadAppliesPolicyChanges", "TestCLIReloadRefusesWhatItCannotApply",
 		"TestCLIServeLogsConnectionsWithoutPasswords", "TestCLIShutdownSignals", "TestCLIHelp", "TestCLIBackendDown", "TestCLIServesAMQPS", "TestCLIMetrics",
-		"TestCtlDrain", "TestCtlViewsOfAProxy",
+		"TestCtlDrain", "TestCtlDrainMidPublish", "TestCtlViewsOfAProxy",
 		"TestCtlQueuesWithoutMirroring", "TestCtlQueuesMirrored", "TestCtlQueuesListsUnmirroredQueues",
 		"TestComposeTopologyOnNetworkNamespaces",
 		"TestComposeBrokersAreSingleOfficialNodes", "TestComposeProxiesAreBuiltFromTheDockerfile", "TestComposeMountsExist",

@@ -243,7 +243,6 @@ func (m *consumerMover) moveConsumer(lost string, o orphan) moveOutcome {
 	if len(targets) == 0 {
 		return moveWait
 	}
-	m.cancelLeftOver(o)
 	l := targets[0]
 	var consume frames.BasicConsume
 	if err := consume.Decode(o.cons.args); err != nil {
@@ -256,6 +255,7 @@ func (m *consumerMover) moveConsumer(lost string, o orphan) moveOutcome {
 	if !o.ch.adoptOrphan(o.tag, moved) {
 		return moveDone // the client cancelled it meanwhile
 	}
+	m.cancelLeftOver(o)
 	if !consume.NoWait {
 		l.expect(o.ch.id, nil) // consume-ok: the client had its own
 	}
