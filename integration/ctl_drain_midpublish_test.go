@@ -28,19 +28,7 @@ func TestCtlDrainMidPublish(t *testing.T) {
 	}
 	t.Cleanup(func() { conn.Close() })
 	declareMirrored(t, p, conn, queue, false, nil)
-	var before queueRow
-	awaitCondition(t, 30*time.Second, func() error {
-		row, err := queueStatus(t, p, queue)
-		if err != nil {
-			return err
-		}
-		if len(row.SynchronisedSlaves) != 2 {
-			return fmt.Errorf("%v; want 2 synchronised slaves", row)
-		}
-		before = row
-		return nil
-	})
-	drained := before.Master
+	drained := awaitSynchronised(t, p, queue, 2, 30*time.Second).Master
 
 	const tag = "mid-publish"
 	client := dialRaw(t, p.amqpAddr)

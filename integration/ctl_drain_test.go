@@ -29,18 +29,7 @@ func TestCtlDrain(t *testing.T) {
 	t.Cleanup(func() { conn.Close() })
 	declareMirrored(t, p, conn, queue, false, nil)
 
-	var before queueRow
-	awaitCondition(t, 30*time.Second, func() error {
-		row, err := queueStatus(t, p, queue)
-		if err != nil {
-			return err
-		}
-		if len(row.SynchronisedSlaves) != 2 {
-			return fmt.Errorf("%v; want 2 synchronised slaves", row)
-		}
-		before = row
-		return nil
-	})
+	before := awaitSynchronised(t, p, queue, 2, 30*time.Second)
 	drained, successor := before.Master, before.SynchronisedSlaves[0]
 
 	// The consumer: manual acks, counting what it received by message index.

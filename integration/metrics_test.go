@@ -61,18 +61,7 @@ func TestMetricsOfAFailover(t *testing.T) {
 	declareMirrored(t, p, conn, queue, true, nil)
 	t.Cleanup(func() { deleteThroughProxy(t, p, queue) })
 	publishConfirmed(t, conn, queue, 50, persistent)
-	var master string
-	awaitCondition(t, time.Minute, func() error {
-		row, err := queueStatus(t, p, queue)
-		if err != nil {
-			return err
-		}
-		if len(row.SynchronisedSlaves) != 2 {
-			return fmt.Errorf("ctl list_queues: %+v, want both slaves synchronised", row)
-		}
-		master = row.Master
-		return nil
-	})
+	master := awaitSynchronised(t, p, queue, 2, time.Minute).Master
 	before := scrapeMetrics(t, p)
 
 	killed := node(t, master)

@@ -165,6 +165,25 @@ func queueStatus(t testing.TB, p *cliProxy, queue string) (queueRow, error) {
 
 // decodeNames reads a list of backend names: a JSON array, or a string as rabbitmqctl
 // prints a list ("[rabbit1, rabbit2]", or the names separated by commas or spaces).
+// awaitSynchronised waits up to timeout until queue has slaves synchronised
+// slaves, as ctl list_queues shows it, and returns that row.
+func awaitSynchronised(t testing.TB, p *cliProxy, queue string, slaves int, timeout time.Duration) queueRow {
+	t.Helper()
+	var synchronised queueRow
+	awaitCondition(t, timeout, func() error {
+		row, err := queueStatus(t, p, queue)
+		if err != nil {
+			return err
+		}
+		if len(row.SynchronisedSlaves) != slaves {
+			return fmt.Errorf("%v; want %d synchronised slaves", row, slaves)
+		}
+		synchronised = row
+		return nil
+	})
+	return synchronised
+}
+
 func decodeNames(raw json.RawMessage, names *[]string) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		*names = nil

@@ -138,18 +138,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 	conn := dialURL(t, p.url("guest", "guest"))
 	declareMirrored(t, p, conn, queue, true, nil)
 	publishConfirmed(t, conn, queue, 20, func(i int) amqp.Publishing { return amqp.Publishing{Body: fmt.Appendf(nil, "m%d", i)} })
-	var before queueRow
-	awaitCondition(t, 30*time.Second, func() error {
-		row, err := queueStatus(t, p, queue)
-		if err != nil {
-			return err
-		}
-		if len(row.SynchronisedSlaves) != 2 {
-			return fmt.Errorf("%v; want both slaves synchronised", row)
-		}
-		before = row
-		return nil
-	})
+	before := awaitSynchronised(t, p, queue, 2, 30*time.Second)
 
 	lost := node(t, before.Master)
 	if err := lost.Kill(); err != nil {
