@@ -231,6 +231,7 @@ type login struct {
 	name                  string // connection_name, to find it with rabbitmqctl
 	heartbeat             uint16
 	frameMax              uint32 // 0 takes the server's offer
+	cancelNotify          bool   // announce consumer_cancel_notify
 }
 
 var guest = login{user: "guest", password: "guest", vhost: "/"}
@@ -262,7 +263,11 @@ func (c *rawClient) handshakeSteps(l login, steps ...handshakeStep) error {
 				_, err = expect[*frames.ConnectionStart](c)
 			}
 		case stepStartOk:
-			properties := frames.Table{{Key: "capabilities", Value: frames.Table{{Key: "authentication_failure_close", Value: true}}}}
+			capabilities := frames.Table{{Key: "authentication_failure_close", Value: true}}
+			if l.cancelNotify {
+				capabilities = append(capabilities, frames.Field{Key: "consumer_cancel_notify", Value: true})
+			}
+			properties := frames.Table{{Key: "capabilities", Value: capabilities}}
 			if l.name != "" {
 				properties = append(properties, frames.Field{Key: "connection_name", Value: l.name})
 			}

@@ -64,9 +64,13 @@ func (cs *channelConsumers) isReply(tag string) bool {
 }
 
 // clientCancels returns the consumer the client cancels, if known; one that
-// waits for a new master ends here.
+// waits for a new master (an orphan) ends here, and is returned as it was
+// on its old master, which may still have it (orphan.uncancelled).
 func (cs *channelConsumers) clientCancels(tag string) (consumer, bool) {
 	cons, known := cs.byTag[tag]
+	if !known {
+		cons, known = cs.orphaned[tag]
+	}
 	delete(cs.orphaned, tag)
 	return cons, known
 }

@@ -205,8 +205,11 @@ func (m *consumerMover) cancelUnpromoted(lost string, orphans []orphan) []orphan
 			waiting = append(waiting, o)
 			continue
 		}
-		m.log.Warn("no new master for a consumer's queue; cancelling the consumer", "queue", o.cons.queue.ID.Name, "consumer", o.tag, "lost", lost)
-		m.cancelConsumer(o)
+		if m.cancelConsumer(o) == moveWait {
+			waiting = append(waiting, o)
+			continue
+		}
+		m.log.Warn("no new master for a consumer's queue; cancelled the consumer", "queue", o.cons.queue.ID.Name, "consumer", o.tag, "lost", lost)
 	}
 	return waiting
 }
@@ -218,8 +221,7 @@ func (m *consumerMover) moveConsumer(lost string, o orphan) moveOutcome {
 	}
 	meta, ok := m.mirror.Lookup(o.cons.queue.ID)
 	if !ok {
-		m.cancelConsumer(o) // the queue is gone
-		return moveDone
+		return m.cancelConsumer(o) // the queue is gone
 	}
 	// While the lost master is down the consumer waits for a new one; a
 	// master that is no longer counted down (serf wrongly judged its proxy
@@ -229,9 +231,13 @@ func (m *consumerMover) moveConsumer(lost string, o orphan) moveOutcome {
 		return moveWait
 	}
 	if o.cons.cancelOnFailover {
-		m.cancelConsumer(o)
-		return moveDone
+		return m.cancelConsumer(o)
 	}
+	var consume frames.BasicConsume
+	if err := consume.Decode(o.cons.args); err != nil {
+		return m.cancelConsumer(o)
+	}
+	consume.ConsumerTag = o.tag
 	// The client loop must not be between a publish's frames on this
 	// channel: a consume there would split its content.
 	m.send.lock()
@@ -244,12 +250,6 @@ func (m *consumerMover) moveConsumer(lost string, o orphan) moveOutcome {
 		return moveWait
 	}
 	l := targets[0]
-	var consume frames.BasicConsume
-	if err := consume.Decode(o.cons.args); err != nil {
-		m.cancelConsumer(o)
-		return moveDone
-	}
-	consume.ConsumerTag = o.tag
 	moved := o.cons
 	moved.link = l.idx
 	if !o.ch.adoptOrphan(o.tag, moved) {
@@ -268,10 +268,29 @@ func (m *consumerMover) moveConsumer(lost string, o orphan) moveOutcome {
 	return moveDone
 }
 
-// cancelConsumer tells the client that the server cancelled its consumer,
-// as RabbitMQ does when a queue's node goes down (a client that announced
-// consumer_cancel_notify; others never learn, as with RabbitMQ).
-func (m *consumerMover) cancelConsumer(o orphan) {
+// cancelConsumer ends orphan o's consumer: on its queue's old master, if
+// checkMasters left it there (orphan.uncancelled), and for the client, which
+// is told that the server cancelled it, as RabbitMQ does when a queue's node
+// goes down (a client that announced consumer_cancel_notify; others never
+// learn, as with RabbitMQ). It reports moveWait while that old master's
+// cancel waits for the client's publish on o's channel to be whole.
+func (m *consumerMover) cancelConsumer(o orphan) moveOutcome {
+	if o.uncancelled != nil {
+		m.send.lock()
+		if o.ch.publisher.inContent() {
+			m.send.unlock()
+			return moveWait
+		}
+		m.cancelLeftOver(o)
+		m.send.unlock()
+	}
+	m.tellCancelled(o)
+	return moveDone
+}
+
+// tellCancelled forgets orphan o's consumer and tells the client, if it
+// announced consumer_cancel_notify, that the server cancelled it.
+func (m *consumerMover) tellCancelled(o orphan) {
 	if !o.ch.dropOrphan(o.tag) {
 		return // the client cancelled it itself
 	}

@@ -523,7 +523,10 @@ func (rt *router) cancel(ch *channelState, f frames.Frame, args []byte) error {
 	cons, known := ch.clientCancels(d.ConsumerTag)
 	targets := rt.links.homeOnly()
 	if known {
-		if l := rt.links.at(cons.link); l != nil {
+		// A broker answers the cancel of a tag it does not know with
+		// cancel-ok, so the cancel of an orphan goes to its old master
+		// whether or not that still has it.
+		if l := rt.links.at(cons.link); l != nil && l.channelOpen(ch.id) {
 			targets = []*link{l}
 		}
 	}
