@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/internal/pki"
+	"github.com/amqp-mirror/amqp-mirror/internal/rawsock"
 )
 
 // Backend is a broker the watcher keeps a link to.
@@ -315,6 +316,10 @@ func (w *Watcher) dial(b Backend, name string) (*amqp.Connection, *observedConn,
 			if err != nil {
 				return nil, err
 			}
+			// A trimmer's connection reads and writes thousands of
+			// times a second: without the runtime's syscall entry,
+			// which keeps waking its monitor thread (internal/rawsock).
+			raw = rawsock.Wrap(raw)
 			// amqp091-go clears the deadline once the connection is open.
 			raw.SetDeadline(time.Now().Add(handshake))
 			if tlsConfig != nil {

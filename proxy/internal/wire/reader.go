@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/internal/rawsock"
 )
 
 // frameReader reads frames from one socket for its read loop. It parses them
@@ -18,7 +19,7 @@ import (
 // dry, so that the loop sends what it produced before it waits for more.
 //
 // On a TCP connection the reader makes the read system calls itself (through
-// syscall.RawConn, see rawio.go): it runs whenDry before a read when it has
+// syscall.RawConn, see internal/rawsock): it runs whenDry before a read when it has
 // parsed everything it read, or when a read inside a frame finds the socket
 // empty, and when a read finds the socket empty it gives its buffer back
 // before it waits for the poller, so a connection that waits holds no
@@ -218,7 +219,7 @@ func (r *frameReader) readOnce(fd uintptr) bool {
 		if r.buf == nil {
 			r.buf, r.r, r.w = getBuffer(r.size), 0, 0
 		}
-		n, err := rawRead(fd, r.buf.b[r.w:])
+		n, err := rawsock.Read(fd, r.buf.b[r.w:])
 		switch err {
 		case nil:
 			r.readN = n

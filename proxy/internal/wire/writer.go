@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/internal/rawsock"
 )
 
 // socketWriter is the write side of one socket, shared by every goroutine that
@@ -233,7 +234,7 @@ func (w *socketWriter) drainLocked() {
 }
 
 // writeAll writes b whole. On a TCP connection it makes the system calls
-// itself (see rawio.go), waiting for the poller while the socket is full.
+// itself (see internal/rawsock), waiting for the poller while the socket is full.
 func (w *socketWriter) writeAll(b []byte) error {
 	if w.raw == nil {
 		_, err := w.conn.Write(b)
@@ -255,7 +256,7 @@ func (w *socketWriter) writeAll(b []byte) error {
 // is full (false: RawConn waits until it is writable and calls again).
 func (w *socketWriter) writeOnce(fd uintptr) bool {
 	for len(w.rawOut) > 0 {
-		n, err := rawWrite(fd, w.rawOut)
+		n, err := rawsock.Write(fd, w.rawOut)
 		switch {
 		case err == syscall.EINTR:
 		case err == syscall.EAGAIN:
