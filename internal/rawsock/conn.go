@@ -112,22 +112,12 @@ func (c *Conn) Write(p []byte) (int, error) {
 // socket is full, which makes RawConn wait until it is writable and call
 // again.
 func (c *Conn) writeOnce(fd uintptr) bool {
-	for len(c.writeOut) > 0 {
-		n, err := Write(fd, c.writeOut)
-		switch {
-		case err == syscall.EINTR:
-		case err == syscall.EAGAIN:
-			return false
-		case err != nil:
-			c.writeErr = err
-			return true
-		case n == 0:
-			c.writeErr = io.ErrShortWrite
-			return true
-		default:
-			c.writeOut = c.writeOut[n:]
-		}
+	var err error
+	c.writeOut, err = WriteUntilFull(fd, c.writeOut)
+	if err == syscall.EAGAIN {
+		return false
 	}
+	c.writeErr = err
 	return true
 }
 

@@ -12,6 +12,7 @@
 package rawsock
 
 import (
+	"io"
 	"syscall"
 	"unsafe"
 )
@@ -32,4 +33,24 @@ func Write(fd uintptr, p []byte) (int, error) {
 		return 0, errno
 	}
 	return int(n), nil
+}
+
+// WriteUntilFull writes p to the non-blocking socket fd until all of it is
+// written or the socket is full. It returns what is left to write and why
+// it stopped: nil when all is written, syscall.EAGAIN when the socket is
+// full, or the error of a failed write.
+func WriteUntilFull(fd uintptr, p []byte) ([]byte, error) {
+	for len(p) > 0 {
+		n, err := Write(fd, p)
+		switch {
+		case err == syscall.EINTR:
+		case err != nil:
+			return p, err
+		case n == 0:
+			return p, io.ErrShortWrite
+		default:
+			p = p[n:]
+		}
+	}
+	return p, nil
 }

@@ -3,7 +3,6 @@ package wire
 import (
 	"encoding/binary"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"os"
@@ -255,22 +254,12 @@ func (w *socketWriter) writeAll(b []byte) error {
 // writeOnce is the RawConn callback: write until done, or until the socket
 // is full (false: RawConn waits until it is writable and calls again).
 func (w *socketWriter) writeOnce(fd uintptr) bool {
-	for len(w.rawOut) > 0 {
-		n, err := rawsock.Write(fd, w.rawOut)
-		switch {
-		case err == syscall.EINTR:
-		case err == syscall.EAGAIN:
-			return false
-		case err != nil:
-			w.rawErr = err
-			return true
-		case n == 0:
-			w.rawErr = io.ErrShortWrite
-			return true
-		default:
-			w.rawOut = w.rawOut[n:]
-		}
+	var err error
+	w.rawOut, err = rawsock.WriteUntilFull(fd, w.rawOut)
+	if err == syscall.EAGAIN {
+		return false
 	}
+	w.rawErr = err
 	return true
 }
 
