@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp-mirror/amqp-mirror/frames"
+	"github.com/amqp-mirror/amqp-mirror/internal/rawsock"
 	"github.com/amqp-mirror/amqp-mirror/mirror"
 	"github.com/amqp-mirror/amqp-mirror/mirror/controllink"
 	"github.com/amqp-mirror/amqp-mirror/mirror/store"
@@ -191,7 +192,9 @@ func (o *operator) dialFor(backend, vhost, purpose string) (*amqp.Connection, er
 				}
 				// Bounds the handshake; amqp091-go clears it once open.
 				conn.SetDeadline(time.Now().Add(o.timeout))
-				return conn, nil
+				// A copy publishes thousands of messages a second on
+				// it: raw calls, as on the trimmers' connections.
+				return rawsock.Wrap(conn), nil
 			},
 			Properties: amqp.Table{"connection_name": "amqp-mirror " + purpose},
 		})
