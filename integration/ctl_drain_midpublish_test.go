@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/amqp-mirror/amqp-mirror/frames"
 )
 
@@ -33,11 +31,7 @@ func TestCtlDrainMidPublish(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			queue := queueName(t)
 			p := startMirrorProxy(t, mirrorPolicyYAML("drain-mid-publish", exactly(queue), map[string]any{"ha-mode": "all"}))
-			conn, err := amqp.Dial(p.url("guest", "guest"))
-			if err != nil {
-				t.Fatalf("dial through the proxy: %v", err)
-			}
-			t.Cleanup(func() { conn.Close() })
+			conn := dialURL(t, p.url("guest", "guest"))
 			declareMirrored(t, p, conn, queue, false, nil)
 			drained := awaitSynchronised(t, p, queue, 2, 30*time.Second).Master
 

@@ -22,11 +22,7 @@ import (
 func TestCtlDrain(t *testing.T) {
 	queue := queueName(t)
 	p := startMirrorProxy(t, mirrorPolicyYAML("drain-all", exactly(queue), map[string]any{"ha-mode": "all"}))
-	conn, err := amqp.Dial(p.url("guest", "guest"))
-	if err != nil {
-		t.Fatalf("dial through the proxy: %v", err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := dialURL(t, p.url("guest", "guest"))
 	declareMirrored(t, p, conn, queue, false, nil)
 
 	before := awaitSynchronised(t, p, queue, 2, 30*time.Second)
