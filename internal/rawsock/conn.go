@@ -63,7 +63,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	c.readTo = nil
 	switch {
 	case err != nil:
-		return 0, err // a deadline or a closed socket, as net.Conn.Read says it
+		return 0, named(err, "read") // a deadline or a closed socket
 	case c.readErr != nil:
 		return 0, c.opError("read", c.readErr)
 	case c.readN == 0:
@@ -101,7 +101,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	c.writeOut = nil
 	switch {
 	case err != nil:
-		return n, err
+		return n, named(err, "write") // a deadline or a closed socket
 	case c.writeErr != nil:
 		return n, c.opError("write", c.writeErr)
 	}
@@ -119,6 +119,15 @@ func (c *Conn) writeOnce(fd uintptr) bool {
 	}
 	c.writeErr = err
 	return true
+}
+
+// named gives err, a RawConn's error, the operation net.Conn's Read and
+// Write name in theirs ("read", not "raw-read"), for the logs.
+func named(err error, op string) error {
+	if oe, ok := err.(*net.OpError); ok {
+		oe.Op = op // a new error for each call
+	}
+	return err
 }
 
 // opError is err as net.Conn's methods return a failed system call.

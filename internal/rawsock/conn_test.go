@@ -87,6 +87,9 @@ func TestConn(t *testing.T) {
 			if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
 				t.Fatalf("Read past the deadline = %v, want a timeout", err)
 			}
+			if op, ok := err.(*net.OpError); !ok || op.Op != "read" {
+				t.Errorf("Read past the deadline = %#v, want a read *net.OpError", err)
+			}
 		}},
 		{"a deadline moved to now ends a read under way", func(t *testing.T, c, peer net.Conn) {
 			done := make(chan error, 1)
