@@ -34,8 +34,10 @@ import (
 // them only after its backlog. keepRecent is a minute because a message
 // can come back unflagged more than 10 s after its first delivery, across
 // two promotions of a kill round (TestSidecarNodeKilledRepeatedly); at
-// most maxRecent identities per queue (about 11 MB, reached above some
-// 2 200 deliveries a second) bound the memory.
+// most maxRecent identities per queue bound the memory, reached above some
+// 2 200 deliveries a second: 11 MB for messages of long-lived publishing
+// connections, 23 MB when each message came on a connection of its own
+// (idSet keeps a bitmap per connection).
 //
 // A dead-lettered message (it carries x-death) is never flagged: one that
 // comes back to its queue through dead-lettering (a retry queue whose
@@ -99,7 +101,7 @@ type queueDeliveries struct {
 	epoch uint64 // the queue's epoch when recent began
 	// recent holds the identities delivered at epoch, order the same ones
 	// oldest first from head on, with when they were delivered.
-	recent map[mirror.MessageID]struct{}
+	recent *idSet
 	order  []recentDelivery
 	head   int
 	// promoted are the recent sets of earlier epochs, oldest first.
@@ -121,7 +123,7 @@ type recentDelivery struct {
 // promotedSet is what a queue delivered in the keepRecent before a
 // promotion, kept until the new master had time to deliver it again.
 type promotedSet struct {
-	ids   map[mirror.MessageID]struct{}
+	ids   *idSet
 	until time.Time
 }
 
@@ -156,17 +158,17 @@ func (d *DeliveredIDs) Delivering(q mirror.QueueID, epoch uint64, mirrored bool,
 		d.ask(q, r, epoch, now)
 	}
 	before := r.asking == epoch && now.Before(r.askingUntil)
-	if _, ok := r.recent[id]; ok {
+	if r.recent.Has(id) {
 		return true
 	}
 	for i := range r.promoted {
-		if _, ok := r.promoted[i].ids[id]; ok {
-			delete(r.promoted[i].ids, id)
+		if r.promoted[i].ids.Has(id) {
+			r.promoted[i].ids.Delete(id)
 			before = true
 			break
 		}
 	}
-	r.recent[id] = struct{}{}
+	r.recent.Add(id)
 	r.order = append(r.order, recentDelivery{id: id, at: now})
 	return before
 }
@@ -203,9 +205,9 @@ func (d *DeliveredIDs) Answered(q mirror.QueueID, epoch uint64, ids []mirror.Mes
 	if len(ids) == 0 {
 		return
 	}
-	set := make(map[mirror.MessageID]struct{}, len(ids))
+	set := newIDSet()
 	for _, id := range ids {
-		set[id] = struct{}{}
+		set.Add(id)
 	}
 	r.promoted = append(r.promoted, promotedSet{ids: set, until: now.Add(keepPromoted)})
 	if len(r.promoted) > maxPromotions {
@@ -228,13 +230,14 @@ func (d *DeliveredIDs) DeliveredBefore(q mirror.QueueID, epoch uint64) []mirror.
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []mirror.MessageID
-	add := func(set map[mirror.MessageID]struct{}) {
-		for id := range set {
+	add := func(set *idSet) {
+		set.All(func(id mirror.MessageID) bool {
 			if len(out) == maxAnswer {
-				return
+				return false
 			}
 			out = append(out, id)
-		}
+			return true
+		})
 	}
 	if r.epoch < epoch {
 		add(r.recent)
@@ -259,7 +262,7 @@ func (d *DeliveredIDs) record(q mirror.QueueID, epoch uint64, mirrored bool) (r 
 			}
 			d.mu.Lock()
 			if r = d.queues[q]; r == nil {
-				r = &queueDeliveries{epoch: epoch, recent: make(map[mirror.MessageID]struct{})}
+				r = &queueDeliveries{epoch: epoch, recent: newIDSet()}
 				d.queues[q] = r
 				created = true
 			}
@@ -279,18 +282,18 @@ func (d *DeliveredIDs) record(q mirror.QueueID, epoch uint64, mirrored bool) (r 
 func (r *queueDeliveries) advance(epoch uint64, now time.Time) (rose bool) {
 	if epoch != r.epoch {
 		rose = true
-		if len(r.recent) > 0 {
+		if r.recent.Len() > 0 {
 			r.promoted = append(r.promoted, promotedSet{ids: r.recent, until: now.Add(keepPromoted)})
 			if len(r.promoted) > maxPromotions {
 				r.promoted = r.promoted[1:]
 			}
-			r.recent = make(map[mirror.MessageID]struct{})
+			r.recent = newIDSet()
 			r.order, r.head = nil, 0
 		}
 		r.epoch = epoch
 	}
 	for r.head < len(r.order) && (now.Sub(r.order[r.head].at) > keepRecent || len(r.order)-r.head > maxRecent) {
-		delete(r.recent, r.order[r.head].id)
+		r.recent.Delete(r.order[r.head].id)
 		r.order[r.head] = recentDelivery{}
 		r.head++
 	}
@@ -298,7 +301,7 @@ func (r *queueDeliveries) advance(epoch uint64, now time.Time) (rose bool) {
 		r.order = append(r.order[:0], r.order[r.head:]...)
 		r.head = 0
 	}
-	for len(r.promoted) > 0 && (now.After(r.promoted[0].until) || len(r.promoted[0].ids) == 0) {
+	for len(r.promoted) > 0 && (now.After(r.promoted[0].until) || r.promoted[0].ids.Len() == 0) {
 		r.promoted = r.promoted[1:]
 	}
 	if r.asking != 0 && !now.Before(r.askingUntil) {
@@ -308,7 +311,7 @@ func (r *queueDeliveries) advance(epoch uint64, now time.Time) (rose bool) {
 }
 
 func (r *queueDeliveries) empty() bool {
-	return len(r.recent) == 0 && len(r.promoted) == 0 && r.asking == 0
+	return r.recent.Len() == 0 && len(r.promoted) == 0 && r.asking == 0
 }
 
 // Sweep prunes every record as a delivery would, so that a promotion is
