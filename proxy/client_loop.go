@@ -15,7 +15,10 @@ import (
 // acting on the ones that touch proxy state. It returns when the client
 // socket is closed.
 func (c *clientConn) clientLoop() {
-	c.client.WhenDry(c.links.flush)
+	c.client.WhenDry(func() {
+		c.settler.flushAcked()
+		c.links.flush()
+	})
 	for {
 		f, err := c.client.ReadFrame()
 		if err == nil {
@@ -26,6 +29,7 @@ func (c *clientConn) clientLoop() {
 			c.send.unlock()
 		}
 		if err != nil {
+			c.settler.flushAcked()
 			c.clientFailed(err)
 			return
 		}
@@ -162,6 +166,9 @@ func (c *clientConn) fromClient(f frames.Frame) error {
 		return undefinedMethod(classID, methodID)
 	}
 	key := frames.MethodKey(classID, methodID)
+	if key != frames.BasicAckKey {
+		c.settler.flushAcked()
+	}
 	if f.Channel == 0 {
 		c.connectionMethod(f, key, args)
 		return nil

@@ -18,7 +18,9 @@
 // sockets it writes to (wire.Socket, the socket layer in internal/wire;
 // the client's through the connection's clientOut) and flushes them when
 // its own socket runs dry, so a burst of frames costs one system call,
-// and flushes that meet a write in flight join it. A slow reader on either
+// and flushes that meet a write in flight join it. The client loop tells
+// the engine of the burst's acks then too, in one call per queue
+// (settler.flushAcked). A slow reader on either
 // side slows the other side through TCP flow control: the proxy buffers at
 // most two write buffers and one frame per direction, and sockets hold
 // pooled buffers only while they have data.

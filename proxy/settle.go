@@ -30,13 +30,13 @@ import (
 //     copies, pass on the confirms those settle (passConfirms,
 //     reportMissed).
 //
-// Everything but trimIDs is set once by clientConn.open under
-// clientConn.mu, before the connection counts as open, and only read after; trimIDs belongs to the client
-// loop. What it writes to the client on a channel goes under the
-// channel's outMu: confirm and confirmedAtPublish take it, passConfirms
-// and ownConfirmsAnswered (txemulated.go: the confirms of the proxy's own
-// confirm mode, which answer a kept transaction's commit) are called with
-// it held.
+// Everything but trimIDs and acked is set once by clientConn.open under
+// clientConn.mu, before the connection counts as open, and only read
+// after; trimIDs and acked belong to the client loop. What it writes to
+// the client on a channel goes under the channel's outMu: confirm and
+// confirmedAtPublish take it, passConfirms and ownConfirmsAnswered
+// (txemulated.go: the confirms of the proxy's own confirm mode, which
+// answer a kept transaction's commit) are called with it held.
 type settler struct {
 	srv    *Server // the backends' names, the counts
 	mirror Mirror  // nil without mirroring
@@ -49,8 +49,10 @@ type settler struct {
 	// reason the proxy found (clientConn.closeChannelByProxy).
 	writeFailed  func(l *link, err error)
 	closeChannel func(ch *channelState, code uint16, text string, classID, methodID uint16)
-	// Client loop only: scratch for trim.
+	// Client loop only: scratch for trim, and the acked messages not yet
+	// told to the engine (flushAcked).
 	trimIDs []mirror.MessageID
+	acked   []ledger.Trimmed
 }
 
 // trimKind is what settling a delivery does to the slave copies of its
@@ -172,11 +174,34 @@ func (s *settler) trimSettled(entries []ledger.TagEntry, kinds []trimKind) {
 }
 
 // trim tells the engine what became of messages at their masters (acked,
-// rejected without requeue, or requeued), one call per queue.
+// rejected without requeue, or requeued), one call per queue. Acks wait
+// for flushAcked: a consumer that acks each message sends dozens of acks
+// in one read, and one call for them all costs the engine and the
+// trimmers (and, in a sidecar cluster, the peers) what one ack did.
 func (s *settler) trim(trims []ledger.Trimmed, outcome mirror.Outcome) {
+	if outcome == mirror.Acked {
+		s.acked = append(s.acked, trims...)
+		return
+	}
+	s.flushAcked()
 	s.trimIDs = byQueue(trims, s.trimIDs, func(q *ledger.QueueRef, ids []mirror.MessageID) {
 		s.mirror.Settle(q.ID, ids, outcome)
 	})
+}
+
+// flushAcked tells the engine of the acks trim kept back. The client loop
+// calls it when it has read everything the client sent (with the flush of
+// the acks to the masters), before any method other than an ack, and when
+// it ends, so that the engine hears of everything in the client's order.
+func (s *settler) flushAcked() {
+	if len(s.acked) == 0 {
+		return
+	}
+	s.trimIDs = byQueue(s.acked, s.trimIDs, func(q *ledger.QueueRef, ids []mirror.MessageID) {
+		s.mirror.Settle(q.ID, ids, mirror.Acked)
+	})
+	clear(s.acked) // drops the queues' references
+	s.acked = s.acked[:0]
 }
 
 // byQueue calls f once per queue of messages, with the identities of that
