@@ -402,7 +402,10 @@ func (s *deliverySink) take(spare []delivery) []delivery {
 	if s == nil {
 		return nil
 	}
-	clear(spare[:cap(spare)]) // drops what the old entries point to
+	// Drops what the old entries point to. Those past len(spare) are clear
+	// already: the array was cleared up to len each time it was handed
+	// back, and append zeroes what it grows.
+	clear(spare)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queue

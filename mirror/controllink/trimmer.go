@@ -150,8 +150,10 @@ type Trimmer struct {
 	// outstanding is every unacknowledged delivery of the current channel in
 	// tag order; the front of it decides when one multiple ack settles many.
 	outstanding []outstandingTag
-	// toAck are deliveries to ack at the next flush.
-	toAck []pendingAck
+	// toAck are deliveries to ack at the next flush; spareAcks is the
+	// batch the last flush sent, emptied, for toAck to fill next.
+	toAck     []pendingAck
+	spareAcks []pendingAck
 	// contentHeld counts the deliveries in byContent.
 	contentHeld int
 	// trimmed remembers, while a copy into this slave runs (ExpectCopies),
@@ -355,10 +357,12 @@ func (t *Trimmer) settle(ids []mirror.MessageID, reject bool) {
 			t.rememberTrimmed(id)
 			continue
 		}
-		if tags := t.byContent[id]; len(tags) > 0 {
-			t.toAck = append(t.toAck, pendingAck{tag: tags[0], id: id, reject: reject})
-			t.dropContent(id)
-			continue
+		if t.contentHeld > 0 {
+			if tags := t.byContent[id]; len(tags) > 0 {
+				t.toAck = append(t.toAck, pendingAck{tag: tags[0], id: id, reject: reject})
+				t.dropContent(id)
+				continue
+			}
 		}
 		t.missed++
 		t.addSettled(id, time.Now(), reject)
@@ -705,7 +709,7 @@ func (t *Trimmer) take(d delivery) {
 		id = mirror.ContentID(d.body)
 	}
 	kept := t.hold(tag, id, byContent)
-	if kept {
+	if kept && (t.opts.MessageTTL > 0 || d.expiration != "") { // the clock only for what may expire
 		t.scheduleExpiry(tag, id, byContent, d.expiration, time.Now())
 	}
 	if t.job != nil && kept {
@@ -942,7 +946,7 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 		return nil
 	}
 	acks := t.toAck
-	t.toAck = nil
+	t.toAck, t.spareAcks = t.spareAcks[:0], nil
 	nacks := t.toNack
 	t.toNack = nil
 	// A delivery given back or rejected is gone from the channel's
@@ -1053,6 +1057,9 @@ func (t *Trimmer) flush(ch *amqp.Channel) error {
 		i := firstOn(t.outstanding, seq)
 		return i < len(t.outstanding) && channelOf(t.outstanding[i].tag) == seq
 	})
+	t.mu.Lock()
+	t.spareAcks = acks[:0]
+	t.mu.Unlock()
 	return nil
 }
 
