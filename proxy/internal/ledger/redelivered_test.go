@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -276,5 +277,38 @@ func BenchmarkDeliveredIDs(b *testing.B) {
 				d.Delivering(q, 1, true, bc.id(i), now)
 			}
 		})
+	}
+}
+
+// TestDeliveredBeforeRoundTrip: what one proxy answers of its deliveries
+// (identities of three publishing connections, and some of any shape)
+// flags each of them when another proxy's new master delivers it again.
+func TestDeliveredBeforeRoundTrip(t *testing.T) {
+	q := mirror.QueueID{VHost: "/", Name: "q"}
+	rng := rand.New(rand.NewPCG(3, 4))
+	now := time.Unix(1000, 0)
+	first := NewDeliveredIDs()
+	prefixes := []uint64{rng.Uint64(), rng.Uint64(), rng.Uint64()}
+	var ids []mirror.MessageID
+	for i := range 50_000 {
+		id := joinID(prefixes[i%3], uint64(30_000+i/3))
+		if i%97 == 0 {
+			id = joinID(rng.Uint64(), rng.Uint64())
+		}
+		ids = append(ids, id)
+		first.Delivering(q, 1, true, id, now)
+	}
+	answer := first.DeliveredBefore(q, 2)
+	if len(answer) != len(ids) {
+		t.Fatalf("the answer holds %d identities, want %d", len(answer), len(ids))
+	}
+	second := NewDeliveredIDs()
+	second.AskPeers(1)
+	second.Answered(q, 2, answer, now)
+	later := now.Add(askBound + time.Second) // flagged by the answer, not by the wait for it
+	for _, id := range ids {
+		if !second.Delivering(q, 2, true, id, later) {
+			t.Fatalf("%s, delivered through the first proxy, is not flagged through the second", id)
+		}
 	}
 }
