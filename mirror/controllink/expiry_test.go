@@ -104,7 +104,7 @@ func TestScheduleExpiryKeepsTheFirstExpiry(t *testing.T) {
 	now := time.Unix(1000, 0)
 	id := messageID(1)
 	tr.held[id] = 1
-	tr.scheduleExpiry(1, id, false, "", now)
+	tr.scheduleExpiry(1, id, false, time.Second, now)
 	first := now.Add(time.Second + expirySlack)
 	if next, _ := tr.nextExpiry(); !next.Equal(first) {
 		t.Fatalf("first expiry %v, want %v", next, first)
@@ -121,7 +121,7 @@ func TestScheduleExpiryKeepsTheFirstExpiry(t *testing.T) {
 	}
 	// The broker delivers it again: its clock says it has not expired.
 	tr.held[id] = 2
-	tr.scheduleExpiry(2, id, false, "", later.Add(time.Millisecond))
+	tr.scheduleExpiry(2, id, false, time.Second, later.Add(time.Millisecond))
 	if next, want := func() time.Time { n, _ := tr.nextExpiry(); return n }(), later.Add(time.Millisecond+50*time.Millisecond); !next.Equal(want) {
 		t.Errorf("redelivered expiry %v, want %v (after Retry, not a new TTL)", next, want)
 	}

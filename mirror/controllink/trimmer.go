@@ -709,8 +709,8 @@ func (t *Trimmer) take(d delivery) {
 		id = mirror.ContentID(d.body)
 	}
 	kept := t.hold(tag, id, byContent)
-	if kept && (t.opts.MessageTTL > 0 || d.expiration != "") { // the clock only for what may expire
-		t.scheduleExpiry(tag, id, byContent, d.expiration, time.Now())
+	if in, expires := expiresIn(t.opts.MessageTTL, d.expiration); kept && expires {
+		t.scheduleExpiry(tag, id, byContent, in, time.Now())
 	}
 	if t.job != nil && kept {
 		err := errors.New("a copy read a delivery the tap took") // the copy's channel has no sink (run)
@@ -801,17 +801,12 @@ func (t *Trimmer) forgetStale(now time.Time) {
 	}
 }
 
-// scheduleExpiry records when a delivery just held expires, if it does:
-// counted from its receipt, which is later than the broker's enqueue, so
-// that by then the broker agrees that it expired. One seen before keeps
-// its first expiry; if that has passed already (the broker had not
-// expired it yet when it was given back), it is given back again after
-// Retry.
-func (t *Trimmer) scheduleExpiry(tag uint64, id mirror.MessageID, byContent bool, expiration string, now time.Time) {
-	in, ok := expiresIn(t.opts.MessageTTL, expiration)
-	if !ok {
-		return
-	}
+// scheduleExpiry records when a delivery just held expires, in after its
+// receipt (expiresIn), which is later than the broker's enqueue, so that
+// by then the broker agrees that it expired. One seen before keeps its
+// first expiry; if that has passed already (the broker had not expired it
+// yet when it was given back), it is given back again after Retry.
+func (t *Trimmer) scheduleExpiry(tag uint64, id mirror.MessageID, byContent bool, in time.Duration, now time.Time) {
 	at := now.Add(in + expirySlack)
 	t.mu.Lock()
 	defer t.mu.Unlock()

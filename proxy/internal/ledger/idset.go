@@ -52,22 +52,10 @@ func joinID(prefix, number uint64) mirror.MessageID {
 // Len is how many identities the set holds.
 func (s *idSet) Len() int { return s.n }
 
-// Has reports whether id is in the set.
-func (s *idSet) Has(id mirror.MessageID) bool {
-	prefix, number := splitID(id)
-	if r := s.runs[prefix]; r != nil {
-		if i, ok := r.index(number); ok {
-			return r.words[i/64]&(1<<(i%64)) != 0
-		}
-	}
-	_, ok := s.far[id]
-	return ok
-}
-
-// Add puts id in the set.
-func (s *idSet) Add(id mirror.MessageID) {
+// Add puts id in the set, and reports whether it was not there before.
+func (s *idSet) Add(id mirror.MessageID) bool {
 	if _, ok := s.far[id]; ok {
-		return
+		return false
 	}
 	prefix, number := splitID(id)
 	r := s.runs[prefix]
@@ -81,18 +69,21 @@ func (s *idSet) Add(id mirror.MessageID) {
 		}
 		s.far[id] = struct{}{}
 		s.n++
-		return
+		return true
 	}
 	i, _ := r.index(number)
-	if w, bit := &r.words[i/64], uint64(1)<<(i%64); *w&bit == 0 {
-		*w |= bit
-		r.n++
-		s.n++
+	w, bit := &r.words[i/64], uint64(1)<<(i%64)
+	if *w&bit != 0 {
+		return false
 	}
+	*w |= bit
+	r.n++
+	s.n++
+	return true
 }
 
-// Delete takes id out of the set.
-func (s *idSet) Delete(id mirror.MessageID) {
+// Delete takes id out of the set, and reports whether it was there.
+func (s *idSet) Delete(id mirror.MessageID) bool {
 	prefix, number := splitID(id)
 	if r := s.runs[prefix]; r != nil {
 		if i, ok := r.index(number); ok {
@@ -104,14 +95,16 @@ func (s *idSet) Delete(id mirror.MessageID) {
 				if r.n == 0 {
 					delete(s.runs, prefix)
 				}
-				return
+				return true
 			}
 		}
 	}
-	if _, ok := s.far[id]; ok {
-		delete(s.far, id)
-		s.n--
+	if _, ok := s.far[id]; !ok {
+		return false
 	}
+	delete(s.far, id)
+	s.n--
+	return true
 }
 
 // All calls yield with each identity in the set until it returns false.

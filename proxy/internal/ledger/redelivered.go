@@ -158,18 +158,15 @@ func (d *DeliveredIDs) Delivering(q mirror.QueueID, epoch uint64, mirrored bool,
 		d.ask(q, r, epoch, now)
 	}
 	before := r.asking == epoch && now.Before(r.askingUntil)
-	if r.recent.Has(id) {
+	if !r.recent.Add(id) {
 		return true
 	}
+	r.order = append(r.order, recentDelivery{id: id, at: now})
 	for i := range r.promoted {
-		if r.promoted[i].ids.Has(id) {
-			r.promoted[i].ids.Delete(id)
-			before = true
-			break
+		if r.promoted[i].ids.Delete(id) {
+			return true
 		}
 	}
-	r.recent.Add(id)
-	r.order = append(r.order, recentDelivery{id: id, at: now})
 	return before
 }
 
